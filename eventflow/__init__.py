@@ -1,0 +1,61 @@
+"""eventflow: versioned events, idempotent consumers, dead letters and an event store."""
+
+from .app import App
+from .context import Context
+from .envelope import Envelope
+from .errors import (
+    AggregateNotFound,
+    BackpressureError,
+    BrokerError,
+    ConcurrencyError,
+    ConfigurationError,
+    DeadLetterNotFound,
+    DecodeError,
+    EventflowError,
+    EventTypeError,
+    EventValidationError,
+    FutureVersionError,
+    HandlerTimeoutError,
+    MalformedMessageError,
+    MissingDependencyError,
+    StoreError,
+    UnknownEventTypeError,
+    UpcastError,
+)
+from .events import Event, EventRegistry, upcaster
+from .ports import DeadLetter
+from .runtime.retry import RetryPolicy
+from .stores import open_store
+from .subscribe import subscribe
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "AggregateNotFound",
+    "App",
+    "BackpressureError",
+    "BrokerError",
+    "ConcurrencyError",
+    "ConfigurationError",
+    "Context",
+    "DeadLetter",
+    "DeadLetterNotFound",
+    "DecodeError",
+    "Envelope",
+    "Event",
+    "EventRegistry",
+    "EventTypeError",
+    "EventValidationError",
+    "EventflowError",
+    "FutureVersionError",
+    "HandlerTimeoutError",
+    "MalformedMessageError",
+    "MissingDependencyError",
+    "RetryPolicy",
+    "StoreError",
+    "UnknownEventTypeError",
+    "UpcastError",
+    "open_store",
+    "subscribe",
+    "upcaster",
+)

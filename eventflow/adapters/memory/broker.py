@@ -1,0 +1,393 @@
+"""The in-memory broker: partitioned consumer groups with acks, redelivery and backpressure.
+
+Brokers opened with the same ``memory://NAME`` in one process share a hub (``memory://``
+is the default hub), so several apps in one process talk to each other. A hub lives while
+a broker using it is open.
+
+Each (group, pattern) pair is a durable consumer group created by its first ``subscribe``.
+Its messages are spread over ``partitions`` by key hash (keyless messages round-robin), and
+partitions are shared among the group's live members. A partition changes owner only once
+its in-flight messages are settled, so one key is never handled by two members at once.
+Messages not acked when a member leaves go back to the front of their partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import BackpressureError, BrokerError, ConfigurationError
+from ...patterns import matches, validate_pattern, validate_topic
+
+__all__ = ["MemoryBroker", "MemoryBrokerConfig"]
+
+DEFAULT_PARTITIONS = 8
+DEFAULT_MAX_PENDING = 10_000
+DEFAULT_PUBLISH_TIMEOUT = 5.0
+_EMPTY: Mapping[str, str] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBrokerConfig:
+    """Settings of a memory broker.
+
+    ``max_pending`` bounds each group's unacked messages (queued plus in flight); a publisher
+    finding a group full waits up to ``publish_timeout`` seconds, then gets
+    ``BackpressureError``.
+    """
+
+    name: str = ""
+    partitions: int = DEFAULT_PARTITIONS
+    max_pending: int = DEFAULT_MAX_PENDING
+    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
+
+
+class _Record:
+    __slots__ = ("count", "headers", "key", "offset", "payload", "topic")
+
+    def __init__(
+        self, offset: int, topic: str, payload: bytes, key: str | None, headers: Mapping[str, str]
+    ) -> None:
+        self.offset = offset
+        self.topic = topic
+        self.payload = payload
+        self.key = key
+        self.headers = headers
+        self.count = 0
+
+
+class _Partition:
+    __slots__ = ("assigned", "inflight", "index", "owner", "pending")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.pending: deque[_Record] = deque()
+        self.inflight: dict[int, _Record] = {}
+        self.owner: _MemorySubscription | None = None
+        self.assigned: _MemorySubscription | None = None
+
+    def requeue(self, records: list[_Record]) -> None:
+        """Put records back in offset order ahead of everything not yet delivered."""
+        merged = sorted([*records, *self.pending], key=lambda r: r.offset)
+        self.pending = deque(merged)
+
+
+class _Group:
+    __slots__ = (
+        "capacity",
+        "members",
+        "name",
+        "next_offset",
+        "partitions",
+        "pattern",
+        "rr",
+        "size",
+        "space",
+    )
+
+    def __init__(self, name: str, pattern: str, partitions: int, capacity: int) -> None:
+        self.name = name
+        self.pattern = pattern
+        self.partitions = [_Partition(i) for i in range(partitions)]
+        self.members: list[_MemorySubscription] = []
+        self.capacity = capacity
+        self.size = 0
+        self.space = asyncio.Event()
+        self.space.set()
+        self.rr = itertools.cycle(range(partitions))
+        self.next_offset = 0
+
+    def put(self, topic: str, payload: bytes, key: str | None, headers: Mapping[str, str]) -> None:
+        offset = self.next_offset
+        self.next_offset = offset + 1
+        parts = self.partitions
+        part = parts[hash(key) % len(parts)] if key is not None else parts[next(self.rr)]
+        part.pending.append(_Record(offset, topic, payload, key, headers))
+        self.size += 1
+        if self.size >= self.capacity:
+            self.space.clear()
+        member = part.owner or part.assigned
+        if member is not None:
+            member.wakeup.set()
+
+    def settle(self, part: _Partition, record: _Record) -> bool:
+        if part.inflight.pop(record.offset, None) is None:
+            return False
+        self.size -= 1
+        if self.size < self.capacity:
+            self.space.set()
+        if not part.inflight and part.owner is not part.assigned:
+            part.owner = None
+            if part.assigned is not None:
+                part.assigned.wakeup.set()
+        return True
+
+    def rebalance(self) -> None:
+        members = self.members
+        for i, part in enumerate(self.partitions):
+            part.assigned = members[i % len(members)] if members else None
+            if part.owner is not None and part.owner not in members:
+                part.owner = None
+            if part.assigned is not None and part.pending:
+                part.assigned.wakeup.set()
+
+
+class _Hub:
+    def __init__(self, config: MemoryBrokerConfig) -> None:
+        self.config = config
+        self.groups: dict[tuple[str, str], _Group] = {}
+        self.routes: dict[str, list[_Group]] = {}
+        self.refs = 0
+
+    def route(self, topic: str) -> list[_Group]:
+        groups = self.routes.get(topic)
+        if groups is None:
+            groups = [g for g in self.groups.values() if matches(g.pattern, topic)]
+            self.routes[topic] = groups
+        return groups
+
+
+_hubs: dict[str, _Hub] = {}
+
+
+class _MemoryDelivery:
+    __slots__ = ("_group", "_part", "_record", "delivery_count")
+
+    def __init__(self, group: _Group, part: _Partition, record: _Record) -> None:
+        self._group = group
+        self._part = part
+        self._record = record
+        self.delivery_count = record.count
+
+    @property
+    def topic(self) -> str:
+        return self._record.topic
+
+    @property
+    def payload(self) -> bytes:
+        return self._record.payload
+
+    @property
+    def key(self) -> str | None:
+        return self._record.key
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._record.headers
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        return {"partition": self._part.index, "offset": self._record.offset}
+
+    async def ack(self) -> None:
+        self._group.settle(self._part, self._record)
+
+    async def nack(self, delay: float = 0.0) -> None:
+        group, part, record = self._group, self._part, self._record
+        if record.offset not in part.inflight:
+            return
+
+        def requeue() -> None:
+            if part.inflight.pop(record.offset, None) is None:
+                return
+            part.requeue([record])
+            if not part.inflight and part.owner is not part.assigned:
+                part.owner = None
+            member = part.owner or part.assigned
+            if member is not None:
+                member.wakeup.set()
+
+        if delay > 0:
+            asyncio.get_running_loop().call_later(delay, requeue)
+        else:
+            requeue()
+
+    async def in_progress(self) -> None:
+        return None
+
+
+class _MemorySubscription:
+    def __init__(self, group: _Group, owners: set[_MemorySubscription]) -> None:
+        self.pattern = group.pattern
+        self.group = group.name
+        self._group = group
+        self._owners = owners
+        self.wakeup = asyncio.Event()
+        self.closed = False
+
+    async def fetch(self, max_messages: int, timeout: float) -> Sequence[_MemoryDelivery]:
+        if self.closed:
+            raise BrokerError("fetch on a closed subscription; subscribe again")
+        out = self._take(max_messages)
+        if out or timeout <= 0:
+            return out
+        self.wakeup.clear()
+        out = self._take(max_messages)
+        if out:
+            return out
+        try:
+            async with asyncio.timeout(timeout):
+                await self.wakeup.wait()
+        except TimeoutError:
+            return []
+        return [] if self.closed else self._take(max_messages)
+
+    def _take(self, limit: int) -> list[_MemoryDelivery]:
+        out: list[_MemoryDelivery] = []
+        group = self._group
+        for part in group.partitions:
+            if part.assigned is not self or not part.pending:
+                continue
+            if part.owner is not self:
+                if part.inflight:
+                    continue  # the previous owner is still settling this partition
+                part.owner = self
+            pending, inflight = part.pending, part.inflight
+            while pending and len(out) < limit:
+                record = pending.popleft()
+                record.count += 1
+                inflight[record.offset] = record
+                out.append(_MemoryDelivery(group, part, record))
+            if len(out) >= limit:
+                break
+        return out
+
+    async def close(self) -> None:
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Leave at once as if the process died: unacked messages are redelivered."""
+        if self.closed:
+            return
+        self.closed = True
+        self._owners.discard(self)
+        group = self._group
+        for part in group.partitions:
+            if part.owner is self:
+                if part.inflight:
+                    part.requeue(list(part.inflight.values()))
+                    part.inflight.clear()
+                part.owner = None
+        if self in group.members:
+            group.members.remove(self)
+        group.rebalance()
+        self.wakeup.set()
+
+
+class MemoryBroker:
+    """A real in-process broker with the semantics of the :class:`~eventflow.ports.Broker` port.
+
+    ``MemoryBroker()`` joins the default hub; ``MemoryBroker(MemoryBrokerConfig(name="x"))``
+    (or ``open_broker("memory://x")``) joins hub ``x``.
+    """
+
+    def __init__(self, config: MemoryBrokerConfig | None = None) -> None:
+        self.config = config or MemoryBrokerConfig()
+        if self.config.partitions < 1 or self.config.max_pending < 1:
+            raise ConfigurationError("memory broker partitions and max_pending must be >= 1")
+        self._hub: _Hub | None = None
+        self._subs: set[_MemorySubscription] = set()
+
+    @property
+    def url(self) -> str:
+        """The URL that opens a broker on the same hub."""
+        return f"memory://{self.config.name}"
+
+    async def start(self) -> None:
+        """Attach to the hub. Idempotent."""
+        if self._hub is not None:
+            return
+        hub = _hubs.get(self.config.name)
+        if hub is None:
+            hub = _hubs[self.config.name] = _Hub(self.config)
+        hub.refs += 1
+        self._hub = hub
+
+    async def close(self) -> None:
+        """Close this broker's subscriptions and detach; the hub goes with its last broker."""
+        hub = self._hub
+        if hub is None:
+            return
+        for sub in list(self._subs):
+            sub.abandon()
+        self._subs.clear()
+        self._hub = None
+        hub.refs -= 1
+        if hub.refs <= 0 and _hubs.get(self.config.name) is hub:
+            del _hubs[self.config.name]
+
+    async def __aenter__(self) -> MemoryBroker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _live_hub(self) -> _Hub:
+        if self._hub is None:
+            raise BrokerError("memory broker is not started: call `await broker.start()` first")
+        return self._hub
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Hand ``payload`` to every group whose pattern matches ``topic``.
+
+        Waits while a target group is full, up to ``publish_timeout``.
+        """
+        hub = self._live_hub()
+        groups = hub.routes.get(topic)
+        if groups is None:
+            validate_topic(topic)
+            groups = hub.route(topic)
+        hdrs = _EMPTY if headers is None else dict(headers)
+        for group in groups:
+            if group.size >= group.capacity:
+                await self._wait_space(group, topic)
+            group.put(topic, payload, key, hdrs)
+
+    async def _wait_space(self, group: _Group, topic: str) -> None:
+        timeout = self.config.publish_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                while group.size >= group.capacity:
+                    await group.space.wait()
+        except TimeoutError:
+            raise BackpressureError(
+                f"group {group.name!r} ({group.pattern}) has {group.size} unacked messages "
+                f"(max_pending={group.capacity}) and stayed full for {timeout}s while "
+                f"publishing to {topic!r}; add consumers or slow the producer"
+            ) from None
+
+    async def subscribe(self, pattern: str, *, group: str) -> _MemorySubscription:
+        """Join ``group`` on ``pattern``; returns once the membership is live."""
+        hub = self._live_hub()
+        validate_pattern(pattern)
+        if not group:
+            raise ConfigurationError("a consumer group name must be non-empty")
+        state = hub.groups.get((group, pattern))
+        if state is None:
+            cfg = self.config
+            state = hub.groups[(group, pattern)] = _Group(
+                group, pattern, cfg.partitions, cfg.max_pending
+            )
+            hub.routes.clear()
+        sub = _MemorySubscription(state, self._subs)
+        state.members.append(sub)
+        state.rebalance()
+        self._subs.add(sub)
+        return sub
+
+    def group_sizes(self) -> dict[tuple[str, str], int]:
+        """Unacked messages per (group, pattern): the lag of each group, for status and tests."""
+        hub = self._live_hub()
+        return {k: g.size for k, g in hub.groups.items()}

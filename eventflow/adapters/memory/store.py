@@ -1,0 +1,113 @@
+"""In-memory store: dedup, dead letters and heartbeats kept in this process only.
+
+Real implementations of the ports (they pass the same contract suites as the SQL ones),
+bounded where they could grow without limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...ports import DeadLetter, Heartbeat
+
+__all__ = ["MemoryDeadLetterStore", "MemoryDedupStore", "MemoryHeartbeats", "MemoryStore"]
+
+DEFAULT_DEDUP_CAPACITY = 1_000_000
+
+
+class MemoryDedupStore:
+    """Remembers handled (group, id) pairs, forgetting the oldest past ``capacity`` entries."""
+
+    def __init__(self, capacity: int = DEFAULT_DEDUP_CAPACITY) -> None:
+        self.capacity = capacity
+        self._seen: dict[tuple[str, str], None] = {}
+
+    async def seen(self, group: str, message_id: str) -> bool:
+        """True if ``message_id`` was marked for ``group`` and not yet evicted."""
+        return (group, message_id) in self._seen
+
+    async def mark(self, group: str, message_id: str) -> None:
+        """Record the pair; evicts the oldest entry when over capacity."""
+        seen = self._seen
+        seen[(group, message_id)] = None
+        if len(seen) > self.capacity:
+            del seen[next(iter(seen))]
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+class MemoryDeadLetterStore:
+    """Dead letters in a dict, in insertion (failure) order."""
+
+    def __init__(self) -> None:
+        self._letters: dict[str, DeadLetter] = {}
+
+    async def add(self, letter: DeadLetter) -> None:
+        """Store ``letter``."""
+        self._letters[letter.id] = letter
+
+    async def list(self, *, group: str | None = None, limit: int = 100) -> list[DeadLetter]:
+        """Oldest first, optionally one group's."""
+        out = [d for d in self._letters.values() if group is None or d.group == group]
+        return out[:limit]
+
+    async def get(self, letter_id: str) -> DeadLetter | None:
+        """One letter or None."""
+        return self._letters.get(letter_id)
+
+    async def remove(self, letter_ids: Sequence[str]) -> int:
+        """Delete; return how many existed."""
+        return sum(self._letters.pop(i, None) is not None for i in letter_ids)
+
+    async def count(self) -> dict[str, int]:
+        """Letters per group."""
+        counts: dict[str, int] = {}
+        for d in self._letters.values():
+            counts[d.group] = counts.get(d.group, 0) + 1
+        return counts
+
+
+class MemoryHeartbeats:
+    """Heartbeats of the apps in this process."""
+
+    def __init__(self) -> None:
+        self._beats: dict[str, Heartbeat] = {}
+
+    async def beat(self, heartbeat: Heartbeat) -> None:
+        """Insert or replace."""
+        self._beats[heartbeat.instance] = heartbeat
+
+    async def list(self) -> list[Heartbeat]:
+        """Newest first."""
+        return sorted(self._beats.values(), key=lambda h: h.last_seen, reverse=True)
+
+    async def remove(self, instance: str) -> None:
+        """Forget an instance."""
+        self._beats.pop(instance, None)
+
+
+class MemoryStore:
+    """The ``memory://`` store: everything lives and dies with the process."""
+
+    def __init__(self, url: str = "memory://") -> None:
+        self.url = url
+        self.dedup = MemoryDedupStore()
+        self.dead_letters = MemoryDeadLetterStore()
+        self.heartbeats = MemoryHeartbeats()
+
+    async def open(self) -> None:
+        """Nothing to connect to."""
+
+    async def close(self) -> None:
+        """Nothing to release (state stays until the object is dropped)."""
+
+    async def __aenter__(self) -> MemoryStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,113 @@
+"""One SQLite connection driven by one worker thread.
+
+Every statement runs on that thread, in order, so the connection is never shared between
+threads and a group of statements passed as one function runs as one transaction. WAL mode
+lets other processes (the CLI) read while the app writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from ...errors import StoreError
+
+__all__ = ["SqliteDatabase"]
+
+T = TypeVar("T")
+DEFAULT_BUSY_TIMEOUT = 5.0
+
+
+class SqliteDatabase:
+    """An async front for a single ``sqlite3`` connection."""
+
+    def __init__(self, path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
+        self.path = path
+        self.busy_timeout = busy_timeout
+        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    async def open(self, schema: str = "") -> None:
+        """Open the file (creating it) and run ``schema``. Idempotent."""
+        if self._conn is not None:
+            return
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="eventflow-sqlite")
+        try:
+            self._conn = await self._submit(self._connect, schema)
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise
+
+    def _connect(self, schema: str) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            if schema:
+                conn.executescript(schema)
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"cannot open SQLite database {self.path!r}: {exc}; check the path and "
+                "that its directory is writable"
+            ) from exc
+        return conn
+
+    async def close(self) -> None:
+        """Close the connection and stop the thread. Idempotent."""
+        if self._executor is None:
+            return
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await self._submit(conn.close)
+        self._executor.shutdown(wait=True)
+        self._executor = None
+
+    async def _submit(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._executor is None:
+            raise StoreError(
+                f"SQLite database {self.path!r} is not open: open the store first "
+                "(`await store.open()` or `async with app`)"
+            )
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` on the database thread; wrap it in a transaction."""
+        return await self._submit(self._in_tx, fn, args)
+
+    def _in_tx(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"SQLite database {self.path!r} was closed")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn, *args)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return result
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
+
+    async def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """Run one read statement and return all rows."""
+        return await self._submit(self._query, sql, params)
+
+    def _query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"SQLite database {self.path!r} was closed")
+        try:
+            return conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc

@@ -1,0 +1,289 @@
+"""The ``sqlite:///path.db`` store: dedup, dead letters and heartbeats in one SQLite file."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from urllib.parse import unquote, urlsplit
+
+import orjson
+
+from ...errors import ConfigurationError
+from ...ports import DeadLetter, Heartbeat
+from .db import SqliteDatabase
+
+__all__ = ["SqliteDeadLetterStore", "SqliteDedupStore", "SqliteHeartbeats", "SqliteStore"]
+
+DEFAULT_DEDUP_RETENTION = 7 * 24 * 3600.0
+_CACHE_SIZE = 100_000
+_PRUNE_EVERY = 10_000
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS ef_dedup (
+    grp TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    handled_at REAL NOT NULL,
+    PRIMARY KEY (grp, message_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ef_dedup_age ON ef_dedup (handled_at);
+CREATE TABLE IF NOT EXISTS ef_dead_letters (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    topic TEXT NOT NULL,
+    grp TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    error TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    failed_at TEXT NOT NULL,
+    msg_key TEXT,
+    headers TEXT NOT NULL,
+    envelope_id TEXT,
+    source TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS ef_heartbeats (
+    instance TEXT PRIMARY KEY,
+    app TEXT NOT NULL,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    started_at TEXT NOT NULL,
+    last_seen TEXT NOT NULL,
+    subscriptions TEXT NOT NULL,
+    stats TEXT NOT NULL
+);
+"""
+
+
+class SqliteDedupStore:
+    """Handled (group, id) pairs in ``ef_dedup``, kept ``retention`` seconds.
+
+    A bounded in-process cache answers repeated ``seen`` for ids this process marked.
+    """
+
+    def __init__(self, db: SqliteDatabase, retention: float = DEFAULT_DEDUP_RETENTION) -> None:
+        self._db = db
+        self.retention = retention
+        self._cache: dict[tuple[str, str], None] = {}
+        self._marks = 0
+
+    async def seen(self, group: str, message_id: str) -> bool:
+        """True if the pair was marked (by any process using this file)."""
+        if (group, message_id) in self._cache:
+            return True
+        rows = await self._db.query(
+            "SELECT 1 FROM ef_dedup WHERE grp = ? AND message_id = ?", (group, message_id)
+        )
+        return bool(rows)
+
+    async def mark(self, group: str, message_id: str) -> None:
+        """Record the pair (idempotent); prunes expired pairs now and then."""
+        self._marks += 1
+        prune = self._marks % _PRUNE_EVERY == 0
+        await self._db.run(self._mark, group, message_id, time.time(), prune)
+        cache = self._cache
+        cache[(group, message_id)] = None
+        if len(cache) > _CACHE_SIZE:
+            del cache[next(iter(cache))]
+
+    def _mark(
+        self, conn: sqlite3.Connection, group: str, message_id: str, now: float, prune: bool
+    ) -> None:
+        conn.execute(
+            "INSERT OR IGNORE INTO ef_dedup (grp, message_id, handled_at) VALUES (?, ?, ?)",
+            (group, message_id, now),
+        )
+        if prune:
+            conn.execute("DELETE FROM ef_dedup WHERE handled_at < ?", (now - self.retention,))
+
+    async def close(self) -> None:
+        """The database is closed by its store."""
+
+
+def _letter(row: tuple[object, ...]) -> DeadLetter:
+    (lid, topic, grp, payload, error, reason, attempts, failed_at, key, headers, eid, source) = row
+    return DeadLetter(
+        id=str(lid),
+        topic=str(topic),
+        group=str(grp),
+        payload=bytes(payload),  # type: ignore[arg-type]
+        error=str(error),
+        attempts=int(attempts),  # type: ignore[call-overload]
+        failed_at=datetime.fromisoformat(str(failed_at)),
+        reason=str(reason),
+        key=None if key is None else str(key),
+        headers=orjson.loads(headers),  # type: ignore[arg-type]
+        envelope_id=None if eid is None else str(eid),
+        source=orjson.loads(source),  # type: ignore[arg-type]
+    )
+
+
+_LETTER_COLS = (
+    "id, topic, grp, payload, error, reason, attempts, failed_at, msg_key, headers, "
+    "envelope_id, source"
+)
+
+
+class SqliteDeadLetterStore:
+    """Dead letters in ``ef_dead_letters``, oldest first."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def add(self, letter: DeadLetter) -> None:
+        """Insert ``letter`` (committed when this returns)."""
+        await self._db.run(self._add, letter)
+
+    @staticmethod
+    def _add(conn: sqlite3.Connection, d: DeadLetter) -> None:
+        conn.execute(
+            f"INSERT OR IGNORE INTO ef_dead_letters ({_LETTER_COLS}) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                d.id,
+                d.topic,
+                d.group,
+                d.payload,
+                d.error,
+                d.reason,
+                d.attempts,
+                d.failed_at.isoformat(),
+                d.key,
+                orjson.dumps(dict(d.headers)).decode(),
+                d.envelope_id,
+                orjson.dumps(dict(d.source)).decode(),
+            ),
+        )
+
+    async def list(self, *, group: str | None = None, limit: int = 100) -> list[DeadLetter]:
+        """Oldest first, optionally one group's."""
+        if group is None:
+            rows = await self._db.query(
+                f"SELECT {_LETTER_COLS} FROM ef_dead_letters ORDER BY seq LIMIT ?", (limit,)
+            )
+        else:
+            rows = await self._db.query(
+                f"SELECT {_LETTER_COLS} FROM ef_dead_letters WHERE grp = ? ORDER BY seq LIMIT ?",
+                (group, limit),
+            )
+        return [_letter(r) for r in rows]
+
+    async def get(self, letter_id: str) -> DeadLetter | None:
+        """One letter or None."""
+        rows = await self._db.query(
+            f"SELECT {_LETTER_COLS} FROM ef_dead_letters WHERE id = ?", (letter_id,)
+        )
+        return _letter(rows[0]) if rows else None
+
+    async def remove(self, letter_ids: Sequence[str]) -> int:
+        """Delete; return how many existed."""
+        return await self._db.run(self._remove, list(letter_ids))
+
+    @staticmethod
+    def _remove(conn: sqlite3.Connection, ids: list[str]) -> int:
+        removed = 0
+        for lid in ids:
+            removed += conn.execute("DELETE FROM ef_dead_letters WHERE id = ?", (lid,)).rowcount
+        return removed
+
+    async def count(self) -> dict[str, int]:
+        """Letters per group."""
+        rows = await self._db.query("SELECT grp, COUNT(*) FROM ef_dead_letters GROUP BY grp")
+        return {str(g): int(n) for g, n in rows}
+
+
+class SqliteHeartbeats:
+    """Heartbeats in ``ef_heartbeats``."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self._db = db
+
+    async def beat(self, hb: Heartbeat) -> None:
+        """Insert or replace the instance's row."""
+        await self._db.run(self._beat, hb)
+
+    @staticmethod
+    def _beat(conn: sqlite3.Connection, hb: Heartbeat) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO ef_heartbeats "
+            "(instance, app, host, pid, started_at, last_seen, subscriptions, stats) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                hb.instance,
+                hb.app,
+                hb.host,
+                hb.pid,
+                hb.started_at.isoformat(),
+                hb.last_seen.isoformat(),
+                orjson.dumps(list(hb.subscriptions)).decode(),
+                orjson.dumps(dict(hb.stats)).decode(),
+            ),
+        )
+
+    async def list(self) -> list[Heartbeat]:
+        """Newest first."""
+        rows = await self._db.query(
+            "SELECT instance, app, host, pid, started_at, last_seen, subscriptions, stats "
+            "FROM ef_heartbeats ORDER BY last_seen DESC"
+        )
+        return [
+            Heartbeat(
+                instance=str(r[0]),
+                app=str(r[1]),
+                host=str(r[2]),
+                pid=int(r[3]),
+                started_at=datetime.fromisoformat(str(r[4])),
+                last_seen=datetime.fromisoformat(str(r[5])),
+                subscriptions=tuple(orjson.loads(r[6])),
+                stats=orjson.loads(r[7]),
+            )
+            for r in rows
+        ]
+
+    async def remove(self, instance: str) -> None:
+        """Delete the instance's row."""
+        await self._db.run(
+            lambda conn: conn.execute("DELETE FROM ef_heartbeats WHERE instance = ?", (instance,))
+        )
+
+
+class SqliteStore:
+    """The SQLite store: one file, one connection shared by all its parts."""
+
+    def __init__(self, path: str, *, url: str | None = None) -> None:
+        self.path = path
+        self.url = url or f"sqlite:///{path}"
+        self.db = SqliteDatabase(path)
+        self.dedup = SqliteDedupStore(self.db)
+        self.dead_letters = SqliteDeadLetterStore(self.db)
+        self.heartbeats = SqliteHeartbeats(self.db)
+
+    @classmethod
+    def from_url(cls, url: str) -> SqliteStore:
+        """``sqlite:///relative.db``, ``sqlite:////absolute.db`` or ``sqlite:///:memory:``."""
+        parts = urlsplit(url)
+        if parts.netloc:
+            raise ConfigurationError(
+                f"SQLite URL {url!r} has a host part; use sqlite:///relative/path.db or "
+                "sqlite:////absolute/path.db"
+            )
+        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+        if not path:
+            raise ConfigurationError(f"SQLite URL {url!r} names no file: use sqlite:///app.db")
+        return cls(path, url=url)
+
+    async def open(self) -> None:
+        """Open the file and create the tables if needed. Idempotent."""
+        await self.db.open(SCHEMA)
+
+    async def close(self) -> None:
+        """Close the connection. Idempotent."""
+        await self.db.close()
+
+    async def __aenter__(self) -> SqliteStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,39 @@
+"""``open_broker(url)``: build a broker adapter from a URL.
+
+``memory://[name]``, ``nats://host:4222``, ``kafka://host:9092[,host2:9092]``. The adapter
+modules are imported only when their scheme is used, so a missing driver is reported then,
+naming the extra to install.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from .errors import ConfigurationError
+from .ports import Broker
+
+__all__ = ["open_broker"]
+
+
+def _memory(url: str) -> Broker:
+    from .adapters.memory.broker import MemoryBroker, MemoryBrokerConfig
+
+    parts = urlsplit(url)
+    return MemoryBroker(MemoryBrokerConfig(name=parts.netloc + parts.path))
+
+
+_SCHEMES = {"memory": _memory}
+
+
+def open_broker(url: str | Broker) -> Broker:
+    """Return an (unstarted) broker for ``url``; an adapter instance is returned as is."""
+    if not isinstance(url, str):
+        return url
+    scheme = urlsplit(url).scheme
+    factory = _SCHEMES.get(scheme)
+    if factory is None:
+        raise ConfigurationError(
+            f"unsupported broker URL {url!r}: use memory://, nats://host:4222 or "
+            "kafka://host:9092"
+        )
+    return factory(url)

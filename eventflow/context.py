@@ -1,0 +1,68 @@
+"""``Context``: what a handler gets besides its event."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .envelope import Envelope, child_traceparent
+from .events import Event, to_envelope
+
+if TYPE_CHECKING:
+    from .app import App
+
+__all__ = ["Context"]
+
+
+class Context:
+    """The handling of one message by one group: its envelope, the attempt, and publishing.
+
+    ``publish`` continues the business transaction: the new envelope inherits the
+    ``correlation_id``, gets ``causation_id = ctx.envelope.id`` and a child ``traceparent``.
+    Messages published here are sent when the handler succeeds, before the message is
+    acknowledged; a failed or timed-out attempt sends nothing.
+    """
+
+    __slots__ = ("_app", "_outbox", "attempt", "envelope", "group")
+
+    def __init__(self, app: App, envelope: Envelope, group: str, attempt: int) -> None:
+        self._app = app
+        self.envelope = envelope
+        self.group = group
+        self.attempt = attempt
+        self._outbox: list[tuple[str, Envelope]] = []
+
+    @property
+    def app(self) -> App:
+        """The app running this handler."""
+        return self._app
+
+    @property
+    def store(self) -> Any:
+        """The app's store."""
+        return self._app.store
+
+    async def publish(
+        self,
+        message: Event | Envelope,
+        *,
+        key: str | None = None,
+        topic: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Envelope:
+        """Queue ``message`` for publishing once this attempt succeeds; return its envelope."""
+        parent = self.envelope
+        env = to_envelope(
+            message,
+            source=self._app.name,
+            key=key,
+            headers=headers,
+            correlation_id=parent.correlation_id,
+            causation_id=parent.id,
+            traceparent=child_traceparent(parent.headers.get("traceparent")),
+        )
+        self._outbox.append((topic or env.type, env))
+        return env
+
+    def _take_outbox(self) -> list[tuple[str, Envelope]]:
+        out, self._outbox = self._outbox, []
+        return out

@@ -1,0 +1,149 @@
+"""The exceptions eventflow raises, all rooted at :class:`EventflowError`.
+
+::
+
+    EventflowError
+    ├── ConfigurationError          wrong arguments, URLs or wiring; fix the code or the URL
+    │   └── MissingDependencyError  (also ImportError) a driver extra is not installed
+    ├── EventTypeError              duplicate or unknown event type / version registration
+    ├── DecodeError                 a message cannot become a typed event (dead-lettered, never retried)
+    │   ├── MalformedMessageError   bytes that are not a valid envelope
+    │   ├── UnknownEventTypeError   a type (or version) the app does not know
+    │   ├── FutureVersionError      a version newer than the code's
+    │   ├── UpcastError             an upcaster chain is missing or failed
+    │   └── EventValidationError    the payload fails the event model's validation
+    ├── BackpressureError           a bounded queue stayed full past the publish timeout
+    ├── HandlerTimeoutError         a handler ran past its soft timeout
+    ├── BrokerError                 the broker failed or was used after close
+    ├── StoreError                  the store failed or was used after close
+    │   ├── ConcurrencyError        optimistic concurrency conflict on append
+    │   └── AggregateNotFound       no stream for the aggregate id
+    └── DeadLetterNotFound          a dead-letter id that does not exist
+
+Every message says what happened and what to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AggregateNotFound",
+    "BackpressureError",
+    "BrokerError",
+    "ConcurrencyError",
+    "ConfigurationError",
+    "DeadLetterNotFound",
+    "DecodeError",
+    "EventTypeError",
+    "EventValidationError",
+    "EventflowError",
+    "FutureVersionError",
+    "HandlerTimeoutError",
+    "MalformedMessageError",
+    "MissingDependencyError",
+    "StoreError",
+    "UnknownEventTypeError",
+    "UpcastError",
+]
+
+
+class EventflowError(Exception):
+    """Root of every error raised by eventflow."""
+
+
+class ConfigurationError(EventflowError):
+    """The app, a handler or a URL is configured wrongly; the message says how to fix it."""
+
+
+class MissingDependencyError(ConfigurationError, ImportError):
+    """A driver is not installed; the message names the extra (``pip install eventflow[x]``)."""
+
+    def __init__(self, package: str, extra: str) -> None:
+        super().__init__(
+            f"the {package!r} package is required for this adapter; "
+            f"install it with: pip install 'eventflow[{extra}]'"
+        )
+        self.package = package
+        self.extra = extra
+
+
+class EventTypeError(EventflowError):
+    """An event type or version was registered twice, or is not registered."""
+
+
+class DecodeError(EventflowError):
+    """A message cannot be turned into a typed event. Such messages are dead-lettered at once."""
+
+    reason = "decode-error"
+
+
+class MalformedMessageError(DecodeError):
+    """The bytes are not a valid eventflow envelope (not JSON, missing fields, wrong types)."""
+
+    reason = "malformed"
+
+
+class UnknownEventTypeError(DecodeError):
+    """The envelope's type is not one this app (or this handler) knows."""
+
+    reason = "unknown-type"
+
+
+class FutureVersionError(DecodeError):
+    """The envelope's version is newer than the newest version known to the code."""
+
+    reason = "future-version"
+
+
+class UpcastError(DecodeError):
+    """No upcaster path from the envelope's version, or an upcaster raised."""
+
+    reason = "upcast-failed"
+
+
+class EventValidationError(DecodeError):
+    """The payload does not validate against the event model."""
+
+    reason = "invalid-payload"
+
+
+class BackpressureError(EventflowError):
+    """A bounded queue stayed full for longer than the publish timeout.
+
+    Consumers are not keeping up: add consumers, raise ``concurrency``, or slow the producer.
+    """
+
+
+class HandlerTimeoutError(EventflowError):
+    """A handler ran past its soft ``timeout`` and was cancelled; counts as a failed attempt."""
+
+
+class BrokerError(EventflowError):
+    """The broker failed, or was used before start or after close."""
+
+
+class StoreError(EventflowError):
+    """The store failed, or was used before open or after close."""
+
+
+class ConcurrencyError(StoreError):
+    """An append's ``expected_version`` did not match the stream's current version.
+
+    Reload the aggregate and retry the command (``Repository.retry`` does this).
+    """
+
+    def __init__(self, stream: str, expected: int | None, actual: int) -> None:
+        super().__init__(
+            f"stream {stream!r} is at version {actual}, not the expected {expected}; "
+            "reload it and retry the command"
+        )
+        self.stream = stream
+        self.expected = expected
+        self.actual = actual
+
+
+class AggregateNotFound(StoreError):
+    """No stream exists for the aggregate id; create a new aggregate instead of loading it."""
+
+
+class DeadLetterNotFound(EventflowError):
+    """A dead-letter id does not exist (already purged or replayed?); list them to check."""

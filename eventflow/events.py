@@ -1,0 +1,261 @@
+"""Event models, the type registry and upcasters.
+
+An event type is a logical name plus an integer version (``type="order.placed", version=2``),
+never a Python import path. Defining an ``Event`` subclass registers it in the default
+:class:`EventRegistry`; ``@upcaster(type, from_version=N)`` registers a function that turns
+version N data into version N+1 data. Decoding applies the chain up to the version the
+consumer's model expects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .envelope import Envelope
+from .errors import (
+    EventTypeError,
+    EventValidationError,
+    FutureVersionError,
+    UnknownEventTypeError,
+    UpcastError,
+)
+
+__all__ = ["Event", "EventRegistry", "Upcaster", "default_registry", "to_envelope", "upcaster"]
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+E = TypeVar("E", bound="Event")
+F = TypeVar("F", bound=Upcaster)
+
+
+class EventRegistry:
+    """Maps (type, version) to Event classes and (type, from_version) to upcasters."""
+
+    def __init__(self) -> None:
+        self._classes: dict[str, dict[int, type[Event]]] = {}
+        self._upcasters: dict[tuple[str, int], Upcaster] = {}
+
+    def register(self, cls: type[Event]) -> None:
+        """Register an Event class; a second class for the same type and version is an error."""
+        versions = self._classes.setdefault(cls.event_type, {})
+        existing = versions.get(cls.event_version)
+        if existing is not None and existing is not cls:
+            same_def = (existing.__module__, existing.__qualname__) == (
+                cls.__module__,
+                cls.__qualname__,
+            )
+            if not same_def:  # a module re-imported (reload, -m) redefines the same class
+                raise EventTypeError(
+                    f"event type {cls.event_type!r} version {cls.event_version} is already "
+                    f"defined by {existing.__module__}.{existing.__qualname__}; give "
+                    f"{cls.__module__}.{cls.__qualname__} another type name or a new version"
+                )
+        versions[cls.event_version] = cls
+
+    def add_upcaster(self, event_type: str, from_version: int, fn: Upcaster) -> None:
+        """Register ``fn`` to turn ``event_type`` data from ``from_version`` to the next one."""
+        if from_version < 1:
+            raise EventTypeError(f"upcaster from_version must be >= 1, got {from_version}")
+        key = (event_type, from_version)
+        existing = self._upcasters.get(key)
+        if existing is not None and existing is not fn and (
+            existing.__module__,
+            existing.__qualname__,
+        ) != (fn.__module__, fn.__qualname__):
+            raise EventTypeError(
+                f"an upcaster for {event_type!r} from version {from_version} is already "
+                f"registered ({existing.__module__}.{existing.__qualname__})"
+            )
+        self._upcasters[key] = fn
+
+    def get(self, event_type: str, version: int | None = None) -> type[Event]:
+        """Return the class for a type at ``version`` (latest when None)."""
+        versions = self._classes.get(event_type)
+        if not versions:
+            raise UnknownEventTypeError(
+                f"unknown event type {event_type!r}: define an Event subclass with "
+                f"type={event_type!r} and import it before the app starts"
+            )
+        if version is None:
+            return versions[max(versions)]
+        try:
+            return versions[version]
+        except KeyError:
+            raise UnknownEventTypeError(
+                f"event type {event_type!r} has no class for version {version} "
+                f"(known: {sorted(versions)})"
+            ) from None
+
+    def latest_version(self, event_type: str) -> int:
+        """Return the newest version defined for ``event_type``."""
+        return self.get(event_type).event_version
+
+    def types(self) -> dict[str, list[int]]:
+        """Return every registered type with its versions, sorted."""
+        return {t: sorted(v) for t, v in sorted(self._classes.items())}
+
+    def upcasters(self) -> dict[tuple[str, int], Upcaster]:
+        """Return a copy of the registered upcasters keyed by (type, from_version)."""
+        return dict(self._upcasters)
+
+    def upcast(self, event_type: str, data: dict[str, Any], from_version: int, to_version: int) -> dict[str, Any]:
+        """Apply the upcaster chain from ``from_version`` to ``to_version``."""
+        version = from_version
+        while version < to_version:
+            fn = self._upcasters.get((event_type, version))
+            if fn is None:
+                raise UpcastError(
+                    f"{event_type!r} v{from_version} cannot become v{to_version}: no upcaster "
+                    f"from v{version}; add @upcaster({event_type!r}, from_version={version})"
+                )
+            try:
+                data = fn(data)
+            except Exception as exc:
+                raise UpcastError(
+                    f"upcaster {fn.__qualname__} for {event_type!r} v{version} raised "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            if not isinstance(data, dict):
+                raise UpcastError(
+                    f"upcaster {fn.__qualname__} for {event_type!r} v{version} returned "
+                    f"{type(data).__name__}, not a dict"
+                )
+            version += 1
+        return data
+
+    def decode_as(self, envelope: Envelope, cls: type[E]) -> E:
+        """Turn an envelope into an instance of ``cls``: upcast, then validate.
+
+        Raises a :class:`~eventflow.errors.DecodeError` subclass naming the problem.
+        """
+        target = cls.event_version
+        version = envelope.version
+        data = envelope.data
+        if version > target:
+            raise FutureVersionError(
+                f"{envelope.type!r} v{version} is newer than the code's v{target}: "
+                "deploy the consumer with the new event version"
+            )
+        if version < target:
+            data = self.upcast(envelope.type, data, version, target)
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise EventValidationError(
+                f"{envelope.type!r} v{version} data does not validate as "
+                f"{cls.__qualname__}: {_summarise(exc)}"
+            ) from exc
+
+    def decode(self, envelope: Envelope) -> Event:
+        """Decode an envelope into the latest class registered for its type."""
+        versions = self._classes.get(envelope.type)
+        if not versions:
+            raise UnknownEventTypeError(
+                f"unknown event type {envelope.type!r} v{envelope.version}: no Event "
+                "class defines it"
+            )
+        return self.decode_as(envelope, versions[max(versions)])
+
+
+def _summarise(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - 5
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+default_registry = EventRegistry()
+
+
+class Event(BaseModel):
+    """Base class of event models: a pydantic v2 model with a type name and a version.
+
+    ``class OrderPlaced(Event, type="order.placed", version=2): ...``. Instances are frozen.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    event_type: ClassVar[str] = ""
+    event_version: ClassVar[int] = 1
+
+    def __init_subclass__(
+        cls, *, type: str | None = None, version: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if type is None:
+            if version is not None:
+                raise EventTypeError(f"{cls.__qualname__}: version= given without type=")
+            return  # an abstract intermediate base: not registered
+        if not type or any(part == "" for part in type.split(".")):
+            raise EventTypeError(
+                f"{cls.__qualname__}: type {type!r} must be dot-separated non-empty tokens"
+            )
+        if any(ch in type for ch in "*> \t"):
+            raise EventTypeError(
+                f"{cls.__qualname__}: type {type!r} may not contain wildcards or spaces"
+            )
+        v = 1 if version is None else version
+        if not isinstance(v, int) or v < 1:
+            raise EventTypeError(f"{cls.__qualname__}: version must be an int >= 1, got {v!r}")
+        cls.event_type = type
+        cls.event_version = v
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        # Runs once pydantic has built the model, so the class is complete when registered.
+        super().__pydantic_init_subclass__(**kwargs)
+        if cls.event_type and "event_type" in cls.__dict__:
+            default_registry.register(cls)
+
+
+def upcaster(event_type: str, *, from_version: int) -> Callable[[F], F]:
+    """Register a function turning ``event_type`` data of ``from_version`` into the next version.
+
+    Chains are applied in order (v1 -> v2 -> v3) when a consumer expects a newer version.
+    """
+
+    def mark(fn: F) -> F:
+        default_registry.add_upcaster(event_type, from_version, fn)
+        return fn
+
+    return mark
+
+
+def to_envelope(
+    message: Event | Envelope,
+    *,
+    source: str,
+    key: str | None = None,
+    headers: dict[str, str] | None = None,
+    correlation_id: str | None = None,
+    causation_id: str | None = None,
+    traceparent: str | None = None,
+) -> Envelope:
+    """Wrap an event in a new envelope (an Envelope passes through unchanged).
+
+    ``traceparent`` is put in the headers unless they already carry one.
+    """
+    if isinstance(message, Envelope):
+        return message
+    if not isinstance(message, Event) or not message.event_type:
+        raise EventTypeError(
+            f"cannot publish {message!r}: pass an instance of an Event subclass declared "
+            "with type=... (or an Envelope)"
+        )
+    hdrs = dict(headers) if headers else {}
+    if traceparent is not None and "traceparent" not in hdrs:
+        hdrs["traceparent"] = traceparent
+    return Envelope.create(
+        message.event_type,
+        message.model_dump(mode="json"),
+        version=message.event_version,
+        source=source,
+        correlation_id=correlation_id,
+        causation_id=causation_id,
+        key=key,
+        headers=hdrs,
+    )

@@ -1,0 +1,70 @@
+"""``app.dead_letters``: inspect, replay and purge the dead letters of an app's groups."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from ..errors import DeadLetterNotFound
+from ..ports import Broker, DeadLetter, DeadLetterStore
+from .consumer import TARGET_GROUP_HEADER
+
+__all__ = ["DeadLetters"]
+
+
+class DeadLetters:
+    """The dead-letter queue of a set of groups, over a store and a broker.
+
+    ``replay`` republishes each letter's original bytes to its topic with a header that
+    targets only the group that failed, then deletes the letter.
+    """
+
+    def __init__(
+        self, store: DeadLetterStore, broker: Broker, groups: Iterable[str] | None = None
+    ) -> None:
+        self._store = store
+        self._broker = broker
+        self._groups = frozenset(groups) if groups is not None else None
+
+    def _mine(self, letter: DeadLetter | None) -> bool:
+        return letter is not None and (self._groups is None or letter.group in self._groups)
+
+    async def list(self, *, group: str | None = None, limit: int = 100) -> list[DeadLetter]:
+        """Return up to ``limit`` dead letters, oldest first (optionally of one group)."""
+        if group is not None or self._groups is None:
+            return await self._store.list(group=group, limit=limit)
+        letters = await self._store.list(limit=max(limit, 1) * 10)
+        return [d for d in letters if self._mine(d)][:limit]
+
+    async def get(self, letter_id: str) -> DeadLetter:
+        """Return one letter; raise ``DeadLetterNotFound`` if there is none with that id."""
+        letter = await self._store.get(letter_id)
+        if letter is None or not self._mine(letter):
+            raise DeadLetterNotFound(
+                f"no dead letter {letter_id!r}; run `eventflow dlq list` to see the ids"
+            )
+        return letter
+
+    async def count(self) -> dict[str, int]:
+        """Number of letters per group."""
+        counts = await self._store.count()
+        return {g: n for g, n in counts.items() if self._groups is None or g in self._groups}
+
+    async def replay(self, letter_ids: Sequence[str]) -> int:
+        """Republish the letters to their topics for their group only, then delete them."""
+        letters = [await self.get(i) for i in letter_ids]
+        for letter in letters:
+            headers = dict(letter.headers)
+            headers[TARGET_GROUP_HEADER] = letter.group
+            await self._broker.publish(
+                letter.topic, letter.payload, key=letter.key, headers=headers
+            )
+            await self._store.remove([letter.id])
+        return len(letters)
+
+    async def purge(self, letter_ids: Sequence[str] | None = None) -> int:
+        """Delete the given letters (all of this app's when None); return how many."""
+        if letter_ids is None:
+            ids = [d.id for d in await self.list(limit=1_000_000)]
+        else:
+            ids = [(await self.get(i)).id for i in letter_ids]
+        return await self._store.remove(ids)

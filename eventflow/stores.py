@@ -1,0 +1,71 @@
+"""``open_store(url)``: build a store adapter from a URL.
+
+``memory://``, ``sqlite:///relative/path.db`` (``sqlite:////abs/path.db``). Adapters are
+imported only when their scheme is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+from urllib.parse import urlsplit
+
+from .errors import ConfigurationError
+from .ports import Store
+
+__all__ = ["open_store", "store_for"]
+
+
+def _memory(url: str) -> Store:
+    from .adapters.memory.store import MemoryStore
+
+    return MemoryStore(url)
+
+
+def _sqlite(url: str) -> Store:
+    from .adapters.sqlite.store import SqliteStore
+
+    return SqliteStore.from_url(url)
+
+
+_SCHEMES = {"memory": _memory, "sqlite": _sqlite}
+
+
+def store_for(url: str | Store) -> Store:
+    """Return an unopened store for ``url``; an adapter instance is returned as is."""
+    if not isinstance(url, str):
+        return url
+    factory = _SCHEMES.get(urlsplit(url).scheme)
+    if factory is None:
+        raise ConfigurationError(
+            f"unsupported store URL {url!r}: use memory://, sqlite:///path.db or "
+            "postgresql://user@host/db"
+        )
+    return factory(url)
+
+
+class _Opening:
+    """Awaitable (``store = await open_store(url)``) and async context manager."""
+
+    def __init__(self, url: str | Store) -> None:
+        self._store = store_for(url)
+
+    async def _open(self) -> Store:
+        await self._store.open()
+        return self._store
+
+    def __await__(self) -> Generator[Any, None, Store]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Store:
+        return await self._open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._store.close()
+
+
+def open_store(url: str | Store) -> _Opening:
+    """Open a store: ``store = await open_store(url)`` or ``async with open_store(url) as s``."""
+    return _Opening(url)
+
+

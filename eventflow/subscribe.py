@@ -1,0 +1,161 @@
+"""``@subscribe``: marks an async function as a handler. It registers nothing globally;
+``App(handlers=[...])`` collects marked functions (and those of listed modules)."""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar, Union
+
+from .envelope import Envelope
+from .errors import ConfigurationError
+from .events import Event
+from .patterns import validate_pattern
+from .runtime.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
+
+__all__ = ["DEFAULT_TIMEOUT", "HandlerSpec", "collect_handlers", "subscribe"]
+
+DEFAULT_TIMEOUT = 30.0
+_MARK = "__eventflow_subscriptions__"
+Handler = Callable[..., Awaitable[Any]]
+H = TypeVar("H", bound=Handler)
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerSpec:
+    """One ``@subscribe`` declaration: the function and its consumer settings."""
+
+    fn: Handler
+    pattern: str
+    group: str | None
+    concurrency: int
+    retry: RetryPolicy
+    timeout: float | None
+    dead_letter: bool
+    idempotent: bool
+
+    @property
+    def name(self) -> str:
+        """``module.qualname`` of the handler, for logs and status."""
+        return f"{self.fn.__module__}.{self.fn.__qualname__}"
+
+
+def subscribe(
+    pattern: str,
+    *,
+    group: str | None = None,
+    concurrency: int = 1,
+    retry: int | RetryPolicy | None = DEFAULT_MAX_ATTEMPTS,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    dead_letter: bool = True,
+    idempotent: bool = True,
+) -> Callable[[H], H]:
+    """Mark an ``async def handler(event, ctx)`` to consume topics matching ``pattern``.
+
+    - ``group``: the consumer group (default: the app's name). Every group gets every message;
+      members of one group share them.
+    - ``concurrency``: messages of different keys handled in parallel; one key stays in order.
+    - ``retry``: at most this many attempts in all (or a ``RetryPolicy``), with backoff.
+    - ``timeout``: soft limit in seconds per attempt; the handler is cancelled past it.
+    - ``dead_letter``: after the last failed attempt, keep the message in the dead-letter
+      queue (default) rather than dropping it with an error log.
+    - ``idempotent``: skip envelope ids this group already handled (dedup store).
+    """
+    validate_pattern(pattern)
+    if concurrency < 1:
+        raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
+    if timeout is not None and timeout <= 0:
+        raise ConfigurationError(f"timeout must be > 0 seconds or None, got {timeout}")
+    policy = RetryPolicy.of(retry)
+
+    def mark(fn: H) -> H:
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigurationError(
+                f"@subscribe({pattern!r}) needs an `async def` function, got {fn!r}"
+            )
+        spec = HandlerSpec(fn, pattern, group, concurrency, policy, timeout, dead_letter, idempotent)
+        specs = list(getattr(fn, _MARK, ()))
+        specs.append(spec)
+        setattr(fn, _MARK, tuple(specs))
+        return fn
+
+    return mark
+
+
+def collect_handlers(items: Iterable[object]) -> list[HandlerSpec]:
+    """Return the specs of marked functions in ``items`` (functions or modules), in order."""
+    specs: list[HandlerSpec] = []
+    for item in items:
+        if isinstance(item, types.ModuleType):
+            found = [v for v in vars(item).values() if getattr(v, _MARK, None)]
+            if not found:
+                raise ConfigurationError(
+                    f"module {item.__name__!r} has no @subscribe functions; list the functions "
+                    "or check the import"
+                )
+            for fn in found:
+                specs.extend(getattr(fn, _MARK))
+        elif callable(item) and getattr(item, _MARK, None):
+            specs.extend(getattr(item, _MARK))
+        else:
+            raise ConfigurationError(
+                f"{item!r} is not a @subscribe function or a module of them; "
+                "decorate it with @subscribe(pattern) first"
+            )
+    return specs
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """What a handler's parameters ask for."""
+
+    accepts: dict[str, type[Event]] | None
+    """Event type name -> model class; None when the handler takes the raw Envelope."""
+    any_event: bool
+    """The handler takes ``Event`` itself: any registered type, at its latest version."""
+    takes_context: bool
+
+
+def inspect_handler(fn: Handler) -> Signature:
+    """Read the first parameter's annotation: an Event class, a union of them, or Envelope."""
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if not 1 <= len(params) <= 2:
+        raise ConfigurationError(
+            f"handler {fn.__qualname__} must take (event) or (event, ctx), not "
+            f"{len(params)} positional parameters"
+        )
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot resolve the annotations of handler {fn.__qualname__}: {exc}; "
+            "import the event classes at module level"
+        ) from exc
+    hint = hints.get(params[0].name)
+    takes_ctx = len(params) == 2
+    if hint is Envelope:
+        return Signature(None, False, takes_ctx)
+    if hint is Event:
+        return Signature({}, True, takes_ctx)
+    members = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+    accepts: dict[str, type[Event]] = {}
+    for member in members:
+        if not (isinstance(member, type) and issubclass(member, Event) and member.event_type):
+            raise ConfigurationError(
+                f"handler {fn.__qualname__}: annotate the first parameter with an Event "
+                f"subclass, a union of them, or Envelope (got {hint!r})"
+            )
+        if member.event_type in accepts:
+            raise ConfigurationError(
+                f"handler {fn.__qualname__} accepts two versions of {member.event_type!r}; "
+                "take the latest and let upcasters convert older data"
+            )
+        accepts[member.event_type] = member
+    return Signature(accepts, False, takes_ctx)
