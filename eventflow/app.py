@@ -18,10 +18,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .brokers import open_broker
-from .envelope import Envelope, new_id, new_traceparent
+from .envelope import Envelope, new_id
 from .errors import BrokerError, ConfigurationError
 from .events import Event, EventRegistry, default_registry, to_envelope
-from .patterns import overlap, validate_topic
+from .patterns import overlap
 from .ports import Broker, DedupStore, Store
 from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
@@ -136,24 +136,26 @@ class App:
             key=key,
             headers=dict(headers) if headers else None,
             correlation_id=correlation_id,
-            traceparent=new_traceparent(),
         )
-        await self._send(topic or env.type, env)
+        if not self._started:
+            self._not_running()
+        await self.broker.publish(
+            topic or env.type, env.to_bytes(), key=env.key, headers={MESSAGE_ID_HEADER: env.id}
+        )
         return env
+
+    def _not_running(self) -> None:
+        raise BrokerError(
+            f"app {self.name!r} is not running: publish inside `async with app:` "
+            "or after `await app.start()`"
+        )
 
     async def _send(self, topic: str, env: Envelope) -> None:
         if not self._started:
-            raise BrokerError(
-                f"app {self.name!r} is not running: publish inside `async with app:` "
-                "or after `await app.start()`"
-            )
-        try:
-            await self.broker.publish(
-                topic, env.to_bytes(), key=env.key, headers={MESSAGE_ID_HEADER: env.id}
-            )
-        except ConfigurationError:
-            validate_topic(topic)
-            raise
+            self._not_running()
+        await self.broker.publish(
+            topic, env.to_bytes(), key=env.key, headers={MESSAGE_ID_HEADER: env.id}
+        )
 
     async def _send_all(self, outbox: list[tuple[str, Envelope]]) -> None:
         """Send what a handler published; retry with backoff until sent (ids are fixed)."""
@@ -237,7 +239,9 @@ class App:
         tg, self._tg = self._tg, None
         try:
             if tg is not None:
-                await tg.__aexit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
+                await tg.__aexit__(
+                    type(exc) if exc else None, exc, exc.__traceback__ if exc else None
+                )
         finally:
             self._started = False
             self._consumers = []
@@ -255,12 +259,17 @@ class App:
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.stop()
 
-    async def serve(self, stop: asyncio.Event | None = None) -> None:
-        """Run until ``stop`` is set or SIGINT/SIGTERM arrives, then shut down gracefully."""
+    async def serve(
+        self, stop: asyncio.Event | None = None, *, handle_signals: bool = True
+    ) -> None:
+        """Run until ``stop`` is set or SIGINT/SIGTERM arrives, then shut down gracefully.
+
+        With ``handle_signals=False`` the caller owns the signals (several apps in one loop).
+        """
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
-        installed: list[int] = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        installed: list[signal.Signals] = []
+        for sig in (signal.SIGINT, signal.SIGTERM) if handle_signals else ():
             try:
                 loop.add_signal_handler(sig, stop.set)
                 installed.append(sig)

@@ -33,7 +33,6 @@ def open_broker(url: str | Broker) -> Broker:
     factory = _SCHEMES.get(scheme)
     if factory is None:
         raise ConfigurationError(
-            f"unsupported broker URL {url!r}: use memory://, nats://host:4222 or "
-            "kafka://host:9092"
+            f"unsupported broker URL {url!r}: use memory://, nats://host:4222 or kafka://host:9092"
         )
     return factory(url)

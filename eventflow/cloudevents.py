@@ -116,17 +116,25 @@ def from_cloudevent(ce: dict[str, Any]) -> Envelope:
     packed = ce.get(_HEADERS_EXT)
     if packed is not None:
         try:
-            headers.update(orjson.loads(packed))
-        except orjson.JSONDecodeError as exc:
+            unpacked = orjson.loads(packed)
+        except (orjson.JSONDecodeError, TypeError) as exc:
             raise MalformedMessageError(f"{_HEADERS_EXT} is not a JSON object: {exc}") from exc
+        if not isinstance(unpacked, dict):
+            raise MalformedMessageError(f"{_HEADERS_EXT} must be a JSON object of strings")
+        headers.update(unpacked)
     for name, value in ce.items():
         if name not in _CORE:
             headers[name] = value if isinstance(value, str) else orjson.dumps(value).decode()
     source = "" if ce.get(_EMPTY_SOURCE_EXT) is True else ce["source"]
+    version = ce.get("eventversion", 1)
+    if isinstance(version, str) and version.isdigit():
+        version = int(version)  # extension values may travel as strings
+    if type(version) is not int:
+        raise MalformedMessageError(f"eventversion must be an integer, got {version!r}")
     raw = {
         "id": ce["id"],
         "type": ce["type"],
-        "version": int(ce.get("eventversion", 1)),
+        "version": version,
         "source": source,
         "time": ce.get("time"),
         "correlation_id": ce.get("correlationid") or ce["id"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .envelope import Envelope, child_traceparent
+from .envelope import Envelope, derived_id
 from .events import Event, to_envelope
 
 if TYPE_CHECKING:
@@ -19,10 +19,13 @@ class Context:
     ``publish`` continues the business transaction: the new envelope inherits the
     ``correlation_id``, gets ``causation_id = ctx.envelope.id`` and a child ``traceparent``.
     Messages published here are sent when the handler succeeds, before the message is
-    acknowledged; a failed or timed-out attempt sends nothing.
+    acknowledged; a failed or timed-out attempt sends nothing. Their ids are derived from
+    the handled envelope, the group and the event type, so if the handler runs again on the
+    same message (a crash before the ack), it publishes the same ids and downstream dedup
+    drops the copies.
     """
 
-    __slots__ = ("_app", "_outbox", "attempt", "envelope", "group")
+    __slots__ = ("_app", "_counts", "_outbox", "attempt", "envelope", "group")
 
     def __init__(self, app: App, envelope: Envelope, group: str, attempt: int) -> None:
         self._app = app
@@ -30,6 +33,7 @@ class Context:
         self.group = group
         self.attempt = attempt
         self._outbox: list[tuple[str, Envelope]] = []
+        self._counts: dict[str, int] = {}
 
     @property
     def app(self) -> App:
@@ -51,6 +55,13 @@ class Context:
     ) -> Envelope:
         """Queue ``message`` for publishing once this attempt succeeds; return its envelope."""
         parent = self.envelope
+        if isinstance(message, Event):
+            # The n-th message of a type published while handling this envelope in this
+            # group always gets the same id, so a re-run after a crash is deduplicated.
+            n = self._counts[message.event_type] = self._counts.get(message.event_type, 0) + 1
+            env_id: str | None = derived_id(parent, self.group, message.event_type, str(n))
+        else:
+            env_id = None
         env = to_envelope(
             message,
             source=self._app.name,
@@ -58,7 +69,8 @@ class Context:
             headers=headers,
             correlation_id=parent.correlation_id,
             causation_id=parent.id,
-            traceparent=child_traceparent(parent.headers.get("traceparent")),
+            parent_traceparent=parent.headers.get("traceparent"),
+            id=env_id,
         )
         self._outbox.append((topic or env.type, env))
         return env

@@ -12,6 +12,7 @@ raises :class:`~eventflow.errors.MalformedMessageError` with a precise reason; c
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import time as _time
@@ -24,7 +25,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .errors import MalformedMessageError
 
-__all__ = ["Envelope", "new_id", "new_traceparent", "child_traceparent"]
+__all__ = [
+    "Envelope",
+    "child_traceparent",
+    "derived_id",
+    "new_id",
+    "new_traceparent",
+    "traceparent_for",
+]
 
 _ORJSON_OPTS = orjson.OPT_UTC_Z
 _FIELDS = (
@@ -47,13 +55,20 @@ os.register_at_fork(after_in_child=_rng.seed)
 _randbits = _rng.getrandbits
 _last_ms = 0
 _seq = 0
+_prefix = ""
+
+
+def _set_prefix(ms: int) -> None:
+    global _prefix
+    h = "%012x" % ms
+    _prefix = f"{h[:8]}-{h[8:]}-7"
 
 
 def new_id() -> str:
     """Return a new UUIDv7 string: time-ordered, monotonic within this process.
 
     The 12-bit ``rand_a`` field is a counter within one millisecond (RFC 9562 method 1),
-    so ids made in one process sort in creation order.
+    so ids made in one process sort in creation order; 62 random bits follow.
     """
     global _last_ms, _seq
     rnd = _randbits(64)
@@ -61,15 +76,40 @@ def new_id() -> str:
     if ms > _last_ms:
         _last_ms = ms
         _seq = rnd >> 53  # random start in the lower half leaves room to count up
+        _set_prefix(ms)
     else:
         _seq += 1
         if _seq > 0xFFF:  # counter exhausted: borrow the next millisecond
             _last_ms += 1
             _seq = 0
-    value = (_last_ms << 80) | 0x7000_0000_0000_0000_0000 | (_seq << 64)
-    value |= (rnd & 0x3FFF_FFFF_FFFF_FFFF) | 0x8000_0000_0000_0000
-    h = "%032x" % value
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+            _set_prefix(_last_ms)
+    return "%s%03x-%04x-%012x" % (
+        _prefix,
+        _seq,
+        0x8000 | ((rnd >> 48) & 0x3FFF),
+        rnd & 0xFFFF_FFFF_FFFF,
+    )
+
+
+def derived_id(parent: Envelope, *parts: str) -> str:
+    """A UUIDv7-shaped id computed from ``parent`` and ``parts`` (no randomness).
+
+    Its time is the parent's (to the millisecond) and its other bits a BLAKE2 hash, so a
+    handler that runs again on the same message publishes the same ids, and consumers'
+    dedup stores drop the repeats.
+    """
+    digest = hashlib.blake2b("\x00".join((parent.id, *parts)).encode(), digest_size=10).digest()
+    ms = int(parent.time.timestamp() * 1000) & 0xFFFF_FFFF_FFFF
+    h = "%012x" % ms
+    rand_a = int.from_bytes(digest[:2], "big") & 0xFFF
+    rnd = int.from_bytes(digest[2:], "big")
+    return "%s-%s-7%03x-%04x-%012x" % (
+        h[:8],
+        h[8:],
+        rand_a,
+        0x8000 | ((rnd >> 48) & 0x3FFF),
+        rnd & 0xFFFF_FFFF_FFFF,
+    )
 
 
 def new_traceparent() -> str:
@@ -84,12 +124,27 @@ def child_traceparent(parent: str | None) -> str:
     return new_traceparent()
 
 
+def traceparent_for(message_id: str, correlation_id: str, parent: str | None = None) -> str:
+    """The ``traceparent`` of a new message: its span id comes from the message id's random
+    bits; its trace id is the parent's, else the correlation id (a UUID's 32 hex digits),
+    so one business transaction is one trace."""
+    if len(message_id) == 36:
+        span = message_id[19:23] + message_id[24:]
+    else:
+        span = "%016x" % (_randbits(64) or 1)
+    if parent and len(parent) == 55 and parent[2] == "-":
+        trace = parent[3:35]
+    elif len(correlation_id) == 36 and correlation_id[8] == "-":
+        trace = correlation_id.replace("-", "")
+    else:
+        trace = "%032x" % (_randbits(128) or 1)
+    return f"00-{trace}-{span}-01"
+
+
 def _utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
-    if value.utcoffset():
-        return value.astimezone(UTC)
-    return value
+    return value if value.tzinfo is UTC else value.astimezone(UTC)
 
 
 class Envelope(BaseModel):
@@ -128,11 +183,11 @@ class Envelope(BaseModel):
     @classmethod
     def _trusted(cls, fields: dict[str, Any]) -> Envelope:
         """Build from already-checked values (all ten fields), skipping pydantic validation."""
-        env = cls.__new__(cls)
-        object.__setattr__(env, "__dict__", fields)
-        object.__setattr__(env, "__pydantic_fields_set__", _ALL_FIELDS)
-        object.__setattr__(env, "__pydantic_extra__", None)
-        object.__setattr__(env, "__pydantic_private__", None)
+        env = _new(cls)
+        _setattr(env, "__dict__", fields)
+        _set_fields_set(env, _ALL_FIELDS)
+        _set_extra(env, None)
+        _set_private(env, None)
         return env
 
     @classmethod
@@ -199,6 +254,50 @@ class Envelope(BaseModel):
             raise MalformedMessageError(
                 f"payload is a JSON {type(raw).__name__}, not an envelope object"
             )
+        # Fast path: eventflow's own wire form, every field present with the right type.
+        if len(raw) == 10:
+            try:
+                env_id = raw["id"]
+                etype = raw["type"]
+                version = raw["version"]
+                source = raw["source"]
+                when = raw["time"]
+                correlation = raw["correlation_id"]
+                causation = raw["causation_id"]
+                key = raw["key"]
+                headers = raw["headers"]
+                data = raw["data"]
+            except KeyError:
+                return cls._checked(raw)
+            if (
+                type(env_id) is str
+                and env_id
+                and type(etype) is str
+                and etype
+                and type(version) is int
+                and version >= 1
+                and type(source) is str
+                and type(when) is str
+                and type(correlation) is str
+                and correlation
+                and (causation is None or type(causation) is str)
+                and (key is None or type(key) is str)
+                and type(headers) is dict
+                and type(data) is dict
+            ):
+                for value in headers.values():
+                    if type(value) is not str:
+                        return cls._checked(raw)
+                try:
+                    stamp = datetime.fromisoformat(when)
+                except ValueError:
+                    return cls._checked(raw)  # reports the bad time
+                raw["time"] = stamp if stamp.tzinfo is UTC else _utc(stamp)
+                return cls._trusted(raw)
+        return cls._checked(raw)
+
+    @classmethod
+    def _checked(cls, raw: dict[str, Any]) -> Envelope:
         get = raw.get
         env_id = get("id")
         if type(env_id) is not str or not env_id:
@@ -258,3 +357,11 @@ class Envelope(BaseModel):
 
 
 _ALL_FIELDS = frozenset(_FIELDS)
+# What pydantic's model_construct does, minus its generic work: BaseModel keeps these three in
+# __slots__, so their descriptors set them directly (a test checks the result equals a
+# validated Envelope).
+_new = object.__new__
+_setattr = object.__setattr__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__

@@ -6,7 +6,7 @@
     ├── ConfigurationError          wrong arguments, URLs or wiring; fix the code or the URL
     │   └── MissingDependencyError  (also ImportError) a driver extra is not installed
     ├── EventTypeError              duplicate or unknown event type / version registration
-    ├── DecodeError                 a message cannot become a typed event (dead-lettered, never retried)
+    ├── DecodeError                 a message cannot become a typed event; dead-lettered at once
     │   ├── MalformedMessageError   bytes that are not a valid envelope
     │   ├── UnknownEventTypeError   a type (or version) the app does not know
     │   ├── FutureVersionError      a version newer than the code's

@@ -10,11 +10,12 @@ consumer's model expects.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .envelope import Envelope
+from .envelope import Envelope, new_id, traceparent_for
 from .errors import (
     EventTypeError,
     EventValidationError,
@@ -60,10 +61,15 @@ class EventRegistry:
             raise EventTypeError(f"upcaster from_version must be >= 1, got {from_version}")
         key = (event_type, from_version)
         existing = self._upcasters.get(key)
-        if existing is not None and existing is not fn and (
-            existing.__module__,
-            existing.__qualname__,
-        ) != (fn.__module__, fn.__qualname__):
+        if (
+            existing is not None
+            and existing is not fn
+            and (
+                existing.__module__,
+                existing.__qualname__,
+            )
+            != (fn.__module__, fn.__qualname__)
+        ):
             raise EventTypeError(
                 f"an upcaster for {event_type!r} from version {from_version} is already "
                 f"registered ({existing.__module__}.{existing.__qualname__})"
@@ -100,7 +106,9 @@ class EventRegistry:
         """Return a copy of the registered upcasters keyed by (type, from_version)."""
         return dict(self._upcasters)
 
-    def upcast(self, event_type: str, data: dict[str, Any], from_version: int, to_version: int) -> dict[str, Any]:
+    def upcast(
+        self, event_type: str, data: dict[str, Any], from_version: int, to_version: int
+    ) -> dict[str, Any]:
         """Apply the upcaster chain from ``from_version`` to ``to_version``."""
         version = from_version
         while version < to_version:
@@ -141,7 +149,7 @@ class EventRegistry:
         if version < target:
             data = self.upcast(envelope.type, data, version, target)
         try:
-            return cls.model_validate(data)
+            return cls.__pydantic_validator__.validate_python(data)  # type: ignore[no-any-return]
         except ValidationError as exc:
             raise EventValidationError(
                 f"{envelope.type!r} v{version} data does not validate as "
@@ -233,29 +241,41 @@ def to_envelope(
     headers: dict[str, str] | None = None,
     correlation_id: str | None = None,
     causation_id: str | None = None,
-    traceparent: str | None = None,
+    parent_traceparent: str | None = None,
+    id: str | None = None,
 ) -> Envelope:
     """Wrap an event in a new envelope (an Envelope passes through unchanged).
 
-    ``traceparent`` is put in the headers unless they already carry one.
+    The headers get a ``traceparent`` unless they carry one: a child of
+    ``parent_traceparent`` when given, else the root of a trace named after the correlation.
     """
-    if isinstance(message, Envelope):
+    if type(message) is Envelope:
         return message
-    if not isinstance(message, Event) or not message.event_type:
+    event_type = getattr(message, "event_type", None)
+    if not event_type or not isinstance(message, Event):
+        if isinstance(message, Envelope):
+            return message
         raise EventTypeError(
             f"cannot publish {message!r}: pass an instance of an Event subclass declared "
             "with type=... (or an Envelope)"
         )
+    env_id = id or new_id()
+    correlation = correlation_id or env_id
     hdrs = dict(headers) if headers else {}
-    if traceparent is not None and "traceparent" not in hdrs:
-        hdrs["traceparent"] = traceparent
-    return Envelope.create(
-        message.event_type,
-        message.model_dump(mode="json"),
-        version=message.event_version,
-        source=source,
-        correlation_id=correlation_id,
-        causation_id=causation_id,
-        key=key,
-        headers=hdrs,
+    if "traceparent" not in hdrs:
+        hdrs["traceparent"] = traceparent_for(env_id, correlation, parent_traceparent)
+    # Built directly (not via Envelope(...)): every value here is known to be valid.
+    return Envelope._trusted(
+        {
+            "id": env_id,
+            "type": event_type,
+            "version": message.event_version,
+            "source": source,
+            "time": datetime.now(UTC),
+            "correlation_id": correlation,
+            "causation_id": causation_id,
+            "key": key,
+            "headers": hdrs,
+            "data": message.__pydantic_serializer__.to_python(message, mode="json"),
+        }
     )

@@ -34,20 +34,39 @@ class Delivery(Protocol):
     ``delivery_count`` increased. Deliveries of one key reach a group in publish order.
     """
 
-    topic: str
-    payload: bytes
-    key: str | None
-    headers: Mapping[str, str]
-    delivery_count: int
-    """How many times this message has been delivered to this group, this one included."""
-    metadata: Mapping[str, Any]
-    """Broker position of the message (partition/offset, stream sequence) for dead letters."""
+    @property
+    def topic(self) -> str:
+        """The topic the message was published to."""
+
+    @property
+    def payload(self) -> bytes:
+        """The message bytes, as published."""
+
+    @property
+    def key(self) -> str | None:
+        """The partition / ordering key, if any."""
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Broker-level headers (not the envelope's)."""
+
+    @property
+    def delivery_count(self) -> int:
+        """How many times this message has been delivered to this group, this one included."""
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """Broker position of the message (partition/offset, stream sequence) for dead letters."""
 
     async def ack(self) -> None:
         """Mark the message done for the group; it is not delivered again."""
 
     async def nack(self, delay: float = 0.0) -> None:
         """Give the message back for redelivery after ``delay`` seconds, keeping key order."""
+
+    async def release(self) -> None:
+        """Give the message back untouched: no handler saw it (a consumer shutting down with
+        a fetched backlog), so this delivery does not count towards ``delivery_count``."""
 
     async def in_progress(self) -> None:
         """Tell the broker the handler is still working (extends an ack deadline, if any)."""
@@ -57,8 +76,13 @@ class Delivery(Protocol):
 class Subscription(Protocol):
     """A live membership of one consumer in a group, receiving topics matching a pattern."""
 
-    pattern: str
-    group: str
+    @property
+    def pattern(self) -> str:
+        """The topic pattern this subscription receives."""
+
+    @property
+    def group(self) -> str:
+        """The consumer group this subscription belongs to."""
 
     async def fetch(self, max_messages: int, timeout: float) -> Sequence[Delivery]:
         """Return 1..max_messages deliveries, or an empty sequence after ``timeout`` seconds."""
@@ -75,6 +99,10 @@ class Broker(Protocol):
     the message was published; per-key order within a group; competing consumers within a
     group; bounded buffers, a full publisher waits and then raises ``BackpressureError``.
     """
+
+    @property
+    def url(self) -> str:
+        """A URL naming this broker (without credentials)."""
 
     async def start(self) -> None:
         """Connect. Idempotent."""
@@ -179,16 +207,30 @@ class Heartbeats(Protocol):
     async def remove(self, instance: str) -> None:
         """Delete an instance's record (on clean shutdown)."""
 
+    async def prune(self, older_than: float) -> int:
+        """Delete records not refreshed for ``older_than`` seconds (crashed instances)."""
+
 
 @runtime_checkable
 class Store(Protocol):
     """A storage backend: one connection pool behind the dedup store, dead letters and
     heartbeats (and, with the event store, streams), so they can share transactions."""
 
-    url: str
-    dedup: DedupStore
-    dead_letters: DeadLetterStore
-    heartbeats: Heartbeats
+    @property
+    def url(self) -> str:
+        """The URL this store was opened from."""
+
+    @property
+    def dedup(self) -> DedupStore:
+        """The store's dedup table."""
+
+    @property
+    def dead_letters(self) -> DeadLetterStore:
+        """The store's dead letters."""
+
+    @property
+    def heartbeats(self) -> Heartbeats:
+        """The store's heartbeat records."""
 
     async def open(self) -> None:
         """Connect and create the schema if needed. Idempotent."""

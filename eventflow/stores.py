@@ -67,5 +67,3 @@ class _Opening:
 def open_store(url: str | Store) -> _Opening:
     """Open a store: ``store = await open_store(url)`` or ``async with open_store(url) as s``."""
     return _Opening(url)
-
-

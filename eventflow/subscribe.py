@@ -72,11 +72,14 @@ def subscribe(
     policy = RetryPolicy.of(retry)
 
     def mark(fn: H) -> H:
-        if not inspect.iscoroutinefunction(fn):
+        checked: Any = fn  # keep `fn` typed as H (the check below would narrow it)
+        if not inspect.iscoroutinefunction(checked):
             raise ConfigurationError(
                 f"@subscribe({pattern!r}) needs an `async def` function, got {fn!r}"
             )
-        spec = HandlerSpec(fn, pattern, group, concurrency, policy, timeout, dead_letter, idempotent)
+        spec = HandlerSpec(
+            fn, pattern, group, concurrency, policy, timeout, dead_letter, idempotent
+        )
         specs = list(getattr(fn, _MARK, ()))
         specs.append(spec)
         setattr(fn, _MARK, tuple(specs))
@@ -144,7 +147,9 @@ def inspect_handler(fn: Handler) -> Signature:
         return Signature(None, False, takes_ctx)
     if hint is Event:
         return Signature({}, True, takes_ctx)
-    members = typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+    members = (
+        typing.get_args(hint) if typing.get_origin(hint) in (Union, types.UnionType) else (hint,)
+    )
     accepts: dict[str, type[Event]] = {}
     for member in members:
         if not (isinstance(member, type) and issubclass(member, Event) and member.event_type):

@@ -20,10 +20,12 @@ import asyncio
 import logging
 import traceback
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
 
 from ..context import Context
 from ..envelope import Envelope, new_id
@@ -41,6 +43,7 @@ TARGET_GROUP_HEADER = "eventflow-target-group"
 """Broker header naming the only group that should handle a message (dead-letter replay)."""
 
 _log = logging.getLogger("eventflow.consumer")
+_DRAIN_POLL = 0.01
 
 
 @dataclass(slots=True)
@@ -86,15 +89,29 @@ class Consumer:
         self.max_inflight = max_inflight or max(64, spec.concurrency * 16)
         self.stats = ConsumerStats()
         self._sub: Subscription | None = None
-        self._lanes: dict[Hashable, deque[Delivery]] = {}
-        self._ready: asyncio.Queue[Hashable] = asyncio.Queue(maxsize=self.max_inflight)
+        self._lanes: dict[object, deque[Delivery]] = {}
+        self._ready: deque[object] = deque()
+        self._waiters: deque[asyncio.Future[None]] = deque()
         self._inflight = 0
         self._slot = asyncio.Event()
         self._active = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._batch: Sequence[Delivery] = ()
+        self._started: set[Delivery] = set()
+        # envelope id -> future of the handling in progress (concurrency > 1 only), so a
+        # duplicate fetched while the original runs waits for its outcome.
+        self._handling: dict[str, asyncio.Future[None]] = {}
+        self._guard_ids = spec.idempotent and spec.concurrency > 1
         self._stopping = False
         self._stopped = asyncio.Event()
+        self._deadlines: dict[asyncio.Task[Any], float] = {}
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._loop_time = asyncio.get_running_loop().time
+        # type -> (version, validator) of the handler's event classes: the common case (the
+        # message is at the class's version) validates without the registry's generic path.
+        self._validators: dict[str, tuple[int, Callable[[Any], Any]]] = {
+            t: (cls.event_version, cls.__pydantic_validator__.validate_python)
+            for t, cls in (signature.accepts or {}).items()
+        }
 
     @property
     def name(self) -> str:
@@ -117,13 +134,20 @@ class Consumer:
             raise RuntimeError("Consumer.subscribe() must be awaited before run()")
         try:
             async with asyncio.TaskGroup() as tg:
-                workers = [tg.create_task(self._worker()) for _ in range(self.spec.concurrency)]
-                fetcher = tg.create_task(self._fetch_loop(sub))
+                if self.spec.concurrency == 1:
+                    # One worker handles deliveries in fetch order, which is key order.
+                    workers = [tg.create_task(self._serial_loop(sub))]
+                else:
+                    workers = [tg.create_task(self._worker()) for _ in range(self.spec.concurrency)]
+                    workers.append(tg.create_task(self._fetch_loop(sub)))
+                watchdog = None
+                if self.spec.timeout is not None:
+                    watchdog = tg.create_task(self._watchdog(self.spec.timeout))
                 await self._stopped.wait()
-                fetcher.cancel()
                 try:
                     async with asyncio.timeout(self.grace_period):
-                        await self._idle.wait()
+                        while self._active:  # noqa: ASYNC110 - polled only at shutdown
+                            await asyncio.sleep(_DRAIN_POLL)
                 except TimeoutError:
                     _log.warning(
                         "%s: handlers still running after the %.1fs grace period; cancelling "
@@ -133,76 +157,175 @@ class Consumer:
                     )
                 for worker in workers:
                     worker.cancel()
+                if watchdog is not None:
+                    watchdog.cancel()
         finally:
+            await self._release_unstarted()
             await sub.close()
 
-    async def _fetch_loop(self, sub: Subscription) -> None:
-        lanes, ready, slot = self._lanes, self._ready, self._slot
+    async def _release_unstarted(self) -> None:
+        """Give back fetched deliveries no handler saw, so they are not counted as attempts."""
+        unstarted = [d for d in self._batch if d not in self._started]
+        for lane in self._lanes.values():
+            unstarted.extend(d for d in lane if d not in self._started)
+        self._batch = ()
+        self._lanes.clear()
+        for delivery in unstarted:
+            try:
+                await delivery.release()
+            except Exception as exc:  # the broker redelivers it anyway, counted
+                _log.warning("%s: could not release a delivery: %s", self.name, exc)
+
+    async def _serial_loop(self, sub: Subscription) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handle = self._process
         limit = self.max_inflight
+        while not self._stopping:
+            batch = await sub.fetch(limit, 1.0)
+            self._batch = batch
+            for pos, delivery in enumerate(batch):
+                if self._stopping:
+                    self._batch = batch[pos:]  # never started: released at shutdown
+                    return
+                await handle(delivery, task)
+            self._batch = ()
+
+    async def _fetch_loop(self, sub: Subscription) -> None:
+        lanes, ready, slot, waiters = self._lanes, self._ready, self._slot, self._waiters
+        limit = self.max_inflight
+        refill = limit // 2
         while True:
-            free = limit - self._inflight
-            if free <= 0:
+            if self._inflight > refill:
+                # Wait until half the window is free, then fetch a batch: one wake-up per
+                # batch instead of one per settled message.
                 slot.clear()
                 await slot.wait()
                 continue
-            batch = await sub.fetch(free, 1.0)
+            batch = await sub.fetch(limit - self._inflight, 1.0)
             self._inflight += len(batch)
             for delivery in batch:
-                key: Hashable = delivery.key if delivery.key is not None else delivery
+                key: object = delivery.key if delivery.key is not None else delivery
                 lane = lanes.get(key)
                 if lane is None:
                     lanes[key] = deque((delivery,))
-                    ready.put_nowait(key)
+                    ready.append(key)
+                    while waiters:
+                        waiter = waiters.popleft()
+                        if not waiter.done():
+                            waiter.set_result(None)
+                            break
                 else:
                     lane.append(delivery)
 
     async def _worker(self) -> None:
-        lanes, ready = self._lanes, self._ready
+        # `ready` holds keys whose lane has work and no worker; it never holds more keys than
+        # there are unsettled deliveries, so the fetch window bounds it.
+        lanes, ready, slot, waiters = self._lanes, self._ready, self._slot, self._waiters
+        refill = self.max_inflight // 2
+        task = asyncio.current_task()
+        assert task is not None
+        handle = self._process
+        started = self._started
+        loop = asyncio.get_running_loop()
         while True:
-            key = await ready.get()
+            if not ready:
+                waiter = loop.create_future()
+                waiters.append(waiter)
+                await waiter
+                continue
+            key = ready.popleft()
             lane = lanes[key]
             while lane and not self._stopping:
-                self._active += 1
-                self._idle.clear()
+                started.add(lane[0])
                 try:
-                    await self._process(lane[0])
+                    await handle(lane[0], task)
                 finally:
-                    self._active -= 1
-                    if self._active == 0:
-                        self._idle.set()
+                    started.discard(lane[0])
                 lane.popleft()
                 self._inflight -= 1
-                self._slot.set()
-            if not self._stopping:
-                del lanes[key]
+                if self._inflight <= refill:
+                    slot.set()
+            if self._stopping:
+                return
+            del lanes[key]
+
+    async def _watchdog(self, timeout: float) -> None:
+        """Cancel handlers that run past ``timeout``: one timer per consumer, not per message.
+
+        Checked every ``timeout / 10`` (5 ms to 1 s), so a handler is cancelled at most a
+        tenth of its timeout late.
+        """
+        tick = min(max(timeout / 10, 0.005), 1.0)
+        loop = asyncio.get_running_loop()
+        deadlines, expired = self._deadlines, self._expired
+        while True:
+            await asyncio.sleep(tick)
+            now = loop.time()
+            for task, deadline in list(deadlines.items()):
+                if now >= deadline and task not in expired:
+                    expired.add(task)
+                    task.cancel()
 
     # -- one delivery ------------------------------------------------------------------------
 
-    async def _process(self, delivery: Delivery) -> None:
-        stats = self.stats
-        stats.received += 1
-        headers = delivery.headers
-        if headers:
-            target = headers.get(TARGET_GROUP_HEADER)
-            if target is not None and target != self.group:
-                await delivery.ack()  # a replay meant for another group
+    async def _process(self, delivery: Delivery, task: asyncio.Task[Any]) -> None:
+        # `_active` counts running handlers so shutdown can wait for them to finish.
+        self._active += 1
+        guard: asyncio.Future[None] | None = None
+        try:
+            stats = self.stats
+            stats.received += 1
+            headers = delivery.headers
+            if headers:
+                target = headers.get(TARGET_GROUP_HEADER)
+                if target is not None and target != self.group:
+                    await delivery.ack()  # a replay meant for another group
+                    return
+            try:
+                env = Envelope.from_bytes(delivery.payload)
+            except DecodeError as exc:
+                await self._dead_letter(delivery, None, exc, attempts=0)
                 return
+            spec = self.spec
+            group = self.group
+            idempotent = spec.idempotent
+            if self._guard_ids:
+                # Two copies of one message in flight at once (a republish without a key):
+                # the second waits for the first's outcome, then finds it in the dedup store.
+                handling = self._handling
+                while (busy := handling.get(env.id)) is not None:
+                    await busy
+                guard = handling[env.id] = asyncio.get_running_loop().create_future()
+            if idempotent and await self.dedup.seen(group, env.id):
+                stats.duplicates += 1
+                await delivery.ack()
+                return
+            await self._attempts(delivery, env, task)
+        finally:
+            self._active -= 1
+            if guard is not None:
+                del self._handling[env.id]
+                guard.set_result(None)
+
+    async def _attempts(self, delivery: Delivery, env: Envelope, task: asyncio.Task[Any]) -> None:
+        stats = self.stats
+        spec = self.spec
+        group = self.group
+        idempotent = spec.idempotent
+        fast = self._validators.get(env.type)
         try:
-            env = Envelope.from_bytes(delivery.payload)
-        except DecodeError as exc:
-            await self._dead_letter(delivery, None, exc, attempts=0)
-            return
-        idempotent = self.spec.idempotent
-        if idempotent and await self.dedup.seen(self.group, env.id):
-            stats.duplicates += 1
-            await delivery.ack()
-            return
-        try:
-            arg = self._decode(env)
+            if fast is not None and fast[0] == env.version:
+                try:
+                    arg = fast[1](env.data)
+                except ValidationError:
+                    arg = self._decode(env)  # raises the descriptive EventValidationError
+            else:
+                arg = self._decode(env)
         except DecodeError as exc:
             await self._dead_letter(delivery, env, exc, attempts=0)
             return
-        policy = self.spec.retry
+        policy = spec.retry
         attempt = delivery.delivery_count - 1  # earlier deliveries each ended in an attempt
         if attempt >= policy.max_attempts:
             await self._dead_letter(
@@ -215,46 +338,51 @@ class Consumer:
                 attempts=attempt,
             )
             return
-        fn = self.spec.fn
-        timeout = self.spec.timeout
+        fn = spec.fn
+        timeout = spec.timeout
         takes_ctx = self.signature.takes_context
+        deadlines, expired = self._deadlines, self._expired
         while True:
             attempt += 1
-            ctx = Context(self.app, env, self.group, attempt)
+            ctx = Context(self.app, env, group, attempt)
+            error: BaseException | None = None
+            if timeout is not None:
+                deadlines[task] = self._loop_time() + timeout
             try:
-                if timeout is None:
-                    await (fn(arg, ctx) if takes_ctx else fn(arg))
-                else:
-                    async with asyncio.timeout(timeout) as scope:
-                        await (fn(arg, ctx) if takes_ctx else fn(arg))
+                await (fn(arg, ctx) if takes_ctx else fn(arg))
+            except asyncio.CancelledError:
+                if task not in expired:
+                    raise  # shutdown, not our timeout
+                error = HandlerTimeoutError(f"handler {spec.name} ran past its {timeout}s timeout")
             except Exception as exc:
-                error: BaseException = exc
-                if timeout is not None and isinstance(exc, TimeoutError) and scope.expired():
-                    error = HandlerTimeoutError(
-                        f"handler {self.spec.name} ran past its {timeout}s timeout"
-                    )
-                if attempt >= policy.max_attempts:
-                    await self._dead_letter(delivery, env, error, attempts=attempt)
-                    return
-                stats.retries += 1
-                _log.info(
-                    "%s: attempt %d of %s failed (%s: %s); retrying",
-                    self.name,
-                    attempt,
-                    env.id,
-                    type(error).__name__,
-                    error,
-                )
-                await asyncio.sleep(policy.delay(attempt))
-                continue
-            outbox = ctx._take_outbox()
-            if outbox:
-                await self.app._send_all(outbox)
-            if idempotent:
-                await self.dedup.mark(self.group, env.id)
-            stats.handled += 1
-            await delivery.ack()
-            return
+                error = exc
+            finally:
+                if timeout is not None:
+                    del deadlines[task]
+                    if task in expired:  # the watchdog fired; take its cancel request back
+                        expired.discard(task)
+                        task.uncancel()
+            if error is None:
+                break
+            if attempt >= policy.max_attempts:
+                await self._dead_letter(delivery, env, error, attempts=attempt)
+                return
+            stats.retries += 1
+            _log.info(
+                "%s: attempt %d of %s failed (%s: %s); retrying",
+                self.name,
+                attempt,
+                env.id,
+                type(error).__name__,
+                error,
+            )
+            await asyncio.sleep(policy.delay(attempt))
+        if ctx._outbox:
+            await self.app._send_all(ctx._take_outbox())
+        if idempotent:
+            await self.dedup.mark(group, env.id)
+        stats.handled += 1
+        await delivery.ack()
 
     def _decode(self, env: Envelope) -> Any:
         sig = self.signature

@@ -30,6 +30,8 @@ class DeadLetters:
 
     async def list(self, *, group: str | None = None, limit: int = 100) -> list[DeadLetter]:
         """Return up to ``limit`` dead letters, oldest first (optionally of one group)."""
+        if group is not None and self._groups is not None and group not in self._groups:
+            return []  # not one of this app's groups
         if group is not None or self._groups is None:
             return await self._store.list(group=group, limit=limit)
         letters = await self._store.list(limit=max(limit, 1) * 10)

@@ -28,6 +28,7 @@ __all__ = ["MemoryBroker", "MemoryBrokerConfig"]
 DEFAULT_PARTITIONS = 8
 DEFAULT_MAX_PENDING = 10_000
 DEFAULT_PUBLISH_TIMEOUT = 5.0
+_SPACE_POLL = 0.05
 _EMPTY: Mapping[str, str] = {}
 
 
@@ -47,7 +48,7 @@ class MemoryBrokerConfig:
 
 
 class _Record:
-    __slots__ = ("count", "headers", "key", "offset", "payload", "topic")
+    __slots__ = ("count", "headers", "key", "not_before", "offset", "payload", "topic")
 
     def __init__(
         self, offset: int, topic: str, payload: bytes, key: str | None, headers: Mapping[str, str]
@@ -58,10 +59,11 @@ class _Record:
         self.key = key
         self.headers = headers
         self.count = 0
+        self.not_before = 0.0  # loop time before which a nacked record is not redelivered
 
 
 class _Partition:
-    __slots__ = ("assigned", "inflight", "index", "owner", "pending")
+    __slots__ = ("assigned", "index", "inflight", "owner", "pending")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -79,6 +81,7 @@ class _Partition:
 class _Group:
     __slots__ = (
         "capacity",
+        "low_water",
         "members",
         "name",
         "next_offset",
@@ -95,6 +98,9 @@ class _Group:
         self.partitions = [_Partition(i) for i in range(partitions)]
         self.members: list[_MemorySubscription] = []
         self.capacity = capacity
+        # Waiting publishers resume only once the group has drained below this mark, so a
+        # full group wakes them once per batch rather than once per ack.
+        self.low_water = capacity - max(1, capacity // 8)
         self.size = 0
         self.space = asyncio.Event()
         self.space.set()
@@ -111,14 +117,14 @@ class _Group:
         if self.size >= self.capacity:
             self.space.clear()
         member = part.owner or part.assigned
-        if member is not None:
+        if member is not None and not member.wakeup.is_set():
             member.wakeup.set()
 
     def settle(self, part: _Partition, record: _Record) -> bool:
         if part.inflight.pop(record.offset, None) is None:
             return False
-        self.size -= 1
-        if self.size < self.capacity:
+        size = self.size = self.size - 1
+        if size <= self.low_water and not self.space.is_set():
             self.space.set()
         if not part.inflight and part.owner is not part.assigned:
             part.owner = None
@@ -155,56 +161,65 @@ _hubs: dict[str, _Hub] = {}
 
 
 class _MemoryDelivery:
-    __slots__ = ("_group", "_part", "_record", "delivery_count")
+    __slots__ = (
+        "_group",
+        "_part",
+        "_record",
+        "delivery_count",
+        "headers",
+        "key",
+        "payload",
+        "topic",
+    )
 
     def __init__(self, group: _Group, part: _Partition, record: _Record) -> None:
         self._group = group
         self._part = part
         self._record = record
         self.delivery_count = record.count
-
-    @property
-    def topic(self) -> str:
-        return self._record.topic
-
-    @property
-    def payload(self) -> bytes:
-        return self._record.payload
-
-    @property
-    def key(self) -> str | None:
-        return self._record.key
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        return self._record.headers
+        self.topic = record.topic
+        self.payload = record.payload
+        self.key = record.key
+        self.headers = record.headers
 
     @property
     def metadata(self) -> Mapping[str, Any]:
         return {"partition": self._part.index, "offset": self._record.offset}
 
     async def ack(self) -> None:
-        self._group.settle(self._part, self._record)
+        # A delivery superseded by a redelivery (its member left) no longer owns the record.
+        if self.delivery_count == self._record.count:
+            self._group.settle(self._part, self._record)
 
     async def nack(self, delay: float = 0.0) -> None:
-        group, part, record = self._group, self._part, self._record
-        if record.offset not in part.inflight:
-            return
-
-        def requeue() -> None:
-            if part.inflight.pop(record.offset, None) is None:
-                return
-            part.requeue([record])
-            if not part.inflight and part.owner is not part.assigned:
-                part.owner = None
-            member = part.owner or part.assigned
-            if member is not None:
-                member.wakeup.set()
-
         if delay > 0:
-            asyncio.get_running_loop().call_later(delay, requeue)
+            loop = asyncio.get_running_loop()
+            self._record.not_before = loop.time() + delay
+            member = self._give_back()
+            if member is not None:
+                loop.call_later(delay, member.wakeup.set)
         else:
-            requeue()
+            self._give_back()
+
+    async def release(self) -> None:
+        if self.delivery_count == self._record.count:
+            self._record.count -= 1
+            self.delivery_count -= 1
+            self._give_back()
+
+    def _give_back(self) -> _MemorySubscription | None:
+        """Return the record to the head of its partition (offset order), ahead of later
+        messages of its key, which therefore wait for it."""
+        part, record = self._part, self._record
+        if self.delivery_count != record.count or part.inflight.pop(record.offset, None) is None:
+            return None
+        part.requeue([record])
+        if not part.inflight and part.owner is not part.assigned:
+            part.owner = None
+        member = part.owner or part.assigned
+        if member is not None:
+            member.wakeup.set()
+        return member
 
     async def in_progress(self) -> None:
         return None
@@ -218,6 +233,7 @@ class _MemorySubscription:
         self._owners = owners
         self.wakeup = asyncio.Event()
         self.closed = False
+        self._now = asyncio.get_running_loop().time
 
     async def fetch(self, max_messages: int, timeout: float) -> Sequence[_MemoryDelivery]:
         if self.closed:
@@ -248,6 +264,8 @@ class _MemorySubscription:
                 part.owner = self
             pending, inflight = part.pending, part.inflight
             while pending and len(out) < limit:
+                if pending[0].not_before and pending[0].not_before > self._now():
+                    break  # a nacked record waits out its delay; its partition waits too
                 record = pending.popleft()
                 record.count += 1
                 inflight[record.offset] = record
@@ -344,7 +362,9 @@ class MemoryBroker:
 
         Waits while a target group is full, up to ``publish_timeout``.
         """
-        hub = self._live_hub()
+        hub = self._hub
+        if hub is None:
+            raise BrokerError("memory broker is not started: call `await broker.start()` first")
         groups = hub.routes.get(topic)
         if groups is None:
             validate_topic(topic)
@@ -356,17 +376,27 @@ class MemoryBroker:
             group.put(topic, payload, key, hdrs)
 
     async def _wait_space(self, group: _Group, topic: str) -> None:
+        # Woken at the low-water mark (one wake-up per batch of acks), or after a short
+        # poll, so a group with a little room left by a slow consumer lets the publisher on.
         timeout = self.config.publish_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                while group.size >= group.capacity:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while group.size >= group.capacity:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            try:
+                async with asyncio.timeout(min(remaining, _SPACE_POLL)):
                     await group.space.wait()
-        except TimeoutError:
-            raise BackpressureError(
-                f"group {group.name!r} ({group.pattern}) has {group.size} unacked messages "
-                f"(max_pending={group.capacity}) and stayed full for {timeout}s while "
-                f"publishing to {topic!r}; add consumers or slow the producer"
-            ) from None
+            except TimeoutError:
+                pass
+        else:
+            return
+        raise BackpressureError(
+            f"group {group.name!r} ({group.pattern}) has {group.size} unacked messages "
+            f"(max_pending={group.capacity}) and stayed full for {timeout}s while "
+            f"publishing to {topic!r}; add consumers or slow the producer"
+        )
 
     async def subscribe(self, pattern: str, *, group: str) -> _MemorySubscription:
         """Join ``group`` on ``pattern``; returns once the membership is live."""

@@ -7,6 +7,7 @@ bounded where they could grow without limit.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 
 from ...ports import DeadLetter, Heartbeat
 
@@ -88,6 +89,14 @@ class MemoryHeartbeats:
     async def remove(self, instance: str) -> None:
         """Forget an instance."""
         self._beats.pop(instance, None)
+
+    async def prune(self, older_than: float) -> int:
+        """Forget instances silent for ``older_than`` seconds."""
+        cutoff = datetime.now(UTC) - timedelta(seconds=older_than)
+        stale = [i for i, h in self._beats.items() if h.last_seen < cutoff]
+        for instance in stale:
+            del self._beats[instance]
+        return len(stale)
 
 
 class MemoryStore:

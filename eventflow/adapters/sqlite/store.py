@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import unquote, urlsplit
 
 import orjson
@@ -107,7 +107,7 @@ def _letter(row: tuple[object, ...]) -> DeadLetter:
         id=str(lid),
         topic=str(topic),
         group=str(grp),
-        payload=bytes(payload),  # type: ignore[arg-type]
+        payload=bytes(payload),  # type: ignore[call-overload]
         error=str(error),
         attempts=int(attempts),  # type: ignore[call-overload]
         failed_at=datetime.fromisoformat(str(failed_at)),
@@ -178,10 +178,10 @@ class SqliteDeadLetterStore:
 
     async def remove(self, letter_ids: Sequence[str]) -> int:
         """Delete; return how many existed."""
-        return await self._db.run(self._remove, list(letter_ids))
+        return await self._db.run(self._remove, tuple(letter_ids))
 
     @staticmethod
-    def _remove(conn: sqlite3.Connection, ids: list[str]) -> int:
+    def _remove(conn: sqlite3.Connection, ids: Sequence[str]) -> int:
         removed = 0
         for lid in ids:
             removed += conn.execute("DELETE FROM ef_dead_letters WHERE id = ?", (lid,)).rowcount
@@ -245,6 +245,15 @@ class SqliteHeartbeats:
         """Delete the instance's row."""
         await self._db.run(
             lambda conn: conn.execute("DELETE FROM ef_heartbeats WHERE instance = ?", (instance,))
+        )
+
+    async def prune(self, older_than: float) -> int:
+        """Delete rows not refreshed for ``older_than`` seconds; return how many."""
+        cutoff = (datetime.now(UTC) - timedelta(seconds=older_than)).isoformat()
+        return await self._db.run(
+            lambda conn: (
+                conn.execute("DELETE FROM ef_heartbeats WHERE last_seen < ?", (cutoff,)).rowcount
+            )
         )
 
 

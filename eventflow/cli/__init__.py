@@ -1,0 +1,102 @@
+"""The ``eventflow`` command line.
+
+::
+
+    eventflow run MODULE:APP [MODULE:APP ...]     serve apps until SIGINT/SIGTERM
+    eventflow demo [--orders N] [--db PATH]       two services, a few hundred orders, checks
+    eventflow dlq list|show|replay|purge          the dead-letter queue of a store
+    eventflow status                              running app instances and DLQ sizes
+
+Exit codes: 0 success, 1 the command failed (unknown id, failed check), 2 bad usage (bad
+MODULE:APP, bad URL, missing option), 130 interrupted. User errors print one line on
+stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from ..errors import EventflowError
+from . import dlq, run, status
+from ._common import EXIT_FAILURE, CliError
+
+__all__ = ["build_parser", "main"]
+
+
+def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # The demo defines Event types; import it only when the demo runs.
+    parser = subparsers.add_parser(
+        "demo",
+        help="run the order/inventory demo and check its invariants",
+        description=(
+            "Run an order service and an inventory service in one process (memory:// broker, "
+            "SQLite store), place orders (some twice, plus one poison message), print a "
+            "summary and verify the invariants. Exits 0 only if every check holds."
+        ),
+    )
+    parser.add_argument(
+        "--orders", type=int, default=300, metavar="N", help="orders to place (default: 300)"
+    )
+    parser.add_argument(
+        "--db", metavar="PATH", help="keep the SQLite store in PATH (default: a temporary file)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=7, help="random seed for quantities (default: 7)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up waiting for the orders after this long (default: 60)",
+    )
+    from ._common import add_log_level
+
+    add_log_level(parser, "ERROR")
+
+    def command(args: argparse.Namespace) -> int:
+        from . import demo
+
+        return demo.command(args)
+
+    parser.set_defaults(handler=command)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the ``eventflow`` argument parser with every subcommand."""
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="eventflow",
+        description="eventflow: run event-driven services and inspect their stores.",
+    )
+    parser.add_argument("--version", action="version", version=f"eventflow {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run.add_parser(subparsers)
+    _add_demo(subparsers)
+    dlq.add_parser(subparsers)
+    status.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``eventflow`` command; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return handler(args)
+    except CliError as exc:
+        print(f"eventflow: error: {exc}", file=sys.stderr)
+        return exc.code
+    except EventflowError as exc:
+        print(f"eventflow: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("eventflow: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,7 @@
+"""``python -m eventflow.cli``: the same as the ``eventflow`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

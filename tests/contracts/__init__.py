@@ -1,0 +1,1 @@
+"""Contract suites run against every adapter."""

@@ -1,0 +1,228 @@
+"""The SQLite store: dedup, dead letters and heartbeats persist in one file across reopen."""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from eventflow import (
+    App,
+    ConfigurationError,
+    Context,
+    DeadLetter,
+    Event,
+    StoreError,
+    open_store,
+    subscribe,
+)
+from eventflow.adapters.sqlite import SqliteStore
+from eventflow.ports import Heartbeat
+
+Wait = Callable[..., Awaitable[None]]
+
+
+class Ping(Event, type="it.sqlite.ping"):
+    n: int
+
+
+def url(tmp_path: Path, name: str = "x.db") -> str:
+    return f"sqlite:///{tmp_path}/{name}"
+
+
+def letter(n: int, group: str = "g", **overrides: object) -> DeadLetter:
+    fields: dict[str, object] = {
+        "id": f"dl-{n}",
+        "topic": "it.sqlite.ping",
+        "group": group,
+        "payload": b"\x00\xff raw bytes " + str(n).encode(),
+        "error": f"RuntimeError: failure {n}\nTraceback ...",
+        "attempts": n,
+        "failed_at": datetime(2024, 5, 1, 12, 0, n, 123456, tzinfo=UTC),
+        "reason": "handler-failed",
+        "key": f"k-{n}",
+        "headers": {"traceparent": "00-abc", "Odd Name": "ü"},
+        "envelope_id": f"env-{n}",
+        "source": {"partition": 3, "offset": 40 + n},
+    }
+    fields.update(overrides)
+    return DeadLetter(**fields)  # type: ignore[arg-type]
+
+
+# -- dedup -------------------------------------------------------------------------------------
+
+
+async def test_dedup_marks_persist_across_reopen(tmp_path: Path) -> None:
+    async with open_store(url(tmp_path)) as store:
+        assert not await store.dedup.seen("g", "m-1")
+        await store.dedup.mark("g", "m-1")
+        await store.dedup.mark("g", "m-1")  # idempotent
+        assert await store.dedup.seen("g", "m-1")
+        assert not await store.dedup.seen("other-group", "m-1")
+        assert not await store.dedup.seen("g", "m-2")
+
+    reopened = await open_store(url(tmp_path))
+    try:
+        assert isinstance(reopened, SqliteStore)
+        assert await reopened.dedup.seen("g", "m-1")  # from the file, not a cache
+        assert not await reopened.dedup.seen("other-group", "m-1")
+    finally:
+        await reopened.close()
+
+
+async def test_dedup_is_shared_by_two_stores_on_one_file(tmp_path: Path) -> None:
+    async with open_store(url(tmp_path)) as a, open_store(url(tmp_path)) as b:
+        await a.dedup.mark("g", "shared")
+        assert await b.dedup.seen("g", "shared")
+
+
+# -- dead letters ------------------------------------------------------------------------------
+
+
+async def test_dead_letters_round_trip(tmp_path: Path) -> None:
+    letters = [letter(1), letter(2, group="h"), letter(3, key=None, envelope_id=None)]
+    async with open_store(url(tmp_path)) as store:
+        dlq = store.dead_letters
+        for d in letters:
+            await dlq.add(d)
+        assert await dlq.list() == letters  # oldest first, every field intact
+        assert await dlq.get("dl-2") == letters[1]
+        assert await dlq.get("nope") is None
+        assert await dlq.list(group="g") == [letters[0], letters[2]]
+        assert await dlq.list(limit=2) == letters[:2]
+        assert await dlq.count() == {"g": 2, "h": 1}
+
+    async with open_store(url(tmp_path)) as store:
+        dlq = store.dead_letters
+        got = await dlq.get("dl-1")
+        assert got == letters[0]
+        assert got is not None
+        assert got.payload == letters[0].payload
+        assert got.failed_at == letters[0].failed_at
+        assert got.failed_at.utcoffset() == timedelta(0)
+        assert dict(got.headers) == {"traceparent": "00-abc", "Odd Name": "ü"}
+        assert dict(got.source) == {"partition": 3, "offset": 41}
+        assert await dlq.remove(["dl-1", "dl-3", "missing"]) == 2
+        assert await dlq.list() == [letters[1]]
+        assert await dlq.count() == {"h": 1}
+        assert await dlq.remove(["dl-1"]) == 0
+
+
+# -- heartbeats --------------------------------------------------------------------------------
+
+
+async def test_heartbeats_round_trip(tmp_path: Path) -> None:
+    t0 = datetime(2024, 5, 1, 12, tzinfo=UTC)
+    a = Heartbeat("svc", "svc@h:1", "h", 1, t0, t0, ("g:a.b",), {"handled": 3})
+    b = Heartbeat("svc", "svc@h:2", "h", 2, t0, t0 + timedelta(seconds=5), (), {})
+    async with open_store(url(tmp_path)) as store:
+        await store.heartbeats.beat(a)
+        await store.heartbeats.beat(b)
+        assert await store.heartbeats.list() == [b, a]  # newest first
+        a2 = Heartbeat("svc", "svc@h:1", "h", 1, t0, t0 + timedelta(seconds=9), ("g:a.b",), {})
+        await store.heartbeats.beat(a2)  # replaces the instance's record
+        assert await store.heartbeats.list() == [a2, b]
+    async with open_store(url(tmp_path)) as store:
+        assert [hb.instance for hb in await store.heartbeats.list()] == ["svc@h:1", "svc@h:2"]
+        await store.heartbeats.remove("svc@h:1")
+        await store.heartbeats.remove("svc@h:1")
+        assert await store.heartbeats.list() == [b]
+
+
+# -- urls and lifecycle ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["sqlite://host/x.db", "sqlite:///", "sqlite://"])
+def test_bad_sqlite_urls(bad: str) -> None:
+    with pytest.raises(ConfigurationError, match="SQLite URL"):
+        SqliteStore.from_url(bad)
+
+
+def test_sqlite_url_paths(tmp_path: Path) -> None:
+    assert SqliteStore.from_url(f"sqlite:///{tmp_path}/a.db").path == f"{tmp_path}/a.db"
+    assert SqliteStore.from_url("sqlite:///rel/a.db").path == "rel/a.db"
+    assert SqliteStore.from_url("sqlite:///a%20b.db").path == "a b.db"
+
+
+async def test_store_is_unusable_before_open_and_after_close(tmp_path: Path) -> None:
+    store = SqliteStore.from_url(url(tmp_path))
+    with pytest.raises(StoreError, match="not open"):
+        await store.dedup.seen("g", "x")
+    await store.open()
+    await store.open()  # idempotent
+    await store.dedup.mark("g", "x")
+    await store.close()
+    await store.close()  # idempotent
+    with pytest.raises(StoreError):
+        await store.dedup.mark("g", "y")
+    assert (tmp_path / "x.db").exists()
+
+
+# -- an app on SQLite --------------------------------------------------------------------------
+
+
+async def test_app_dedups_a_duplicate_after_restart(
+    tmp_path: Path, broker_url: str, waiter: Wait
+) -> None:
+    handled: list[tuple[str, int]] = []
+
+    @subscribe("it.sqlite.ping", group="persistent")
+    async def handle(event: Ping, ctx: Context) -> None:
+        handled.append((ctx.envelope.id, event.n))
+
+    store_url = url(tmp_path)
+    async with App("it-sqlite", broker=broker_url, store=store_url, handlers=[handle]) as app:
+        original = await app.publish(Ping(n=1), key="p")
+        await waiter(lambda: len(handled) == 1)
+
+    # A new process would start with empty caches: a new App and a new store object.
+    async with App("it-sqlite", broker=broker_url, store=store_url, handlers=[handle]) as app:
+        await app.publish(original)  # the producer retried: same envelope id
+        marker = await app.publish(Ping(n=2), key="p")  # same key: handled after the duplicate
+        await waiter(lambda: len(handled) == 2)
+        stats = app.stats()["persistent:it.sqlite.ping"]
+    assert handled == [(original.id, 1), (marker.id, 2)]
+    assert stats["duplicates"] == 1
+    assert stats["handled"] == 1
+
+
+async def test_app_dead_letters_survive_a_restart(
+    tmp_path: Path, broker_url: str, waiter: Wait
+) -> None:
+    @subscribe("it.sqlite.ping", group="dlq-persist", retry=1)
+    async def handle(event: Ping) -> None:
+        raise RuntimeError("persist me")
+
+    store_url = url(tmp_path)
+    async with App("it-sqlite-dlq", broker=broker_url, store=store_url, handlers=[handle]) as app:
+        env = await app.publish(Ping(n=1))
+        await app.broker.publish("it.sqlite.ping", b"not json")
+        await waiter(lambda: app.stats()["dlq-persist:it.sqlite.ping"]["dead_lettered"] == 2)
+
+    async with App("it-sqlite-dlq", broker=broker_url, store=store_url, handlers=[handle]) as app:
+        letters = await app.dead_letters.list()
+        assert {d.reason for d in letters} == {"handler-failed", "malformed"}
+        failed = next(d for d in letters if d.reason == "handler-failed")
+        assert failed.payload == env.to_bytes()
+        assert failed.attempts == 1
+        assert "persist me" in failed.error
+        assert await app.dead_letters.purge() == 2
+        assert await app.dead_letters.list() == []
+
+
+async def test_app_heartbeats_in_sqlite(tmp_path: Path, broker_url: str) -> None:
+    app = App("it-sqlite-hb", broker=broker_url, store=url(tmp_path))
+    async with app:
+        async with open_store(url(tmp_path)) as observer:  # another process's view
+            (beat,) = await observer.heartbeats.list()
+            assert beat.instance == app.instance
+    async with open_store(url(tmp_path)) as observer:
+        assert await observer.heartbeats.list() == []
+
+
+async def test_many_concurrent_marks(tmp_path: Path) -> None:
+    async with open_store(url(tmp_path)) as store:
+        await asyncio.gather(*(store.dedup.mark("g", f"m-{i}") for i in range(200)))
+        seen = await asyncio.gather(*(store.dedup.seen("g", f"m-{i}") for i in range(200)))
+        assert all(seen)
