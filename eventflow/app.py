@@ -128,15 +128,18 @@ class App:
         """Publish an event (to the topic named by its type unless ``topic``); return its envelope.
 
         Starts a new correlation (the new envelope's id) unless ``correlation_id`` is given.
-        An ``Envelope`` is published as it is, keeping its id.
+        An ``Envelope`` is published keeping its id (and its fields, except those given here).
         """
-        env = to_envelope(
-            message,
-            source=self.name,
-            key=key,
-            headers=dict(headers) if headers else None,
-            correlation_id=correlation_id,
-        )
+        if isinstance(message, Envelope):
+            env = _override(message, key, headers, correlation_id)
+        else:
+            env = to_envelope(
+                message,
+                source=self.name,
+                key=key,
+                headers=dict(headers) if headers else None,
+                correlation_id=correlation_id,
+            )
         if not self._started:
             self._not_running()
         await self.broker.publish(
@@ -287,3 +290,20 @@ class App:
     def run(self) -> None:
         """Block running the app until SIGINT/SIGTERM (then a graceful shutdown)."""
         asyncio.run(self.serve())
+
+
+def _override(
+    env: Envelope,
+    key: str | None,
+    headers: Mapping[str, str] | None,
+    correlation_id: str | None,
+) -> Envelope:
+    """``env`` with the fields given to ``publish`` replaced (the id stays)."""
+    update: dict[str, Any] = {}
+    if key is not None:
+        update["key"] = key
+    if headers:
+        update["headers"] = {**env.headers, **headers}
+    if correlation_id is not None:
+        update["correlation_id"] = correlation_id
+    return env.model_copy(update=update) if update else env

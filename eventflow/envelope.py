@@ -185,7 +185,7 @@ class Envelope(BaseModel):
         """Build from already-checked values (all ten fields), skipping pydantic validation."""
         env = _new(cls)
         _setattr(env, "__dict__", fields)
-        _set_fields_set(env, _ALL_FIELDS)
+        _set_fields_set(env, set(_ALL_FIELDS))  # pydantic mutates it in model_copy
         _set_extra(env, None)
         _set_private(env, None)
         return env

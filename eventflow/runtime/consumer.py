@@ -183,11 +183,11 @@ class Consumer:
         limit = self.max_inflight
         while not self._stopping:
             batch = await sub.fetch(limit, 1.0)
-            self._batch = batch
             for pos, delivery in enumerate(batch):
                 if self._stopping:
                     self._batch = batch[pos:]  # never started: released at shutdown
                     return
+                self._batch = batch[pos + 1 :]
                 await handle(delivery, task)
             self._batch = ()
 
@@ -237,11 +237,11 @@ class Consumer:
             key = ready.popleft()
             lane = lanes[key]
             while lane and not self._stopping:
+                # Marked while running; a handler cancelled at shutdown stays marked, so its
+                # delivery is not released as unstarted (the attempt counts).
                 started.add(lane[0])
-                try:
-                    await handle(lane[0], task)
-                finally:
-                    started.discard(lane[0])
+                await handle(lane[0], task)
+                started.discard(lane[0])
                 lane.popleft()
                 self._inflight -= 1
                 if self._inflight <= refill:

@@ -34,8 +34,11 @@ class DeadLetters:
             return []  # not one of this app's groups
         if group is not None or self._groups is None:
             return await self._store.list(group=group, limit=limit)
-        letters = await self._store.list(limit=max(limit, 1) * 10)
-        return [d for d in letters if self._mine(d)][:limit]
+        letters: list[DeadLetter] = []
+        for own in sorted(self._groups):
+            letters.extend(await self._store.list(group=own, limit=limit))
+        letters.sort(key=lambda d: d.failed_at)
+        return letters[:limit]
 
     async def get(self, letter_id: str) -> DeadLetter:
         """Return one letter; raise ``DeadLetterNotFound`` if there is none with that id."""

@@ -25,6 +25,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 import orjson
 import pytest
@@ -579,6 +580,80 @@ class BrokerContract:
         extra = await drain(second, self.nack_delay + self.quiet_period, ack=False)
         assert [(d.payload, d.delivery_count) for d in extra] == []
         await again.ack()
+
+    async def test_delayed_redelivery_wakes_another_members_waiting_fetch(
+        self, broker_factory: BrokerFactory
+    ) -> None:
+        """A message nacked with a delay by a member that then left reaches the member now
+        waiting in ``fetch`` when the delay ends, not when that fetch times out."""
+        publisher = await broker_factory()
+        topic, group = f"{unique_name()}.wake", unique_name("g")
+        first = await (await broker_factory()).subscribe(topic, group=group)
+        await publisher.publish(topic, b"m0", key="k")
+        [held] = await collect(first, 1, timeout=self.timeout, ack=False)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await held.nack(self.nack_delay)
+        second = await (await broker_factory()).subscribe(topic, group=group)
+        await first.close()
+        got: list[Delivery] = []
+        wait = self.nack_delay + self.timeout
+        while not got and loop.time() - start < wait:  # fetch may return early, empty
+            got = list(await second.fetch(1, wait))
+        elapsed = loop.time() - start
+        assert [d.payload for d in got] == [b"m0"]
+        assert elapsed < self.nack_delay + self.timeout / 2, f"redelivered after {elapsed:.1f}s"
+        await got[0].ack()
+
+    async def test_release_gives_back_without_counting(self, broker_factory: BrokerFactory) -> None:
+        """``release()`` redelivers at once, ahead of the key's later messages, with the same
+        ``delivery_count``: no handler saw it."""
+        broker = await broker_factory()
+        topic, group = f"{unique_name()}.release", unique_name("g")
+        sub = await broker.subscribe(topic, group=group)
+        await broker.publish(topic, b"m0", key="k")
+        await broker.publish(topic, b"m1", key="k")
+        [first] = await collect(sub, 1, timeout=self.timeout, ack=False, max_messages=1)
+        assert (first.payload, first.delivery_count) == (b"m0", 1)
+        await first.release()
+        got = await collect(sub, 2, timeout=self.timeout, max_messages=1)
+        assert [(d.payload, d.delivery_count) for d in got] == [(b"m0", 1), (b"m1", 1)]
+        assert await drain(sub, self.quiet_period) == []
+
+    async def test_a_delivery_settles_only_once(self, broker_factory: BrokerFactory) -> None:
+        """After ack, nack or release, further settling calls on that delivery change nothing:
+        no extra redelivery, and ``delivery_count`` keeps counting real deliveries."""
+        broker = await broker_factory()
+        topic, group = f"{unique_name()}.once", unique_name("g")
+        sub = await broker.subscribe(topic, group=group)
+
+        await broker.publish(topic, b"released twice", key="a")
+        [d] = await collect(sub, 1, timeout=self.timeout, ack=False)
+        await d.release()
+        await d.release()
+        [again] = await collect(sub, 1, timeout=self.timeout)
+        assert (again.payload, again.delivery_count) == (b"released twice", 1)
+
+        await broker.publish(topic, b"nacked then released", key="b")
+        [d] = await collect(sub, 1, timeout=self.timeout, ack=False)
+        await d.nack()
+        await d.release()
+        [again] = await collect(sub, 1, timeout=self.timeout)
+        assert (again.payload, again.delivery_count) == (b"nacked then released", 2)
+
+        await broker.publish(topic, b"acked then given back", key="c")
+        [d] = await collect(sub, 1, timeout=self.timeout, ack=False)
+        await d.ack()
+        await d.release()
+        await d.nack()
+        assert await drain(sub, self.quiet_period) == []
+
+    async def test_broker_url_names_the_broker(self, broker_factory: BrokerFactory) -> None:
+        """``broker.url`` is a URL with a scheme and no password."""
+        broker = await broker_factory()
+        parts = urlsplit(broker.url)
+        assert parts.scheme
+        assert parts.password is None
 
     async def test_in_progress_then_ack(self, broker_factory: BrokerFactory) -> None:
         """``in_progress()`` is accepted and the acked message is not redelivered."""

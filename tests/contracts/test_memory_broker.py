@@ -38,26 +38,6 @@ class TestMemoryBroker(BrokerContract):
         async with broker_pool(lambda: MemoryBroker(MemoryBrokerConfig(name=name))) as factory:
             yield factory
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="bug: memory nack(delay) keeps the record in flight and lets later messages "
-        "of the key through (notes/bugs-contract.md #1)",
-    )
-    async def test_nack_with_delay_keeps_key_order(self, broker_factory: BrokerFactory) -> None:
-        """See :meth:`BrokerContract.test_nack_with_delay_keeps_key_order`."""
-        await super().test_nack_with_delay_keeps_key_order(broker_factory)
-
-    @pytest.mark.xfail(
-        strict=True,
-        reason="bug: memory nack(delay) timer requeues a message already redelivered to "
-        "another member (notes/bugs-contract.md #2)",
-    )
-    async def test_pending_nack_of_a_closed_member_does_not_duplicate(
-        self, broker_factory: BrokerFactory
-    ) -> None:
-        """See :meth:`BrokerContract.test_pending_nack_of_a_closed_member_does_not_duplicate`."""
-        await super().test_pending_nack_of_a_closed_member_does_not_duplicate(broker_factory)
-
 
 @pytest.fixture
 async def memory_broker() -> AsyncIterator[MemoryFactory]:
@@ -112,20 +92,7 @@ async def test_full_group_makes_publisher_wait_then_raise(memory_broker: MemoryF
     assert [d.payload for d in await collect(sub, 1)] == [b"m2"]
 
 
-@pytest.mark.parametrize(
-    "max_pending",
-    [
-        2,
-        pytest.param(
-            16,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="bug: a waiting publisher only wakes at the low-water mark, so it times "
-                "out while the group has room (notes/bugs-contract.md #3)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("max_pending", [2, 16])
 async def test_waiting_publisher_proceeds_once_a_consumer_acks(
     memory_broker: MemoryFactory, max_pending: int
 ) -> None:

@@ -3,6 +3,7 @@ dead letters can be listed, replayed to the failed group only, and purged."""
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import orjson
 import pytest
@@ -113,7 +114,7 @@ async def test_bad_input_is_dead_lettered_at_once_and_the_consumer_goes_on(
     async with App("it-bad", broker=broker_url, handlers=[handler]) as app:
         await app.publish(Item(name="before", qty=1), key="k")
         await app.broker.publish(TOPIC, payload, key="k", headers={"x-origin": "test"})
-        await app.broker.publish(TOPIC, good(2))
+        await app.broker.publish(TOPIC, good(2), key="k")
         await app.publish(Item(name="after", qty=3), key="k")
         await waiter(lambda: len(calls) == 3, what="the good messages")
         letters = await app.dead_letters.list()
@@ -286,3 +287,44 @@ async def test_dead_letters_list_by_group_and_limit(broker_url: str, waiter: Wai
         only_a = await app.dead_letters.list(group="group-a")
         assert {d.group for d in only_a} == {"group-a"} and len(only_a) == 4
         assert await app.dead_letters.count() == {"group-a": 4, "group-b": 4}
+
+
+async def test_list_finds_this_apps_letters_in_a_shared_store(
+    tmp_path: Path, broker_url: str, waiter: Wait
+) -> None:
+    store = f"sqlite:///{tmp_path}/shared.db"
+    noisy = item_handler("noisy", [], [])
+    quiet = item_handler("quiet", [], [])
+    async with App("it-bad-noisy", broker=broker_url, store=store, handlers=[noisy]) as app:
+        for n in range(20):
+            await app.broker.publish(TOPIC, f"noise-{n}".encode())
+        await waiter(lambda: app.stats()["noisy:it.bad.>"]["dead_lettered"] == 20)
+    async with App("it-bad-quiet", broker=broker_url, store=store, handlers=[quiet]) as app:
+        await app.broker.publish(TOPIC, b"mine")
+        await waiter(lambda: app.stats()["quiet:it.bad.>"]["dead_lettered"] == 1)
+        assert await app.dead_letters.count() == {"quiet": 1}
+        letters = await app.dead_letters.list(limit=1)
+    assert [d.payload for d in letters] == [b"mine"]
+
+
+async def test_apps_sharing_a_store_see_only_their_own_letters(
+    tmp_path: Path, broker_url: str, waiter: Wait
+) -> None:
+    store = f"sqlite:///{tmp_path}/shared.db"
+    one = item_handler("one", [], [])
+    two = item_handler("two", [], [])
+    app1 = App("it-bad-one", broker=broker_url, store=store, handlers=[one])
+    app2 = App("it-bad-two", broker=broker_url, store=store, handlers=[two])
+    async with app1, app2:
+        await app1.broker.publish(TOPIC, b"junk")  # both groups get it
+        await waiter(lambda: app1.stats()["one:it.bad.>"]["dead_lettered"] == 1)
+        await waiter(lambda: app2.stats()["two:it.bad.>"]["dead_lettered"] == 1)
+        (mine,) = await app1.dead_letters.list()
+        (theirs,) = await app2.dead_letters.list()
+        assert (mine.group, theirs.group) == ("one", "two")
+        with pytest.raises(DeadLetterNotFound):
+            await app1.dead_letters.get(theirs.id)
+        with pytest.raises(DeadLetterNotFound):
+            await app1.dead_letters.purge([theirs.id])
+        assert await app1.dead_letters.purge() == 1
+        assert await app2.dead_letters.list() == [theirs]

@@ -3,7 +3,6 @@
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from collections.abc import Awaitable, Callable
@@ -123,9 +122,6 @@ async def test_handler_past_the_grace_period_is_cancelled_and_redelivered(
     assert [a for n, a in redelivered if n > 0] == [1, 1]  # never started: first attempts
 
 
-@pytest.mark.xfail(
-    strict=True, reason="bug: B5 a handler cancelled at shutdown is released as never started"
-)
 @pytest.mark.parametrize("concurrency", [1, 4])
 async def test_cancelled_handler_counts_as_an_attempt(
     concurrency: int, hub: MemoryBroker, broker_url: str, waiter: Wait
@@ -279,17 +275,18 @@ async def test_run_in_a_process_stops_on_a_signal(
     script = tmp_path / "service.py"
     script.write_text(RUN_SCRIPT)
     db = tmp_path / "service.db"
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(db)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        str(db),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     try:
         async with open_store(f"sqlite:///{db}") as store:
 
             async def alive() -> bool:
-                assert proc.poll() is None, proc.communicate()
+                assert proc.returncode is None, "the subprocess app exited early"
                 return any(hb.app == "it-life-subprocess" for hb in await store.heartbeats.list())
 
             await waiter(alive, timeout=60, what="the subprocess app to heartbeat")
@@ -297,14 +294,14 @@ async def test_run_in_a_process_stops_on_a_signal(
             assert beat.pid == proc.pid
             assert beat.subscriptions == ("sub:it.life.sub",)
             proc.send_signal(signum)
-            out, err = await asyncio.to_thread(proc.communicate, timeout=60)
-            assert proc.returncode == 0, err
-            assert "clean exit" in out
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode == 0, err.decode()
+            assert b"clean exit" in out
             assert await store.heartbeats.list() == []  # removed on clean shutdown
     finally:
-        if proc.poll() is None:
+        if proc.returncode is None:
             proc.kill()
-            await asyncio.to_thread(proc.communicate)
+            await proc.communicate()
 
 
 # -- heartbeat ---------------------------------------------------------------------------------

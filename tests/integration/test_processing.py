@@ -1,21 +1,25 @@
 """Processing semantics on the memory broker: order, idempotency, retries, timeouts, outbox."""
 
 import asyncio
+import itertools
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import pytest
 
 from eventflow import (
     App,
+    ConfigurationError,
     Context,
     Envelope,
     Event,
     RetryPolicy,
     subscribe,
 )
+from eventflow.adapters.memory import MemoryBroker
+from eventflow.adapters.memory.broker import MemoryBrokerConfig
 
 Wait = Callable[..., Awaitable[None]]
 
@@ -77,9 +81,7 @@ async def test_per_key_order_with_concurrency(broker_url: str, waiter: Wait) -> 
         for n in range(total):
             key = f"k{n % keys}"
             await app.publish(Seq(key=key, n=n), key=key)
-        await waiter(
-            lambda: sum(map(len, seen.values())) == total, timeout=60, what="all handled"
-        )
+        await waiter(lambda: sum(map(len, seen.values())) == total, timeout=60, what="all handled")
 
     assert len(seen) == keys
     for k in range(keys):
@@ -105,9 +107,7 @@ async def test_single_worker_keeps_publish_order(broker_url: str, waiter: Wait) 
 # -- (b) duplicates ----------------------------------------------------------------------------
 
 
-async def test_republished_duplicates_are_handled_zero_times(
-    broker_url: str, waiter: Wait
-) -> None:
+async def test_republished_duplicates_are_handled_zero_times(broker_url: str, waiter: Wait) -> None:
     handled: list[str] = []
 
     @subscribe("it.proc.work", group="dedup", concurrency=8)
@@ -162,7 +162,14 @@ async def test_concurrent_keyless_duplicates_handled_once(broker_url: str, waite
         await app.publish(env)
         await app.publish(env)
         await waiter(lambda: app.stats()["racy:it.proc.work"]["received"] == 3)
-        await waiter(lambda: app.consumers[0].stats.handled + app.consumers[0].stats.duplicates == 3)
+        await waiter(
+            lambda: (
+                app.stats()["racy:it.proc.work"]["handled"]
+                + app.stats()["racy:it.proc.work"]["duplicates"]
+                == 3
+            )
+        )
+        assert app.stats()["racy:it.proc.work"]["duplicates"] == 2
     assert calls == [1]
 
 
@@ -252,7 +259,7 @@ async def test_always_failing_handler_is_dead_lettered_after_max_attempts(
         letters = await app.dead_letters.list()
 
     assert len(calls) == policy.max_attempts == 4
-    gaps = [b - a for a, b in zip(calls, calls[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
     assert len(policy.chosen) == 3
     for n, (gap, chosen) in enumerate(zip(gaps, policy.chosen, strict=True), start=1):
         assert 0 <= chosen <= policy.backoff_cap(n)
@@ -290,9 +297,7 @@ async def test_dead_letter_false_drops_with_an_error_log(
 # -- (e) soft timeout --------------------------------------------------------------------------
 
 
-async def test_soft_timeout_cancels_and_counts_as_a_failure(
-    broker_url: str, waiter: Wait
-) -> None:
+async def test_soft_timeout_cancels_and_counts_as_a_failure(broker_url: str, waiter: Wait) -> None:
     started: list[int] = []
     cancelled: list[int] = []
 
@@ -309,15 +314,12 @@ async def test_soft_timeout_cancels_and_counts_as_a_failure(
         await app.publish(Work(n=1), key="k")
         await waiter(lambda: app.stats()["slow:it.proc.work"]["dead_lettered"] == 1)
         (letter,) = await app.dead_letters.list()
-        # The consumer is still alive after the timeouts.
-        healthy: list[int] = []
 
     assert started == [1, 2]
     assert cancelled == [1, 2]
     assert letter.attempts == 2
     assert "HandlerTimeoutError" in letter.error
     assert "timeout" in letter.error
-    assert healthy == []
 
 
 async def test_timeout_then_success_on_retry(broker_url: str, waiter: Wait) -> None:
@@ -437,32 +439,32 @@ async def test_nothing_is_published_from_a_failed_attempt(broker_url: str, waite
 async def test_message_published_right_after_start_reaches_every_group(
     broker_name: str, waiter: Wait
 ) -> None:
+    # Repeated on fresh brokers: a race between joining and publishing would show sometimes.
     for round_ in range(20):
-        got: dict[str, list[int]] = defaultdict(list)
+        got = await _publish_right_after_start(f"memory://{broker_name}-{round_}", waiter)
+        assert got == {"g-exact": 1, "g-star": 1, "g-tail": 1, "g-other": 1}
 
-        def handler_for(group: str, pattern: str) -> object:
-            async def handle(env: Envelope) -> None:
-                got[group].append(round_)
 
-            handle.__qualname__ = f"handle_{group}"
-            return subscribe(pattern, group=group)(handle)
+async def _publish_right_after_start(url: str, waiter: Wait) -> dict[str, int]:
+    got: dict[str, int] = defaultdict(int)
 
-        handlers = [
-            handler_for("g-exact", "it.proc.other"),
-            handler_for("g-star", "it.proc.*"),
-            handler_for("g-tail", "it.>"),
-            handler_for("g-conc", "it.proc.other"),
-        ]
-        url = f"memory://{broker_name}-{round_}"
-        async with App("it-proc-live", broker=url, handlers=handlers) as app:
-            await app.publish(Other(text="first"))
-            await waiter(lambda: len(got) == 4, what=f"every group in round {round_}")
-        assert {g: v for g, v in got.items()} == {
-            "g-exact": [round_],
-            "g-star": [round_],
-            "g-tail": [round_],
-            "g-conc": [round_],
-        }
+    def handler_for(group: str, pattern: str) -> object:
+        async def handle(env: Envelope) -> None:
+            got[group] += 1
+
+        handle.__qualname__ = f"handle_{group}"
+        return subscribe(pattern, group=group)(handle)
+
+    handlers = [
+        handler_for("g-exact", "it.proc.other"),
+        handler_for("g-star", "it.proc.*"),
+        handler_for("g-tail", "it.>"),
+        handler_for("g-other", "it.proc.other"),
+    ]
+    async with App("it-proc-live", broker=url, handlers=handlers) as app:
+        await app.publish(Other(text="first"))
+        await waiter(lambda: len(got) == 4, what="every group")
+    return dict(got)
 
 
 async def test_two_apps_share_a_broker_url(broker_url: str, waiter: Wait) -> None:
@@ -478,6 +480,50 @@ async def test_two_apps_share_a_broker_url(broker_url: str, waiter: Wait) -> Non
         env = await producer.publish(Other(text="hello"))
         await waiter(lambda: got == ["hello"])
     assert env.source == "it-proc-producer"
+
+
+class RecordingBroker(MemoryBroker):
+    """A memory broker that remembers the (topic, key) of every publish."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(MemoryBrokerConfig(name=name))
+        self.sent: list[tuple[str, str | None]] = []
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.sent.append((topic, key))
+        await super().publish(topic, payload, key=key, headers=headers)
+
+
+async def test_publish_uses_the_key_and_topic(broker_name: str) -> None:
+    broker = RecordingBroker(broker_name)
+    async with App("it-proc-keys", broker=broker) as app:
+        await app.publish(Other(text="a"), key="k-1")
+        await app.publish(Other(text="b"), topic="it.proc.elsewhere")
+        env = Envelope.create("it.proc.other", {"text": "c"}, key="k-env")
+        await app.publish(env)
+    assert broker.sent == [
+        ("it.proc.other", "k-1"),
+        ("it.proc.elsewhere", None),
+        ("it.proc.other", "k-env"),
+    ]
+
+
+async def test_publish_envelope_with_key_is_not_silently_ignored(broker_name: str) -> None:
+    broker = RecordingBroker(broker_name)
+    async with App("it-proc-envkey", broker=broker) as app:
+        env = Envelope.create("it.proc.other", {"text": "x"})
+        try:
+            await app.publish(env, key="wanted")
+        except ConfigurationError:
+            return  # refusing is fine too
+    assert broker.sent == [("it.proc.other", "wanted")]
 
 
 # -- handler shapes ----------------------------------------------------------------------------

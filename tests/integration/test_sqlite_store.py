@@ -213,10 +213,9 @@ async def test_app_dead_letters_survive_a_restart(
 
 async def test_app_heartbeats_in_sqlite(tmp_path: Path, broker_url: str) -> None:
     app = App("it-sqlite-hb", broker=broker_url, store=url(tmp_path))
-    async with app:
-        async with open_store(url(tmp_path)) as observer:  # another process's view
-            (beat,) = await observer.heartbeats.list()
-            assert beat.instance == app.instance
+    async with app, open_store(url(tmp_path)) as observer:  # another process's view
+        (beat,) = await observer.heartbeats.list()
+        assert beat.instance == app.instance
     async with open_store(url(tmp_path)) as observer:
         assert await observer.heartbeats.list() == []
 

@@ -136,7 +136,9 @@ def test_absent_optionals_are_absent_attributes() -> None:
 
 
 @pytest.mark.parametrize(
-    "headers", [ODD_HEADERS, {"Z": "1"}, {"traceparent": "x"}, {}], ids=["odd", "upper", "tp", "none"]
+    "headers",
+    [ODD_HEADERS, {"Z": "1"}, {"traceparent": "x"}, {}],
+    ids=["odd", "upper", "tp", "none"],
 )
 def test_extension_names_are_lowercase_alphanumeric_up_to_20(headers: dict[str, str]) -> None:
     ce = to_cloudevent(envelope(headers=headers, source=""))
@@ -197,6 +199,11 @@ def test_foreign_cloudevent_with_unknown_extensions() -> None:
     assert from_cloudevent(to_cloudevent(env)) == env
 
 
+def test_foreign_eventversion_may_be_a_digit_string() -> None:
+    ce = {"specversion": "1.0", "id": "1", "source": "s", "type": "t", "eventversion": "3"}
+    assert from_cloudevent(ce).version == 3
+
+
 def test_foreign_cloudevent_without_time_or_data() -> None:
     before = datetime.now(UTC)
     env = from_cloudevent({"specversion": "1.0", "id": "1", "source": "/s", "type": "t.x"})
@@ -226,7 +233,10 @@ def test_foreign_cloudevent_without_time_or_data() -> None:
             {"specversion": "1.0", "id": "1", "source": "s", "type": "t", "eventflowheaders": "{"},
             "eventflowheaders",
         ),
-        ({"specversion": "1.0", "id": "1", "source": "s", "type": "t", "eventversion": 0}, "version"),
+        (
+            {"specversion": "1.0", "id": "1", "source": "s", "type": "t", "eventversion": 0},
+            "version",
+        ),
     ],
 )
 def test_invalid_cloudevents_raise_malformed(ce: dict[str, object], message: str) -> None:

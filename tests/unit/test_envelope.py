@@ -1,5 +1,6 @@
 """Envelope: wire form, UUIDv7 ids, UTC time, malformed input."""
 
+import itertools
 import time
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -168,7 +169,7 @@ def test_new_ids_are_unique_and_monotonic_within_a_process() -> None:
     assert len(set(ids)) == len(ids)
     assert ids == sorted(ids)
     as_ints = [uuid.UUID(i).int for i in ids]
-    assert all(a < b for a, b in zip(as_ints, as_ints[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(as_ints))
 
 
 def test_created_envelopes_get_uuid_v7_ids_and_own_correlation() -> None:
@@ -180,7 +181,9 @@ def test_created_envelopes_get_uuid_v7_ids_and_own_correlation() -> None:
     assert a.causation_id is None
 
 
-@pytest.mark.parametrize("foreign_id", ["order-42", "x", "🙂", "00000000-0000-4000-8000-000000000000"])
+@pytest.mark.parametrize(
+    "foreign_id", ["order-42", "x", "🙂", "00000000-0000-4000-8000-000000000000"]
+)
 def test_foreign_ids_may_be_any_non_empty_string(foreign_id: str) -> None:
     env = Envelope.from_bytes(orjson.dumps({"id": foreign_id, "type": "ut.env.foreign"}))
     assert env.id == foreign_id
@@ -318,6 +321,60 @@ def test_malformed_input_raises_with_a_useful_message(payload: bytes, message: s
         Envelope.from_bytes(payload)
     assert message in str(info.value)
     assert info.value.reason == "malformed"
+
+
+FULL = orjson.loads(Envelope.create("ut.env.full", {"a": 1}, key="k").to_bytes())
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("id", "", "'id'"),
+        ("id", 1, "'id'"),
+        ("type", None, "'type'"),
+        ("version", 0, "'version'"),
+        ("version", "1", "'version'"),
+        ("version", False, "'version'"),
+        ("source", None, "'source'"),
+        ("time", "not a time", "'time'"),
+        ("time", 0, "'time'"),
+        ("correlation_id", 3, "correlation"),
+        ("causation_id", 3, "causation"),
+        ("key", 3, "'key'"),
+        ("headers", {"a": 1}, "'headers'"),
+        ("headers", [], "'headers'"),
+        ("data", [], "'data'"),
+        ("data", "x", "'data'"),
+    ],
+)
+def test_malformed_complete_envelopes_raise(field: str, value: object, message: str) -> None:
+    """The same checks on a message with all ten fields (eventflow's own wire shape)."""
+    raw = {**FULL, field: value}
+    assert set(raw) == FIELDS
+    with pytest.raises(MalformedMessageError) as info:
+        Envelope.from_bytes(orjson.dumps(raw))
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("correlation_id", "", "id"),  # empty correlation: the envelope's own id
+        ("correlation_id", None, "id"),
+        ("headers", None, {}),
+        ("data", None, {}),
+        ("time", "2024-05-01T14:00:00+02:00", datetime(2024, 5, 1, 12, tzinfo=UTC)),
+    ],
+)
+def test_complete_envelopes_normalise_like_partial_ones(
+    field: str, value: object, expected: object
+) -> None:
+    raw = {**FULL, field: value}
+    env = Envelope.from_bytes(orjson.dumps(raw))
+    got = getattr(env, field)
+    assert got == (env.id if expected == "id" else expected)
+    partial = {k: v for k, v in raw.items() if k != "source"}
+    assert Envelope.from_bytes(orjson.dumps(partial)) == env
 
 
 def test_malformed_error_is_a_decode_error() -> None:

@@ -108,9 +108,7 @@ PATTERNS = [
     "b.*.>",
 ]
 TOPICS = [
-    ".".join(tokens)
-    for n in range(1, 5)
-    for tokens in itertools.product(["a", "b", "c"], repeat=n)
+    ".".join(tokens) for n in range(1, 5) for tokens in itertools.product(["a", "b", "c"], repeat=n)
 ]
 
 

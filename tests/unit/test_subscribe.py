@@ -58,7 +58,10 @@ def test_stacked_decorators_give_two_subscriptions() -> None:
     async def handler(event: Alpha | Beta) -> None: ...
 
     specs = collect_handlers([handler])
-    assert {(s.pattern, s.group) for s in specs} == {("ut.sub.alpha", "one"), ("ut.sub.beta", "two")}
+    assert {(s.pattern, s.group) for s in specs} == {
+        ("ut.sub.alpha", "one"),
+        ("ut.sub.beta", "two"),
+    }
 
 
 def test_subscribe_registers_nothing_globally() -> None:
@@ -191,7 +194,7 @@ async def no_params() -> None: ...
 async def three_params(event: Alpha, ctx: Context, extra: int) -> None: ...
 
 
-async def unannotated(event, ctx):  # type: ignore[no-untyped-def]  # noqa: ANN001
+async def unannotated(event, ctx):  # type: ignore[no-untyped-def]
     ...
 
 

@@ -72,6 +72,12 @@ class _Partition:
         self.owner: _MemorySubscription | None = None
         self.assigned: _MemorySubscription | None = None
 
+    def wake(self) -> None:
+        """Wake the member that can take this partition's next record."""
+        member = self.owner or self.assigned
+        if member is not None:
+            member.wakeup.set()
+
     def requeue(self, records: list[_Record]) -> None:
         """Put records back in offset order ahead of everything not yet delivered."""
         merged = sorted([*records, *self.pending], key=lambda r: r.offset)
@@ -194,32 +200,34 @@ class _MemoryDelivery:
     async def nack(self, delay: float = 0.0) -> None:
         if delay > 0:
             loop = asyncio.get_running_loop()
-            self._record.not_before = loop.time() + delay
-            member = self._give_back()
-            if member is not None:
-                loop.call_later(delay, member.wakeup.set)
+            not_before = loop.time() + delay
+            if self._give_back(not_before):
+                # Wake whoever holds the partition when the delay ends: the member that
+                # nacked may have left, and its successor may be waiting in fetch().
+                loop.call_later(delay, self._part.wake)
         else:
-            self._give_back()
+            self._give_back(0.0)
 
     async def release(self) -> None:
-        if self.delivery_count == self._record.count:
-            self._record.count -= 1
+        record = self._record
+        # Only the current, unsettled delivery can be released (a second call is a no-op).
+        if self.delivery_count == record.count and record.offset in self._part.inflight:
+            record.count -= 1
             self.delivery_count -= 1
-            self._give_back()
+            self._give_back(0.0)
 
-    def _give_back(self) -> _MemorySubscription | None:
+    def _give_back(self, not_before: float) -> bool:
         """Return the record to the head of its partition (offset order), ahead of later
         messages of its key, which therefore wait for it."""
         part, record = self._part, self._record
         if self.delivery_count != record.count or part.inflight.pop(record.offset, None) is None:
-            return None
+            return False
+        record.not_before = not_before
         part.requeue([record])
         if not part.inflight and part.owner is not part.assigned:
             part.owner = None
-        member = part.owner or part.assigned
-        if member is not None:
-            member.wakeup.set()
-        return member
+        part.wake()
+        return True
 
     async def in_progress(self) -> None:
         return None
@@ -241,16 +249,18 @@ class _MemorySubscription:
         out = self._take(max_messages)
         if out or timeout <= 0:
             return out
-        self.wakeup.clear()
-        out = self._take(max_messages)
-        if out:
-            return out
-        try:
-            async with asyncio.timeout(timeout):
-                await self.wakeup.wait()
-        except TimeoutError:
-            return []
-        return [] if self.closed else self._take(max_messages)
+        deadline = self._now() + timeout
+        while True:
+            self.wakeup.clear()
+            out = self._take(max_messages)
+            remaining = deadline - self._now()
+            if out or remaining <= 0 or self.closed:
+                return out
+            try:
+                async with asyncio.timeout(remaining):
+                    await self.wakeup.wait()  # a wake-up may find nothing (another took it)
+            except TimeoutError:
+                return [] if self.closed else self._take(max_messages)
 
     def _take(self, limit: int) -> list[_MemoryDelivery]:
         out: list[_MemoryDelivery] = []
