@@ -12,6 +12,7 @@ raises :class:`~eventflow.errors.MalformedMessageError` with a precise reason; c
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import random
@@ -185,7 +186,7 @@ class Envelope(BaseModel):
         """Build from already-checked values (all ten fields), skipping pydantic validation."""
         env = _new(cls)
         _setattr(env, "__dict__", fields)
-        _set_fields_set(env, set(_ALL_FIELDS))  # pydantic mutates it in model_copy
+        _set_fields_set(env, _ALL_FIELDS)
         _set_extra(env, None)
         _set_private(env, None)
         return env
@@ -226,6 +227,18 @@ class Envelope(BaseModel):
                 "data": data,
             }
         )
+
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> Envelope:
+        """A copy with ``update`` applied (not validated, as in pydantic); ``deep`` copies
+        the headers and data too."""
+        fields = dict(self.__dict__)
+        if deep:
+            fields = copy.deepcopy(fields)
+        if update:
+            fields.update(update)
+        return type(self)._trusted(fields)
 
     # -- wire form ---------------------------------------------------------------------------
 

@@ -301,88 +301,83 @@ class Consumer:
                 stats.duplicates += 1
                 await delivery.ack()
                 return
-            await self._attempts(delivery, env, task)
+            fast = self._validators.get(env.type)
+            try:
+                if fast is not None and fast[0] == env.version:
+                    try:
+                        arg = fast[1](env.data)
+                    except ValidationError:
+                        arg = self._decode(env)  # raises the descriptive EventValidationError
+                else:
+                    arg = self._decode(env)
+            except DecodeError as exc:
+                await self._dead_letter(delivery, env, exc, attempts=0)
+                return
+            policy = spec.retry
+            attempt = delivery.delivery_count - 1  # earlier deliveries each ended in an attempt
+            if attempt >= policy.max_attempts:
+                await self._dead_letter(
+                    delivery,
+                    env,
+                    RuntimeError(
+                        f"delivered {delivery.delivery_count} times without being acked "
+                        f"(max_attempts={policy.max_attempts})"
+                    ),
+                    attempts=attempt,
+                )
+                return
+            fn = spec.fn
+            timeout = spec.timeout
+            takes_ctx = self.signature.takes_context
+            deadlines, expired = self._deadlines, self._expired
+            while True:
+                attempt += 1
+                ctx = Context(self.app, env, group, attempt)
+                error: BaseException | None = None
+                if timeout is not None:
+                    deadlines[task] = self._loop_time() + timeout
+                try:
+                    await (fn(arg, ctx) if takes_ctx else fn(arg))
+                except asyncio.CancelledError:
+                    if task not in expired:
+                        raise  # shutdown, not our timeout
+                    error = HandlerTimeoutError(
+                        f"handler {spec.name} ran past its {timeout}s timeout"
+                    )
+                except Exception as exc:
+                    error = exc
+                finally:
+                    if timeout is not None:
+                        del deadlines[task]
+                        if task in expired:  # the watchdog fired; take its cancel request back
+                            expired.discard(task)
+                            task.uncancel()
+                if error is None:
+                    break
+                if attempt >= policy.max_attempts:
+                    await self._dead_letter(delivery, env, error, attempts=attempt)
+                    return
+                stats.retries += 1
+                _log.info(
+                    "%s: attempt %d of %s failed (%s: %s); retrying",
+                    self.name,
+                    attempt,
+                    env.id,
+                    type(error).__name__,
+                    error,
+                )
+                await asyncio.sleep(policy.delay(attempt))
+            if ctx._outbox:
+                await self.app._send_all(ctx._take_outbox())
+            if idempotent:
+                await self.dedup.mark(group, env.id)
+            stats.handled += 1
+            await delivery.ack()
         finally:
             self._active -= 1
             if guard is not None:
                 del self._handling[env.id]
                 guard.set_result(None)
-
-    async def _attempts(self, delivery: Delivery, env: Envelope, task: asyncio.Task[Any]) -> None:
-        stats = self.stats
-        spec = self.spec
-        group = self.group
-        idempotent = spec.idempotent
-        fast = self._validators.get(env.type)
-        try:
-            if fast is not None and fast[0] == env.version:
-                try:
-                    arg = fast[1](env.data)
-                except ValidationError:
-                    arg = self._decode(env)  # raises the descriptive EventValidationError
-            else:
-                arg = self._decode(env)
-        except DecodeError as exc:
-            await self._dead_letter(delivery, env, exc, attempts=0)
-            return
-        policy = spec.retry
-        attempt = delivery.delivery_count - 1  # earlier deliveries each ended in an attempt
-        if attempt >= policy.max_attempts:
-            await self._dead_letter(
-                delivery,
-                env,
-                RuntimeError(
-                    f"delivered {delivery.delivery_count} times without being acked "
-                    f"(max_attempts={policy.max_attempts})"
-                ),
-                attempts=attempt,
-            )
-            return
-        fn = spec.fn
-        timeout = spec.timeout
-        takes_ctx = self.signature.takes_context
-        deadlines, expired = self._deadlines, self._expired
-        while True:
-            attempt += 1
-            ctx = Context(self.app, env, group, attempt)
-            error: BaseException | None = None
-            if timeout is not None:
-                deadlines[task] = self._loop_time() + timeout
-            try:
-                await (fn(arg, ctx) if takes_ctx else fn(arg))
-            except asyncio.CancelledError:
-                if task not in expired:
-                    raise  # shutdown, not our timeout
-                error = HandlerTimeoutError(f"handler {spec.name} ran past its {timeout}s timeout")
-            except Exception as exc:
-                error = exc
-            finally:
-                if timeout is not None:
-                    del deadlines[task]
-                    if task in expired:  # the watchdog fired; take its cancel request back
-                        expired.discard(task)
-                        task.uncancel()
-            if error is None:
-                break
-            if attempt >= policy.max_attempts:
-                await self._dead_letter(delivery, env, error, attempts=attempt)
-                return
-            stats.retries += 1
-            _log.info(
-                "%s: attempt %d of %s failed (%s: %s); retrying",
-                self.name,
-                attempt,
-                env.id,
-                type(error).__name__,
-                error,
-            )
-            await asyncio.sleep(policy.delay(attempt))
-        if ctx._outbox:
-            await self.app._send_all(ctx._take_outbox())
-        if idempotent:
-            await self.dedup.mark(group, env.id)
-        stats.handled += 1
-        await delivery.ack()
 
     def _decode(self, env: Envelope) -> Any:
         sig = self.signature
