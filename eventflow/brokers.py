@@ -22,7 +22,19 @@ def _memory(url: str) -> Broker:
     return MemoryBroker(MemoryBrokerConfig(name=parts.netloc + parts.path))
 
 
-_SCHEMES = {"memory": _memory}
+def _nats(url: str) -> Broker:
+    from .adapters.nats import NatsBroker
+
+    return NatsBroker.from_url(url)
+
+
+def _kafka(url: str) -> Broker:
+    from .adapters.kafka import KafkaBroker
+
+    return KafkaBroker.from_url(url)
+
+
+_SCHEMES = {"memory": _memory, "nats": _nats, "kafka": _kafka}
 
 
 def open_broker(url: str | Broker) -> Broker:
