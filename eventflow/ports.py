@@ -7,21 +7,32 @@ guarantees.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from .envelope import Envelope
+from .events import Event, default_registry
+
 __all__ = [
     "Broker",
+    "Checkpoints",
     "DeadLetter",
     "DeadLetterStore",
     "DedupStore",
     "Delivery",
+    "EventStore",
     "Heartbeat",
     "Heartbeats",
+    "Outbox",
+    "OutboxMessage",
+    "RecordedEvent",
+    "Snapshot",
     "Store",
     "Subscription",
+    "Transaction",
 ]
 
 
@@ -211,10 +222,180 @@ class Heartbeats(Protocol):
         """Delete records not refreshed for ``older_than`` seconds (crashed instances)."""
 
 
+# -- event store ---------------------------------------------------------------------------
+
+
+class RecordedEvent:
+    """One stored event: its stream, its version in the stream, its global position and its
+    envelope. ``event`` decodes the envelope (upcast to the newest known version) on first use.
+    """
+
+    __slots__ = ("_event", "envelope", "position", "stream_id", "stream_version")
+
+    def __init__(
+        self, stream_id: str, stream_version: int, position: int, envelope: Envelope
+    ) -> None:
+        self.stream_id = stream_id
+        self.stream_version = stream_version
+        self.position = position
+        self.envelope = envelope
+        self._event: Event | None = None
+
+    @property
+    def event(self) -> Event:
+        """The typed event (raises a ``DecodeError`` if its type is unknown to this process)."""
+        if self._event is None:
+            self._event = default_registry.decode(self.envelope)
+        return self._event
+
+    def __repr__(self) -> str:
+        return (
+            f"RecordedEvent({self.stream_id!r} v{self.stream_version} @{self.position} "
+            f"{self.envelope.type})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RecordedEvent):
+            return NotImplemented
+        return (self.stream_id, self.stream_version, self.position, self.envelope) == (
+            other.stream_id,
+            other.stream_version,
+            other.position,
+            other.envelope,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """An aggregate's state at ``version`` of its stream (JSON-ready ``state``)."""
+
+    stream_id: str
+    version: int
+    state: Mapping[str, Any]
+    taken_at: datetime
+
+
 @runtime_checkable
-class Store(Protocol):
-    """A storage backend: one connection pool behind the dedup store, dead letters and
-    heartbeats (and, with the event store, streams), so they can share transactions."""
+class Transaction(Protocol):
+    """A store transaction a handler or projection shares with eventflow's own writes (dedup
+    entry, outgoing messages, checkpoint): they all commit or roll back together.
+
+    SQL uses the driver's own parameter style (``$1`` for PostgreSQL, ``?`` for SQLite).
+    """
+
+    async def execute(self, sql: str, *args: Any) -> Any:
+        """Run one statement; return the driver's status (rows affected where known)."""
+
+    async def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Run a query and return every row as a tuple."""
+
+
+@runtime_checkable
+class EventStore(Protocol):
+    """An append-only log of events in streams, with one gapless global order.
+
+    Guarantees: ``append`` is atomic (all events or none) and checks ``expected_version``
+    (None: any, 0: the stream must not exist, N: the stream is at version N), raising
+    ``ConcurrencyError(stream, expected, actual)``; an event whose envelope id is already
+    stored is skipped, so retried appends are idempotent. Positions start at 1, have no gaps
+    and never change; ``read_all`` and ``subscribe`` deliver every committed event exactly
+    once in position order, never skipping one committed late by a concurrent writer; one
+    stream's events are in version order in the global order too.
+    """
+
+    async def append(
+        self,
+        stream_id: str,
+        events: Sequence[Event | Envelope],
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        """Append ``events`` to ``stream_id``; return the stream's new version."""
+
+    def read_stream(
+        self,
+        stream_id: str,
+        *,
+        from_version: int | None = None,
+        backwards: bool = False,
+        limit: int | None = None,
+    ) -> AsyncIterator[RecordedEvent]:
+        """Events of one stream in version order (from ``from_version``; newest first when
+        ``backwards``, starting at the end when ``from_version`` is None)."""
+
+    def read_all(self, *, after: int = 0, limit: int | None = None) -> AsyncIterator[RecordedEvent]:
+        """Every event with a position greater than ``after``, in global order."""
+
+    def subscribe(self, *, after: int = 0) -> AsyncIterator[RecordedEvent]:
+        """Like ``read_all``, then follows new events live, forever (cancel to stop)."""
+
+    async def stream_version(self, stream_id: str) -> int:
+        """The stream's current version (0 when it does not exist)."""
+
+    async def last_position(self) -> int:
+        """The global position of the newest event (0 when the store is empty)."""
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        """Store (replace) the snapshot of ``snapshot.stream_id``."""
+
+    async def load_snapshot(self, stream_id: str) -> Snapshot | None:
+        """The latest snapshot of a stream, or None."""
+
+
+@runtime_checkable
+class Checkpoints(Protocol):
+    """Named positions in the global order (projections, the outbox relay)."""
+
+    async def get(self, name: str) -> int:
+        """The position ``name`` has processed up to (0 if never set)."""
+
+    async def set(self, name: str, position: int, *, tx: Transaction | None = None) -> None:
+        """Record ``position`` for ``name``; inside ``tx`` it commits with ``tx``."""
+
+    async def list(self) -> dict[str, int]:
+        """Every checkpoint."""
+
+    async def delete(self, name: str, *, tx: Transaction | None = None) -> None:
+        """Forget ``name`` (a rebuild starts from 0)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """A message waiting in the outbox to be sent to the broker by the relay."""
+
+    seq: int
+    topic: str
+    key: str | None
+    payload: bytes
+    message_id: str
+
+
+@runtime_checkable
+class Outbox(Protocol):
+    """Messages committed with a transaction, sent to the broker afterwards by a relay.
+
+    Guarantees: messages added in a transaction exist iff it committed; ``pending`` returns
+    them in the order they were added.
+    """
+
+    async def add(
+        self, messages: Sequence[tuple[str, Envelope]], *, tx: Transaction | None = None
+    ) -> None:
+        """Queue (topic, envelope) pairs; inside ``tx`` they commit with it."""
+
+    async def pending(self, limit: int = 100) -> list[OutboxMessage]:
+        """The oldest queued messages."""
+
+    async def remove(self, seqs: Sequence[int]) -> None:
+        """Delete sent messages."""
+
+
+@runtime_checkable
+class Store(EventStore, Protocol):
+    """A storage backend: the event store plus the dedup table, dead letters, heartbeats,
+    checkpoints and outbox, behind one connection pool so they can share transactions."""
 
     @property
     def url(self) -> str:
@@ -231,6 +412,24 @@ class Store(Protocol):
     @property
     def heartbeats(self) -> Heartbeats:
         """The store's heartbeat records."""
+
+    @property
+    def checkpoints(self) -> Checkpoints:
+        """Named positions (projections, relays)."""
+
+    @property
+    def outbox(self) -> Outbox:
+        """Messages waiting to be relayed to the broker."""
+
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        """Begin a transaction; commits when the block exits normally, else rolls back."""
+
+    def lock(self, name: str) -> AbstractAsyncContextManager[None]:
+        """Hold an exclusive lock on ``name`` across processes until the block exits (or the
+        holder dies); waits while another holder has it."""
+
+    async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
+        """Record a dedup entry inside ``tx`` (the transactional inbox)."""
 
     async def open(self) -> None:
         """Connect and create the schema if needed. Idempotent."""

@@ -6,10 +6,19 @@ bounded where they could grow without limit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
-from ...ports import DeadLetter, Heartbeat
+from ...errors import ConfigurationError
+from ...ports import DeadLetter, Heartbeat, Transaction
+from .events import (
+    MemoryCheckpoints,
+    MemoryEventLog,
+    MemoryLocks,
+    MemoryOutbox,
+    MemoryTransaction,
+)
 
 __all__ = ["MemoryDeadLetterStore", "MemoryDedupStore", "MemoryHeartbeats", "MemoryStore"]
 
@@ -29,6 +38,9 @@ class MemoryDedupStore:
 
     async def mark(self, group: str, message_id: str) -> None:
         """Record the pair; evicts the oldest entry when over capacity."""
+        self._remember(group, message_id)
+
+    def _remember(self, group: str, message_id: str) -> None:
         seen = self._seen
         seen[(group, message_id)] = None
         if len(seen) > self.capacity:
@@ -99,14 +111,35 @@ class MemoryHeartbeats:
         return len(stale)
 
 
-class MemoryStore:
+class MemoryStore(MemoryEventLog):
     """The ``memory://`` store: everything lives and dies with the process."""
 
     def __init__(self, url: str = "memory://") -> None:
+        super().__init__()
         self.url = url
         self.dedup = MemoryDedupStore()
         self.dead_letters = MemoryDeadLetterStore()
         self.heartbeats = MemoryHeartbeats()
+        self.checkpoints = MemoryCheckpoints()
+        self.outbox = MemoryOutbox()
+        self._locks = MemoryLocks()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[MemoryTransaction]:
+        """A transaction buffering eventflow's writes until the block exits normally."""
+        tx = MemoryTransaction()
+        yield tx
+        tx.commit()
+
+    def lock(self, name: str) -> AbstractAsyncContextManager[None]:
+        """An in-process lock on ``name``."""
+        return self._locks.hold(name)
+
+    async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
+        """Record a dedup entry when ``tx`` commits."""
+        if not isinstance(tx, MemoryTransaction):
+            raise ConfigurationError("mark_handled was given another store's transaction")
+        tx.defer(lambda: self.dedup._remember(group, message_id))
 
     async def open(self) -> None:
         """Nothing to connect to."""

@@ -1,0 +1,222 @@
+"""The in-memory event store, checkpoints, outbox, transactions and locks.
+
+A real implementation of the event-store ports for one process: appends are atomic and
+version-checked, positions are gapless, ``subscribe`` follows live appends. Transactions
+buffer eventflow's own writes (checkpoints, outbox, dedup entries) and apply them on
+commit; they have no SQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from ...envelope import Envelope
+from ...errors import ConcurrencyError, ConfigurationError
+from ...events import Event
+from ...ports import OutboxMessage, RecordedEvent, Snapshot, Transaction
+from ...sourcing.append import prepare_append
+
+__all__ = ["MemoryCheckpoints", "MemoryEventLog", "MemoryOutbox", "MemoryTransaction"]
+
+
+class MemoryTransaction:
+    """Buffers writes until commit; SQL is not available on the memory store."""
+
+    def __init__(self) -> None:
+        self._on_commit: list[Callable[[], object]] = []
+
+    def defer(self, action: Callable[[], object]) -> None:
+        """Run ``action`` when the transaction commits."""
+        self._on_commit.append(action)
+
+    def commit(self) -> None:
+        """Apply the buffered writes."""
+        actions, self._on_commit = self._on_commit, []
+        for action in actions:
+            action()
+
+    async def execute(self, sql: str, *args: Any) -> Any:
+        """Not available: the memory store has no SQL."""
+        raise ConfigurationError(
+            "the memory:// store has no SQL; use sqlite:///path.db or postgresql://... to "
+            "write your own tables in ctx.transaction()"
+        )
+
+    async def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Not available: the memory store has no SQL."""
+        return await self.execute(sql, *args)  # type: ignore[no-any-return]
+
+
+def _defer(tx: Transaction | None, action: Callable[[], object]) -> None:
+    if tx is None:
+        action()
+    elif isinstance(tx, MemoryTransaction):
+        tx.defer(action)
+    else:
+        raise ConfigurationError("a memory store write was given another store's transaction")
+
+
+class MemoryEventLog:
+    """Streams and the global log, kept in lists."""
+
+    def __init__(self) -> None:
+        self._log: list[RecordedEvent] = []
+        self._streams: dict[str, list[RecordedEvent]] = {}
+        self._ids: set[str] = set()
+        self._snapshots: dict[str, Snapshot] = {}
+        self._appended = asyncio.Condition()
+
+    async def append(
+        self,
+        stream_id: str,
+        events: Sequence[Event | Envelope],
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        """Append atomically; see ``EventStore.append``."""
+        stream = self._streams.get(stream_id, [])
+        envelopes = prepare_append(stream_id, events)
+        fresh = [e for e in envelopes if e.id not in self._ids]
+        current = len(stream)
+        if envelopes and not fresh:
+            return current  # a retried append: every event is stored already
+        if expected_version is not None and expected_version != current:
+            raise ConcurrencyError(stream_id, expected_version, current)
+        if not fresh:
+            return current
+        self._streams[stream_id] = stream
+        for env in fresh:
+            rec = RecordedEvent(stream_id, len(stream) + 1, len(self._log) + 1, env)
+            stream.append(rec)
+            self._log.append(rec)
+            self._ids.add(env.id)
+        async with self._appended:
+            self._appended.notify_all()
+        return len(stream)
+
+    async def read_stream(
+        self,
+        stream_id: str,
+        *,
+        from_version: int | None = None,
+        backwards: bool = False,
+        limit: int | None = None,
+    ) -> AsyncIterator[RecordedEvent]:
+        """One stream's events in version order (or reversed)."""
+        stream = list(self._streams.get(stream_id, ()))
+        if backwards:
+            top = len(stream) if from_version is None else min(from_version, len(stream))
+            selected = stream[:top][::-1]
+        else:
+            selected = stream[(from_version or 1) - 1 :]
+        for rec in selected[:limit] if limit is not None else selected:
+            yield rec
+
+    async def read_all(
+        self, *, after: int = 0, limit: int | None = None
+    ) -> AsyncIterator[RecordedEvent]:
+        """Events after ``after`` in global order."""
+        end = len(self._log) if limit is None else min(len(self._log), after + limit)
+        for rec in self._log[after:end]:
+            yield rec
+
+    async def subscribe(self, *, after: int = 0) -> AsyncIterator[RecordedEvent]:
+        """Catch up, then follow live appends."""
+        position = after
+        while True:
+            while position < len(self._log):
+                rec = self._log[position]
+                position += 1
+                yield rec
+            async with self._appended:
+                while len(self._log) <= position:
+                    await self._appended.wait()
+
+    async def stream_version(self, stream_id: str) -> int:
+        """0 when the stream does not exist."""
+        return len(self._streams.get(stream_id, ()))
+
+    async def last_position(self) -> int:
+        """0 when empty."""
+        return len(self._log)
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        """Replace the stream's snapshot."""
+        self._snapshots[snapshot.stream_id] = snapshot
+
+    async def load_snapshot(self, stream_id: str) -> Snapshot | None:
+        """The stream's snapshot, if any."""
+        return self._snapshots.get(stream_id)
+
+
+class MemoryCheckpoints:
+    """Checkpoints in a dict."""
+
+    def __init__(self) -> None:
+        self._positions: dict[str, int] = {}
+
+    async def get(self, name: str) -> int:
+        """0 if never set."""
+        return self._positions.get(name, 0)
+
+    async def set(self, name: str, position: int, *, tx: Transaction | None = None) -> None:
+        """Set now, or when ``tx`` commits."""
+        _defer(tx, lambda: self._positions.__setitem__(name, position))
+
+    async def list(self) -> dict[str, int]:
+        """Every checkpoint."""
+        return dict(self._positions)
+
+    async def delete(self, name: str, *, tx: Transaction | None = None) -> None:
+        """Forget ``name``."""
+        _defer(tx, lambda: self._positions.pop(name, None))
+
+
+class MemoryOutbox:
+    """Queued outgoing messages."""
+
+    def __init__(self) -> None:
+        self._messages: dict[int, OutboxMessage] = {}
+        self._seq = 0
+        self.added = asyncio.Event()
+
+    async def add(
+        self, messages: Sequence[tuple[str, Envelope]], *, tx: Transaction | None = None
+    ) -> None:
+        """Queue now, or when ``tx`` commits."""
+
+        def apply() -> None:
+            for topic, env in messages:
+                self._seq += 1
+                self._messages[self._seq] = OutboxMessage(
+                    self._seq, topic, env.key, env.to_bytes(), env.id
+                )
+            self.added.set()
+
+        _defer(tx, apply)
+
+    async def pending(self, limit: int = 100) -> list[OutboxMessage]:
+        """Oldest first."""
+        return list(self._messages.values())[:limit]
+
+    async def remove(self, seqs: Sequence[int]) -> None:
+        """Delete sent messages."""
+        for seq in seqs:
+            self._messages.pop(seq, None)
+
+
+class MemoryLocks:
+    """In-process named locks (the memory store lives in one process)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @asynccontextmanager
+    async def hold(self, name: str) -> AsyncIterator[None]:
+        """Hold ``name`` until the block exits."""
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            yield

@@ -1,0 +1,1 @@
+"""Event sourcing: aggregates rebuilt from their streams, repositories and snapshots."""
