@@ -189,11 +189,26 @@ class Event(BaseModel):
 
     event_type: ClassVar[str] = ""
     event_version: ClassVar[int] = 1
+    event_compatibility: ClassVar[str] = "backward"
+    """Schema compatibility mode checked by ``eventflow schema check``: ``backward``
+    (default), ``forward``, ``full`` or ``none``; set with ``compatibility=...``."""
 
     def __init_subclass__(
-        cls, *, type: str | None = None, version: int | None = None, **kwargs: Any
+        cls,
+        *,
+        type: str | None = None,
+        version: int | None = None,
+        compatibility: str | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init_subclass__(**kwargs)
+        if compatibility is not None:
+            if compatibility not in ("backward", "forward", "full", "none"):
+                raise EventTypeError(
+                    f"{cls.__qualname__}: compatibility must be 'backward', 'forward', "
+                    f"'full' or 'none', got {compatibility!r}"
+                )
+            cls.event_compatibility = compatibility
         if type is None:
             if version is not None:
                 raise EventTypeError(f"{cls.__qualname__}: version= given without type=")

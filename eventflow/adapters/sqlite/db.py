@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from ...errors import StoreError
 
-__all__ = ["SqliteDatabase"]
+__all__ = ["SqliteDatabase", "SqliteTransaction"]
 
 T = TypeVar("T")
 DEFAULT_BUSY_TIMEOUT = 5.0
@@ -29,6 +30,10 @@ class SqliteDatabase:
         self.busy_timeout = busy_timeout
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
+        # One transaction at a time on the one connection; the task holding an explicit
+        # transaction() is its owner, and its own store calls run inside it.
+        self._lock = asyncio.Lock()
+        self._owner: asyncio.Task[Any] | None = None
 
     async def open(self, schema: str = "") -> None:
         """Open the file (creating it) and run ``schema``. Idempotent."""
@@ -80,8 +85,48 @@ class SqliteDatabase:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(conn, *args)`` on the database thread; wrap it in a transaction."""
-        return await self._submit(self._in_tx, fn, args)
+        """Run ``fn(conn, *args)`` on the database thread in a transaction of its own, or, when
+        the calling task has a ``transaction()`` open, inside that one."""
+        if self._owner is not None and self._owner is asyncio.current_task():
+            return await self._submit(self._guarded, fn, args)
+        async with self._lock:
+            return await self._submit(self._in_tx, fn, args)
+
+    def _guarded(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"SQLite database {self.path!r} was closed")
+        try:
+            return fn(conn, *args)
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[SqliteTransaction]:
+        """Hold the connection in one transaction until the block exits (commit) or raises
+        (rollback). Store calls made by the same task inside the block join it."""
+        if self._owner is not None and self._owner is asyncio.current_task():
+            raise StoreError("a SQLite transaction is already open in this task; nest nothing")
+        async with self._lock:
+            await self._submit(self._exec, "BEGIN IMMEDIATE")
+            self._owner = asyncio.current_task()
+            try:
+                yield SqliteTransaction(self)
+            except BaseException:
+                self._owner = None
+                await asyncio.shield(self._submit(self._exec, "ROLLBACK"))
+                raise
+            self._owner = None
+            await self._submit(self._exec, "COMMIT")
+
+    def _exec(self, sql: str) -> None:
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"SQLite database {self.path!r} was closed")
+        try:
+            conn.execute(sql)
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
 
     def _in_tx(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         conn = self._conn
@@ -100,8 +145,11 @@ class SqliteDatabase:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
 
     async def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """Run one read statement and return all rows."""
-        return await self._submit(self._query, sql, params)
+        """Run one read statement and return all rows (inside the task's transaction, if any)."""
+        if self._owner is not None and self._owner is asyncio.current_task():
+            return await self._submit(self._query, sql, params)
+        async with self._lock:
+            return await self._submit(self._query, sql, params)
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         conn = self._conn
@@ -111,3 +159,18 @@ class SqliteDatabase:
             return conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
+
+
+class SqliteTransaction:
+    """An open SQLite transaction: ``execute``/``fetch`` use ``?`` parameters."""
+
+    def __init__(self, db: SqliteDatabase) -> None:
+        self.db = db
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        """Run one statement in the transaction; return the rows it changed."""
+        return await self.db.run(lambda conn: conn.execute(sql, args).rowcount)
+
+    async def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Run a query in the transaction; return all rows."""
+        return await self.db.query(sql, args)

@@ -5,14 +5,22 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from urllib.parse import unquote, urlsplit
 
 import orjson
 
 from ...errors import ConfigurationError
-from ...ports import DeadLetter, Heartbeat
-from .db import SqliteDatabase
+from ...ports import DeadLetter, Heartbeat, Transaction
+from .db import SqliteDatabase, SqliteTransaction
+from .events import (
+    EVENTS_SCHEMA,
+    SqliteCheckpoints,
+    SqliteEventLog,
+    SqliteLeases,
+    SqliteOutbox,
+)
 
 __all__ = ["SqliteDeadLetterStore", "SqliteDedupStore", "SqliteHeartbeats", "SqliteStore"]
 
@@ -257,7 +265,7 @@ class SqliteHeartbeats:
         )
 
 
-class SqliteStore:
+class SqliteStore(SqliteEventLog):
     """The SQLite store: one file, one connection shared by all its parts."""
 
     def __init__(self, path: str, *, url: str | None = None) -> None:
@@ -267,6 +275,22 @@ class SqliteStore:
         self.dedup = SqliteDedupStore(self.db)
         self.dead_letters = SqliteDeadLetterStore(self.db)
         self.heartbeats = SqliteHeartbeats(self.db)
+        self.checkpoints = SqliteCheckpoints(self.db)
+        self.outbox = SqliteOutbox(self.db)
+        self.leases = SqliteLeases(self.db)
+        self._init_events()
+
+    def transaction(self) -> AbstractAsyncContextManager[SqliteTransaction]:
+        """One transaction on the store's connection; the task's store calls join it."""
+        return self.db.transaction()
+
+    def lock(self, name: str) -> AbstractAsyncContextManager[None]:
+        """A lease on ``name`` shared by every process using this file."""
+        return self.leases.hold(name)
+
+    async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
+        """Record a dedup entry inside the caller's open transaction."""
+        await self.dedup.mark(group, message_id)
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:
@@ -284,7 +308,7 @@ class SqliteStore:
 
     async def open(self) -> None:
         """Open the file and create the tables if needed. Idempotent."""
-        await self.db.open(SCHEMA)
+        await self.db.open(SCHEMA + EVENTS_SCHEMA)
 
     async def close(self) -> None:
         """Close the connection. Idempotent."""
