@@ -28,7 +28,18 @@ def _sqlite(url: str) -> Store:
     return SqliteStore.from_url(url)
 
 
-_SCHEMES = {"memory": _memory, "sqlite": _sqlite}
+def _postgres(url: str) -> Store:
+    from .adapters.postgres import PostgresStore
+
+    return PostgresStore.from_url(url)
+
+
+_SCHEMES = {
+    "memory": _memory,
+    "sqlite": _sqlite,
+    "postgresql": _postgres,
+    "postgres": _postgres,
+}
 
 
 def store_for(url: str | Store) -> Store:

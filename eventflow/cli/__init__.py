@@ -6,6 +6,7 @@
     eventflow demo [--orders N] [--db PATH]       two services, a few hundred orders, checks
     eventflow dlq list|show|replay|purge          the dead-letter queue of a store
     eventflow status                              running app instances and DLQ sizes
+    eventflow projections list|status|rebuild     projections: lag, rebuild from the log
 
 Exit codes: 0 success, 1 the command failed (unknown id, failed check), 2 bad usage (bad
 MODULE:APP, bad URL, missing option), 130 interrupted. User errors print one line on
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from ..errors import EventflowError
 from . import dlq, run, status
+from . import projections as _projections
 from ._common import EXIT_FAILURE, CliError
 
 __all__ = ["build_parser", "main"]
@@ -78,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(subparsers)
     dlq.add_parser(subparsers)
     status.add_parser(subparsers)
+    _projections.add_parser(subparsers)
     return parser
 
 

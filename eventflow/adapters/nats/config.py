@@ -1,0 +1,227 @@
+"""Settings of the NATS JetStream broker, URL parsing and the names derived from patterns.
+
+Naming (see ``docs/nats.md``): one stream (``stream``, default ``EVENTFLOW``) captures
+``<subject_prefix>.>``; a message for topic ``T`` with key ``K`` is stored on subject
+``<subject_prefix>.<partition(K)>.T``. A group ``G`` subscribed on pattern ``P`` owns one
+durable pull consumer per partition ``i``, named ``<G'>_<hash(G, P)>_<i>`` and filtered on
+``<subject_prefix>.<i>.P``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import parse_qsl, urlsplit
+
+from ...errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_ACK_WAIT",
+    "DEFAULT_PARTITIONS",
+    "DEFAULT_STREAM",
+    "DEFAULT_SUBJECT_PREFIX",
+    "NatsBrokerConfig",
+    "consumer_name",
+    "group_id",
+    "partition_of",
+]
+
+DEFAULT_SERVERS = ("nats://127.0.0.1:4222",)
+DEFAULT_STREAM = "EVENTFLOW"
+DEFAULT_SUBJECT_PREFIX = "eventflow"
+DEFAULT_PARTITIONS = 8
+DEFAULT_MAX_AGE = 7 * 24 * 3600.0
+DEFAULT_DUPLICATE_WINDOW = 120.0
+DEFAULT_ACK_WAIT = 30.0
+DEFAULT_MAX_DELIVER = 50
+DEFAULT_MAX_ACK_PENDING = 1000
+DEFAULT_HEARTBEAT_INTERVAL = 1.0
+DEFAULT_JOIN_TIMEOUT = 2.0
+DEFAULT_PULL_EXPIRES = 1.0
+DEFAULT_PUBLISH_TIMEOUT = 10.0
+DEFAULT_REQUEST_TIMEOUT = 2.0
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_RELEASE_TTL = 24 * 3600.0
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+@dataclass(frozen=True, slots=True)
+class NatsBrokerConfig:
+    """Settings of a :class:`~eventflow.adapters.nats.NatsBroker` (durations in seconds).
+
+    Every app of one deployment must use the same ``stream``, ``subject_prefix``,
+    ``partitions`` and ``lease_ttl``: they decide where messages go and who may read them.
+
+    - ``ack_wait``: the server redelivers a message not acked (nor marked in progress) for
+      this long; the adapter sends in-progress heartbeats every ``ack_wait / 3`` for every
+      message it holds, so only a dead or stalled process loses its messages.
+    - ``lease_ttl``: how long a partition stays claimed by a member that stopped refreshing
+      its lease (a crashed process); must exceed ``ack_wait`` so a dead member's messages are
+      redelivered before the partition's next messages (key order survives a crash).
+    - ``max_deliver``: the server stops redelivering after this many deliveries (its default
+      is infinite); keep it above every handler's ``retry`` so the consumer dead-letters first.
+    - ``max_ack_pending``: unacked messages per partition consumer (bounded buffers).
+    - ``max_msgs`` / ``max_bytes``: stream limits (``-1`` none); a full stream refuses
+      publishes, which wait up to ``publish_timeout`` and then raise ``BackpressureError``.
+    """
+
+    servers: tuple[str, ...] = DEFAULT_SERVERS
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    name: str = "eventflow"
+    stream: str = DEFAULT_STREAM
+    subject_prefix: str = DEFAULT_SUBJECT_PREFIX
+    partitions: int = DEFAULT_PARTITIONS
+    storage: Literal["file", "memory"] = "file"
+    replicas: int = 1
+    max_age: float = DEFAULT_MAX_AGE
+    max_msgs: int = -1
+    max_bytes: int = -1
+    duplicate_window: float = DEFAULT_DUPLICATE_WINDOW
+    ack_wait: float = DEFAULT_ACK_WAIT
+    max_deliver: int = DEFAULT_MAX_DELIVER
+    max_ack_pending: int = DEFAULT_MAX_ACK_PENDING
+    lease_ttl: float | None = None
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT
+    pull_expires: float = DEFAULT_PULL_EXPIRES
+    publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    release_ttl: float = DEFAULT_RELEASE_TTL
+    group_inactive_threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ConfigurationError("NATS broker needs at least one server URL")
+        if not _NAME_RE.match(self.stream):
+            raise ConfigurationError(
+                f"invalid stream name {self.stream!r}: use letters, digits, '_' and '-'"
+            )
+        if not _TOKEN_RE.match(self.subject_prefix):
+            raise ConfigurationError(
+                f"invalid subject_prefix {self.subject_prefix!r}: use dot-separated tokens "
+                "of letters, digits, '_' and '-'"
+            )
+        if self.partitions < 1 or self.partitions > 1024:
+            raise ConfigurationError("partitions must be between 1 and 1024")
+        if self.storage not in ("file", "memory"):
+            raise ConfigurationError("storage must be 'file' or 'memory'")
+        if self.max_deliver < 2:
+            raise ConfigurationError(
+                "max_deliver must be at least 2 (and above every handler's retry)"
+            )
+        for field in (
+            "ack_wait",
+            "heartbeat_interval",
+            "join_timeout",
+            "pull_expires",
+            "publish_timeout",
+            "request_timeout",
+            "connect_timeout",
+            "duplicate_window",
+            "release_ttl",
+        ):
+            if getattr(self, field) <= 0:
+                raise ConfigurationError(f"{field} must be > 0 seconds")
+        if self.lease_ttl is not None and self.lease_ttl <= self.ack_wait:
+            raise ConfigurationError(
+                f"lease_ttl ({self.lease_ttl}s) must exceed ack_wait ({self.ack_wait}s), so a "
+                "crashed member's messages are redelivered before its partitions move on"
+            )
+
+    @property
+    def effective_lease_ttl(self) -> float:
+        """``lease_ttl``, or ``ack_wait`` plus a margin of a quarter (at least 2 s)."""
+        if self.lease_ttl is not None:
+            return self.lease_ttl
+        return self.ack_wait + max(2.0, self.ack_wait / 4)
+
+    @property
+    def lease_bucket(self) -> str:
+        """The KV bucket holding partition leases: ``<stream>_leases``."""
+        return f"{self.stream}_leases"
+
+    @property
+    def release_bucket(self) -> str:
+        """The KV bucket counting releases per message: ``<stream>_releases``."""
+        return f"{self.stream}_releases"
+
+    @property
+    def control_prefix(self) -> str:
+        """Core-NATS subject prefix of group membership heartbeats (outside the stream)."""
+        return f"_eventflow.{self.stream}"
+
+    @classmethod
+    def from_url(cls, url: str) -> NatsBrokerConfig:
+        """Parse ``nats://[user:pass@]host:port[,host2:port][?option=value&...]``.
+
+        Options are the field names of this class (``stream``, ``partitions``,
+        ``ack_wait``, ...); ``token`` may also be given as a user without password.
+        """
+        parts = urlsplit(url)
+        if parts.scheme not in ("nats", "tls"):
+            raise ConfigurationError(f"not a NATS URL: {url!r} (use nats://host:4222)")
+        netloc = parts.netloc
+        userinfo, _, hosts_part = netloc.rpartition("@")
+        hosts = [h.strip() for h in hosts_part.split(",") if h.strip()]
+        if not hosts:
+            raise ConfigurationError(f"NATS URL {url!r} names no host: use nats://host:4222")
+        values: dict[str, Any] = {
+            "servers": tuple(f"{parts.scheme}://{h if ':' in h else h + ':4222'}" for h in hosts)
+        }
+        if userinfo:
+            user, sep, password = userinfo.partition(":")
+            if sep:
+                values["user"], values["password"] = user, password
+            else:
+                values["token"] = user
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name, raw in parse_qsl(parts.query, keep_blank_values=True):
+            field = fields.get(name)
+            if field is None or name in ("servers", "user", "password"):
+                known = ", ".join(sorted(n for n in fields if n not in ("servers",)))
+                raise ConfigurationError(f"unknown NATS URL option {name!r}; known: {known}")
+            values[name] = _convert(name, str(field.type), raw)
+        return cls(**values)
+
+
+def _convert(name: str, kind: str, raw: str) -> Any:
+    try:
+        if raw.lower() in ("", "none") and "None" in kind:
+            return None
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+        return raw
+    except ValueError as exc:
+        raise ConfigurationError(f"NATS URL option {name}={raw!r} is not a {kind}") from exc
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition of ``key``: CRC-32 of its UTF-8 bytes modulo ``partitions``.
+
+    Stable across processes and Python versions (unlike ``hash``), so every publisher of a
+    deployment puts one key in the same partition.
+    """
+    return zlib.crc32(key.encode()) % partitions
+
+
+def group_id(group: str, pattern: str) -> str:
+    """The name stem of a (group, pattern) pair: readable group, then a hash of both."""
+    digest = hashlib.sha256(f"{group}\0{pattern}".encode()).hexdigest()[:12]
+    return f"{_UNSAFE.sub('_', group)[:40]}_{digest}"
+
+
+def consumer_name(gid: str, partition: int) -> str:
+    """The durable consumer of partition ``partition`` for the (group, pattern) ``gid``."""
+    return f"{gid}_{partition}"

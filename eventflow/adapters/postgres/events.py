@@ -1,0 +1,268 @@
+"""The PostgreSQL event log: appends in one round trip, positions from a sequencer.
+
+Appends insert events with ``position`` NULL; the sequencer (``ef_sequence``, run by every
+open store, one at a time under an advisory lock) gives committed events the next
+positions in insertion order and notifies ``ef_sequenced``. Because it only ever sees
+committed rows, a position is never handed out before an earlier one is visible: readers
+that follow ``position > last`` never skip an event committed late, no lock is taken
+around appends, and an open unrelated transaction delays nothing. See docs/event-store.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import asyncpg
+import orjson
+
+from ...envelope import Envelope
+from ...errors import ConcurrencyError, StoreError
+from ...events import Event
+from ...ports import RecordedEvent, Snapshot
+from ...sourcing.append import prepare_append
+from .db import PostgresDatabase
+
+__all__ = ["PostgresEventLog"]
+
+_log = logging.getLogger("eventflow.postgres")
+_READ_BATCH = 1000
+_SEQUENCE_BATCH = 10_000
+_SEQUENCER_POLL = 0.2  # seconds between checks for events appended by other processes
+_SUBSCRIBE_POLL = 1.0  # a subscriber re-reads at least this often, notification or not
+_CONFLICT = "EF409"
+_COLUMNS = "position, stream_id, stream_version, envelope"
+
+
+def _record(row: Any) -> RecordedEvent:
+    return RecordedEvent(row[1], row[2], row[0] or 0, Envelope.from_bytes(row[3]))
+
+
+class PostgresEventLog:
+    """Event-store methods over a :class:`PostgresDatabase` (mixed into the store)."""
+
+    db: PostgresDatabase
+
+    def _init_events(self) -> None:
+        self._pending = asyncio.Event()
+        self._tick: asyncio.Future[None] | None = None
+        self._listener: Any = None
+        self._sequencer: asyncio.Task[None] | None = None
+
+    async def _start_events(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tick = loop.create_future()
+        cfg = self.db.config
+        self._listener = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        await self._listener.add_listener("ef_sequenced", self._on_sequenced)
+        # Owned by the store: started in open(), cancelled and awaited in close().
+        self._sequencer = asyncio.create_task(self._sequence_loop(), name="eventflow:sequencer")
+        self._pending.set()  # sequence whatever a crashed process left behind
+
+    async def _stop_events(self) -> None:
+        task, self._sequencer = self._sequencer, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.close()
+
+    def _on_sequenced(self, *_: Any) -> None:
+        tick = self._tick
+        if tick is not None and not tick.done():
+            self._tick = asyncio.get_running_loop().create_future()
+            tick.set_result(None)
+
+    def _appended(self) -> None:
+        """Wake this process's sequencer (after an append committed)."""
+        self._pending.set()
+
+    async def _sequence_loop(self) -> None:
+        pool = self.db.pool
+        while True:
+            try:
+                async with asyncio.timeout(_SEQUENCER_POLL):
+                    await self._pending.wait()
+            except TimeoutError:
+                # Events appended by another process that died before sequencing them.
+                if not await pool.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM ef_events WHERE position IS NULL)"
+                ):
+                    continue
+            self._pending.clear()
+            try:
+                while await pool.fetchval("SELECT ef_sequence($1)", _SEQUENCE_BATCH) >= (
+                    _SEQUENCE_BATCH
+                ):
+                    pass
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                _log.warning("sequencer pass failed (%s); retrying", exc)
+                await asyncio.sleep(_SEQUENCER_POLL)
+                self._pending.set()
+
+    async def append(
+        self,
+        stream_id: str,
+        events: Sequence[Event | Envelope],
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        """Append atomically in one round trip; see ``EventStore.append``."""
+        envelopes = prepare_append(stream_id, events)
+        args = (
+            stream_id,
+            expected_version,
+            [e.id for e in envelopes],
+            [e.type for e in envelopes],
+            [e.to_bytes() for e in envelopes],
+        )
+        ambient = self.db.current is not None
+        while True:
+            try:
+                async with self.db.connection() as conn:
+                    version: int = await conn.fetchval(
+                        "SELECT ef_append($1, $2, $3, $4, $5)", *args
+                    )
+                break
+            except asyncpg.UniqueViolationError as exc:
+                # A concurrent append took the same version (or stored the same ids).
+                if ambient:
+                    raise ConcurrencyError(
+                        stream_id, expected_version, await self._version_outside(stream_id)
+                    ) from exc
+                if expected_version is not None and "event_id" not in str(exc.constraint_name):
+                    raise ConcurrencyError(
+                        stream_id, expected_version, await self.stream_version(stream_id)
+                    ) from exc
+            except asyncpg.PostgresError as exc:
+                if getattr(exc, "sqlstate", None) == _CONFLICT:
+                    raise ConcurrencyError(stream_id, expected_version, int(str(exc))) from None
+                raise StoreError(f"append to {stream_id!r} failed: {exc}") from exc
+        if ambient:
+            self.db.after_commit(self._appended)
+        else:
+            self._pending.set()
+        return version
+
+    async def _version_outside(self, stream_id: str) -> int:
+        async with self.db.pool.acquire() as conn:
+            return int(
+                await conn.fetchval(
+                    "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = $1",
+                    stream_id,
+                )
+            )
+
+    async def read_stream(
+        self,
+        stream_id: str,
+        *,
+        from_version: int | None = None,
+        backwards: bool = False,
+        limit: int | None = None,
+    ) -> AsyncIterator[RecordedEvent]:
+        """One stream's events in version order (or reversed), read in batches."""
+        remaining = limit
+        if backwards:
+            cursor = (from_version if from_version is not None else 2**62) + 1
+            cmp, order = "<", "DESC"
+        else:
+            cursor = (from_version or 1) - 1
+            cmp, order = ">", "ASC"
+        sql = (
+            f"SELECT {_COLUMNS} FROM ef_events WHERE stream_id = $1 AND stream_version {cmp} $2 "
+            f"ORDER BY stream_version {order} LIMIT $3"
+        )
+        while remaining is None or remaining > 0:
+            batch = _READ_BATCH if remaining is None else min(_READ_BATCH, remaining)
+            async with self.db.connection() as conn:
+                rows = await conn.fetch(sql, stream_id, cursor, batch)
+                if any(r[0] is None for r in rows) and self.db.current is None:
+                    # Just appended, not yet sequenced: sequence now so positions are real.
+                    await conn.fetchval("SELECT ef_sequence($1)", _SEQUENCE_BATCH)
+                    rows = await conn.fetch(sql, stream_id, cursor, batch)
+            for row in rows:
+                yield _record(row)
+            if len(rows) < batch:
+                return
+            cursor = rows[-1][2]
+            if remaining is not None:
+                remaining -= len(rows)
+
+    async def read_all(
+        self, *, after: int = 0, limit: int | None = None
+    ) -> AsyncIterator[RecordedEvent]:
+        """Sequenced events after ``after`` in global order, read in batches."""
+        remaining = limit
+        cursor = after
+        sql = f"SELECT {_COLUMNS} FROM ef_events WHERE position > $1 ORDER BY position LIMIT $2"
+        while remaining is None or remaining > 0:
+            batch = _READ_BATCH if remaining is None else min(_READ_BATCH, remaining)
+            async with self.db.connection() as conn:
+                rows = await conn.fetch(sql, cursor, batch)
+            for row in rows:
+                yield _record(row)
+            if len(rows) < batch:
+                return
+            cursor = rows[-1][0]
+            if remaining is not None:
+                remaining -= len(rows)
+
+    async def subscribe(self, *, after: int = 0) -> AsyncIterator[RecordedEvent]:
+        """Catch up, then follow: woken by ``ef_sequenced`` notifications (LISTEN), with a
+        slow re-read as a safety net."""
+        position = after
+        while True:
+            tick = self._tick
+            async for rec in self.read_all(after=position):
+                position = rec.position
+                yield rec
+            if tick is None:
+                raise StoreError("the PostgreSQL store is not open: `await store.open()` first")
+            try:
+                async with asyncio.timeout(_SUBSCRIBE_POLL):
+                    await asyncio.shield(tick)
+            except TimeoutError:
+                pass
+
+    async def stream_version(self, stream_id: str) -> int:
+        """0 when the stream does not exist."""
+        async with self.db.connection() as conn:
+            return int(
+                await conn.fetchval(
+                    "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = $1",
+                    stream_id,
+                )
+            )
+
+    async def last_position(self) -> int:
+        """The newest position handed out (0 when empty)."""
+        async with self.db.connection() as conn:
+            return int(await conn.fetchval("SELECT last FROM ef_sequence"))
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        """Replace the stream's snapshot."""
+        async with self.db.connection() as conn:
+            await conn.execute(
+                "INSERT INTO ef_snapshots (stream_id, version, state, taken_at) "
+                "VALUES ($1, $2, $3::jsonb, $4) ON CONFLICT (stream_id) DO UPDATE SET "
+                "version = excluded.version, state = excluded.state, taken_at = excluded.taken_at",
+                snapshot.stream_id,
+                snapshot.version,
+                orjson.dumps(dict(snapshot.state)).decode(),
+                snapshot.taken_at,
+            )
+
+    async def load_snapshot(self, stream_id: str) -> Snapshot | None:
+        """The stream's snapshot, if any."""
+        async with self.db.connection() as conn:
+            row = await conn.fetchrow(
+                "SELECT version, state::text, taken_at FROM ef_snapshots WHERE stream_id = $1",
+                stream_id,
+            )
+        if row is None:
+            return None
+        return Snapshot(stream_id, row[0], orjson.loads(row[1]), row[2])

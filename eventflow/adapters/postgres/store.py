@@ -1,0 +1,360 @@
+"""The ``postgresql://`` store: the event log plus dedup, dead letters, heartbeats,
+checkpoints, outbox and locks, on one asyncpg pool so they share transactions."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+import orjson
+
+from ...envelope import Envelope
+from ...errors import StoreError
+from ...ports import DeadLetter, Heartbeat, OutboxMessage, Transaction
+from .db import PostgresConfig, PostgresDatabase, PostgresTransaction
+from .events import PostgresEventLog
+from .schema import SCHEMA_SQL
+
+__all__ = ["PostgresStore"]
+
+DEFAULT_DEDUP_RETENTION = 7 * 24 * 3600.0
+_LOCK_NAMESPACE = 1701147507  # first key of the two-int advisory locks of store.lock(name)
+
+
+def _lock_key(name: str) -> int:
+    return int.from_bytes(
+        hashlib.blake2b(name.encode(), digest_size=4).digest(), "big", signed=True
+    )
+
+
+class PostgresDedupStore:
+    """Handled (group, id) pairs in ``ef_dedup``."""
+
+    def __init__(self, db: PostgresDatabase, retention: float = DEFAULT_DEDUP_RETENTION) -> None:
+        self._db = db
+        self.retention = retention
+
+    async def seen(self, group: str, message_id: str) -> bool:
+        """True if the pair was marked by any process."""
+        async with self._db.connection() as conn:
+            return bool(
+                await conn.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM ef_dedup WHERE grp = $1 AND message_id = $2)",
+                    group,
+                    message_id,
+                )
+            )
+
+    async def mark(self, group: str, message_id: str) -> None:
+        """Record the pair (inside the context's transaction, if one is open)."""
+        async with self._db.connection() as conn:
+            await conn.execute(
+                "INSERT INTO ef_dedup (grp, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                group,
+                message_id,
+            )
+
+    async def prune(self) -> int:
+        """Delete entries older than the retention; return how many."""
+        async with self._db.connection() as conn:
+            status = await conn.execute(
+                "DELETE FROM ef_dedup WHERE handled_at < $1",
+                datetime.now(UTC) - timedelta(seconds=self.retention),
+            )
+        return int(status.split()[-1])
+
+    async def close(self) -> None:
+        """The pool is closed by the store."""
+
+
+class PostgresDeadLetterStore:
+    """Dead letters in ``ef_dead_letters``, oldest first."""
+
+    _COLS = (
+        "id, topic, grp, payload, error, reason, attempts, failed_at, msg_key, "
+        "headers::text, envelope_id, source::text"
+    )
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def add(self, d: DeadLetter) -> None:
+        """Insert ``d``."""
+        async with self._db.connection() as conn:
+            await conn.execute(
+                "INSERT INTO ef_dead_letters (id, topic, grp, payload, error, reason, attempts, "
+                "failed_at, msg_key, headers, envelope_id, source) VALUES "
+                "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12::jsonb) "
+                "ON CONFLICT (id) DO NOTHING",
+                d.id,
+                d.topic,
+                d.group,
+                d.payload,
+                d.error,
+                d.reason,
+                d.attempts,
+                d.failed_at,
+                d.key,
+                orjson.dumps(dict(d.headers)).decode(),
+                d.envelope_id,
+                orjson.dumps(dict(d.source)).decode(),
+            )
+
+    @staticmethod
+    def _letter(r: Any) -> DeadLetter:
+        return DeadLetter(
+            id=r[0],
+            topic=r[1],
+            group=r[2],
+            payload=bytes(r[3]),
+            error=r[4],
+            reason=r[5],
+            attempts=r[6],
+            failed_at=r[7],
+            key=r[8],
+            headers=orjson.loads(r[9]),
+            envelope_id=r[10],
+            source=orjson.loads(r[11]),
+        )
+
+    async def list(self, *, group: str | None = None, limit: int = 100) -> list[DeadLetter]:
+        """Oldest first, optionally one group's."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(
+                f"SELECT {self._COLS} FROM ef_dead_letters "
+                "WHERE ($1::text IS NULL OR grp = $1) ORDER BY seq LIMIT $2",
+                group,
+                limit,
+            )
+        return [self._letter(r) for r in rows]
+
+    async def get(self, letter_id: str) -> DeadLetter | None:
+        """One letter or None."""
+        async with self._db.connection() as conn:
+            row = await conn.fetchrow(
+                f"SELECT {self._COLS} FROM ef_dead_letters WHERE id = $1", letter_id
+            )
+        return None if row is None else self._letter(row)
+
+    async def remove(self, letter_ids: Sequence[str]) -> int:
+        """Delete; return how many existed."""
+        async with self._db.connection() as conn:
+            status = await conn.execute(
+                "DELETE FROM ef_dead_letters WHERE id = ANY($1::text[])", list(letter_ids)
+            )
+        return int(status.split()[-1])
+
+    async def count(self) -> dict[str, int]:
+        """Letters per group."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch("SELECT grp, COUNT(*) FROM ef_dead_letters GROUP BY grp")
+        return {r[0]: int(r[1]) for r in rows}
+
+
+class PostgresHeartbeats:
+    """Heartbeats in ``ef_heartbeats``."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def beat(self, hb: Heartbeat) -> None:
+        """Insert or replace the instance's row."""
+        async with self._db.connection() as conn:
+            await conn.execute(
+                "INSERT INTO ef_heartbeats (instance, app, host, pid, started_at, last_seen, "
+                "subscriptions, stats) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb) "
+                "ON CONFLICT (instance) DO UPDATE SET last_seen = excluded.last_seen, "
+                "subscriptions = excluded.subscriptions, stats = excluded.stats",
+                hb.instance,
+                hb.app,
+                hb.host,
+                hb.pid,
+                hb.started_at,
+                hb.last_seen,
+                orjson.dumps(list(hb.subscriptions)).decode(),
+                orjson.dumps(dict(hb.stats)).decode(),
+            )
+
+    async def list(self) -> list[Heartbeat]:
+        """Newest first."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(
+                "SELECT instance, app, host, pid, started_at, last_seen, subscriptions::text, "
+                "stats::text FROM ef_heartbeats ORDER BY last_seen DESC"
+            )
+        return [
+            Heartbeat(
+                instance=r[0],
+                app=r[1],
+                host=r[2],
+                pid=r[3],
+                started_at=r[4],
+                last_seen=r[5],
+                subscriptions=tuple(orjson.loads(r[6])),
+                stats=orjson.loads(r[7]),
+            )
+            for r in rows
+        ]
+
+    async def remove(self, instance: str) -> None:
+        """Delete the instance's row."""
+        async with self._db.connection() as conn:
+            await conn.execute("DELETE FROM ef_heartbeats WHERE instance = $1", instance)
+
+    async def prune(self, older_than: float) -> int:
+        """Delete rows not refreshed for ``older_than`` seconds."""
+        async with self._db.connection() as conn:
+            status = await conn.execute(
+                "DELETE FROM ef_heartbeats WHERE last_seen < $1",
+                datetime.now(UTC) - timedelta(seconds=older_than),
+            )
+        return int(status.split()[-1])
+
+
+class PostgresCheckpoints:
+    """Checkpoints in ``ef_checkpoints``."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def get(self, name: str) -> int:
+        """0 if never set."""
+        async with self._db.connection() as conn:
+            value = await conn.fetchval("SELECT position FROM ef_checkpoints WHERE name = $1", name)
+        return int(value or 0)
+
+    async def set(self, name: str, position: int, *, tx: Transaction | None = None) -> None:
+        """Upsert (inside the context's open transaction, if any)."""
+        async with self._db.connection() as conn:
+            await conn.execute(
+                "INSERT INTO ef_checkpoints (name, position) VALUES ($1, $2) "
+                "ON CONFLICT (name) DO UPDATE SET position = excluded.position",
+                name,
+                position,
+            )
+
+    async def list(self) -> dict[str, int]:
+        """Every checkpoint."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch("SELECT name, position FROM ef_checkpoints ORDER BY name")
+        return {r[0]: int(r[1]) for r in rows}
+
+    async def delete(self, name: str, *, tx: Transaction | None = None) -> None:
+        """Forget ``name``."""
+        async with self._db.connection() as conn:
+            await conn.execute("DELETE FROM ef_checkpoints WHERE name = $1", name)
+
+
+class PostgresOutbox:
+    """Outgoing messages in ``ef_outbox``."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+        self.added = asyncio.Event()
+
+    async def add(
+        self, messages: Sequence[tuple[str, Envelope]], *, tx: Transaction | None = None
+    ) -> None:
+        """Queue messages (inside the context's open transaction, if any)."""
+        async with self._db.connection() as conn:
+            await conn.executemany(
+                "INSERT INTO ef_outbox (topic, msg_key, payload, message_id) "
+                "VALUES ($1, $2, $3, $4)",
+                [(topic, env.key, env.to_bytes(), env.id) for topic, env in messages],
+            )
+        self._db.after_commit(self.added.set)
+
+    async def pending(self, limit: int = 100) -> list[OutboxMessage]:
+        """Oldest first."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(
+                "SELECT seq, topic, msg_key, payload, message_id FROM ef_outbox "
+                "ORDER BY seq LIMIT $1",
+                limit,
+            )
+        return [OutboxMessage(r[0], r[1], r[2], bytes(r[3]), r[4]) for r in rows]
+
+    async def remove(self, seqs: Sequence[int]) -> None:
+        """Delete sent messages."""
+        async with self._db.connection() as conn:
+            await conn.execute("DELETE FROM ef_outbox WHERE seq = ANY($1::bigint[])", list(seqs))
+
+
+class PostgresStore(PostgresEventLog):
+    """The PostgreSQL store. ``postgresql://user@host/db?schema=NAME``."""
+
+    def __init__(self, config: PostgresConfig, *, url: str | None = None) -> None:
+        self.config = config
+        self.url = url or config.dsn
+        self.db = PostgresDatabase(config)
+        self.dedup = PostgresDedupStore(self.db)
+        self.dead_letters = PostgresDeadLetterStore(self.db)
+        self.heartbeats = PostgresHeartbeats(self.db)
+        self.checkpoints = PostgresCheckpoints(self.db)
+        self.outbox = PostgresOutbox(self.db)
+        self._init_events()
+        self._opened = False
+
+    @classmethod
+    def from_url(cls, url: str) -> PostgresStore:
+        """Build an unopened store from a ``postgresql://`` URL."""
+        return cls(PostgresConfig.from_url(url), url=url)
+
+    async def open(self) -> None:
+        """Connect, create the schema if needed and start the sequencer. Idempotent."""
+        if self._opened:
+            return
+        await self.db.open(SCHEMA_SQL)
+        try:
+            await self._start_events()
+        except BaseException:
+            await self.db.close()
+            raise
+        self._opened = True
+
+    async def close(self) -> None:
+        """Stop the sequencer and close the pool. Idempotent."""
+        if not self._opened:
+            return
+        self._opened = False
+        await self._stop_events()
+        await self.db.close()
+
+    async def __aenter__(self) -> PostgresStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def transaction(self) -> AbstractAsyncContextManager[PostgresTransaction]:
+        """A transaction every store call of this context joins until the block exits."""
+        return self.db.transaction()
+
+    @asynccontextmanager
+    async def _hold(self, name: str) -> AsyncIterator[None]:
+        # A session-level advisory lock on a connection of its own: the server releases it
+        # when this process dies and the connection drops, so another process takes over.
+        cfg = self.config
+        try:
+            conn = await asyncpg.connect(cfg.dsn)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise StoreError(f"cannot connect to take lock {name!r}: {exc}") from exc
+        try:
+            await conn.execute("SELECT pg_advisory_lock($1, $2)", _LOCK_NAMESPACE, _lock_key(name))
+            yield
+        finally:
+            await asyncio.shield(conn.close())
+
+    def lock(self, name: str) -> AbstractAsyncContextManager[None]:
+        """An advisory lock on ``name`` across processes, released if the holder dies."""
+        return self._hold(name)
+
+    async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
+        """Record a dedup entry inside the context's open transaction."""
+        await self.dedup.mark(group, message_id)
