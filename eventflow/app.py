@@ -26,6 +26,7 @@ from .ports import Broker, DedupStore, Store
 from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
+from .schema.outgoing import check_outgoing
 from .stores import store_for
 from .subscribe import HandlerSpec, collect_handlers, inspect_handler
 
@@ -140,6 +141,7 @@ class App:
                 headers=dict(headers) if headers else None,
                 correlation_id=correlation_id,
             )
+            check_outgoing(message, env.data)  # model_construct/model_copy skip validation
         if not self._started:
             self._not_running()
         await self.broker.publish(

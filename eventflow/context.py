@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from .envelope import Envelope, derived_id
 from .events import Event, to_envelope
+from .schema.outgoing import check_outgoing
 
 if TYPE_CHECKING:
     from .app import App
@@ -72,6 +73,8 @@ class Context:
             parent_traceparent=parent.headers.get("traceparent"),
             id=env_id,
         )
+        if isinstance(message, Event):
+            check_outgoing(message, env.data)  # model_construct/model_copy skip validation
         self._outbox.append((topic or env.type, env))
         return env
 

@@ -6,6 +6,7 @@
     eventflow demo [--orders N] [--db PATH]       two services, a few hundred orders, checks
     eventflow dlq list|show|replay|purge          the dead-letter queue of a store
     eventflow status                              running app instances and DLQ sizes
+    eventflow schema export|check|asyncapi        event schema registry in git, CI check
     eventflow projections list|status|rebuild     projections: lag, rebuild from the log
 
 Exit codes: 0 success, 1 the command failed (unknown id, failed check), 2 bad usage (bad
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 from ..errors import EventflowError
 from . import dlq, run, status
 from . import projections as _projections
+from . import schema as _schema
 from ._common import EXIT_FAILURE, CliError
 
 __all__ = ["build_parser", "main"]
@@ -81,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.add_parser(subparsers)
     status.add_parser(subparsers)
     _projections.add_parser(subparsers)
+    _schema.add_parser(subparsers)
     return parser
 
 

@@ -257,8 +257,9 @@ class ProgressBar:
         self.width = width
         self.interval = interval
         self._started = time.monotonic()
-        self._drawn = 0.0
+        self._drawn = float("-inf")
         self._last: tuple[int, int] | None = None
+        self._shown: tuple[int, int] | None = None
 
     def __call__(self, position: int, end: int) -> None:
         """Record progress; redraw if ``interval`` has passed or the end is reached."""
@@ -269,6 +270,7 @@ class ProgressBar:
             self._draw(position, end, now)
 
     def _draw(self, position: int, end: int, now: float) -> None:
+        self._shown = (position, end)
         fraction = 1.0 if end <= 0 else min(1.0, position / end)
         filled = int(fraction * self.width)
         elapsed = max(now - self._started, 1e-9)
@@ -282,7 +284,8 @@ class ProgressBar:
     def finish(self) -> None:
         """Draw the final state and end the line."""
         if self._last is not None:
-            self._draw(*self._last, time.monotonic())
+            if self._shown != self._last:
+                self._draw(*self._last, time.monotonic())
             self.stream.write("\n")
             self.stream.flush()
 

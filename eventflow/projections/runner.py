@@ -338,17 +338,44 @@ class ProjectionRunner:
             position = 0
             if progress is not None:
                 progress(position, end)
-            while position < end:
-                limit = min(self.batch_size, end - position)
-                batch = [rec async for rec in self.store.read_all(after=position, limit=limit)]
-                if not batch:
-                    break
-                await self._apply(batch)
-                position = batch[-1].position
-                if progress is not None:
-                    progress(position, end)
+            # The next batch is read while this one is handled (overlapping the store's I/O).
+            batches: asyncio.Queue[list[RecordedEvent] | Exception | None] = asyncio.Queue(2)
+            failure: Exception | None = None
+            async with asyncio.TaskGroup() as tg:
+                reader = tg.create_task(self._read_batches(end, batches))
+                try:
+                    while (batch := await batches.get()) is not None:
+                        if isinstance(batch, Exception):
+                            raise batch
+                        await self._apply(batch)
+                        position = batch[-1].position
+                        if progress is not None:
+                            progress(position, end)
+                except Exception as exc:  # raised below, not wrapped in an ExceptionGroup
+                    failure = exc
+                finally:
+                    reader.cancel()
+            if failure is not None:
+                raise failure
             _log.info("projection %s: rebuilt up to position %d", self.name, position)
             return position
+
+    async def _read_batches(
+        self, end: int, batches: asyncio.Queue[list[RecordedEvent] | Exception | None]
+    ) -> None:
+        batch: list[RecordedEvent] = []
+        try:
+            async for rec in self.store.read_all(after=0, limit=end):
+                batch.append(rec)
+                if len(batch) >= self.batch_size:
+                    await batches.put(batch)
+                    batch = []
+        except Exception as exc:  # handed to the rebuild, which raises it
+            await batches.put(exc)
+            return
+        if batch:
+            await batches.put(batch)
+        await batches.put(None)
 
     @contextlib.asynccontextmanager
     async def _locked(self, timeout: float | None) -> AsyncIterator[None]:

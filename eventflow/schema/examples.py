@@ -13,7 +13,7 @@ import copy
 import json
 from typing import Any
 
-from .compat import _resolve
+from .contract import resolve
 
 __all__ = ["MAX_VARIANTS", "examples_for", "generate"]
 
@@ -42,7 +42,7 @@ class _Generator:
         self.width = 1  # the widest enum or union seen: how many variants are worth making
 
     def value(self, schema: Any, depth: int) -> Any:
-        schema = _resolve(schema, self.root)
+        schema = resolve(schema, self.root)
         if not isinstance(schema, dict):
             return None
         given = schema.get("examples")
@@ -69,7 +69,7 @@ class _Generator:
         return self._typed(declared, schema, depth)
 
     def _branch(self, branches: list[Any], depth: int) -> Any:
-        resolved = [_resolve(b, self.root) for b in branches]
+        resolved = [resolve(b, self.root) for b in branches]
         nulls = [b for b in resolved if isinstance(b, dict) and b.get("type") == "null"]
         others = [b for b in resolved if not (isinstance(b, dict) and b.get("type") == "null")]
         if (not self.full and nulls) or not others or (depth >= _MAX_DEPTH and nulls):

@@ -26,7 +26,7 @@ from typing import Any, Literal, cast
 from ..errors import EventflowError
 from ..events import Event, EventRegistry
 from ..patterns import matches
-from .compat import contract_diff
+from .contract import contract_diff
 
 __all__ = [
     "DIALECT",
@@ -80,7 +80,10 @@ def event_schema(cls: type[Event]) -> dict[str, Any]:
 def mode_of(registry: EventRegistry, event_type: str) -> Mode:
     """The compatibility mode of a type: the one its latest version's class declares."""
     mode = registry.get(event_type).event_compatibility
-    return cast(Mode, mode if mode in MODES else "backward")
+    for known in MODES:
+        if mode == known:
+            return known
+    return "backward"
 
 
 def select_events(
@@ -275,9 +278,7 @@ def export_registry(
             files[rel] = dumps(schema)
         entry.compatibility = mode_of(registry, event_type)
         entry.versions = sorted(set(entry.versions) | set(versions))
-        entry.upcasters = sorted(
-            v for (t, v) in registry.upcasters() if t == event_type and v >= 1
-        )
+        entry.upcasters = sorted(v for (t, v) in registry.upcasters() if t == event_type and v >= 1)
     if conflicts:
         raise SchemaRegistryError(
             "published versions are immutable, but the code changed "

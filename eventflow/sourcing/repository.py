@@ -86,7 +86,9 @@ class Repository(Generic[A]):
     def stream_id(self, aggregate_id: str) -> str:
         """The stream holding the events of ``aggregate_id``: ``f"{prefix}-{id}"``."""
         if not isinstance(aggregate_id, str) or not aggregate_id:
-            raise ConfigurationError(f"an aggregate id must be a non-empty str, got {aggregate_id!r}")
+            raise ConfigurationError(
+                f"an aggregate id must be a non-empty str, got {aggregate_id!r}"
+            )
         return f"{self.stream_prefix}-{aggregate_id}"
 
     async def load(self, aggregate_id: str) -> A:

@@ -28,7 +28,7 @@ SNAPSHOT_FORMAT = 1
 _log = logging.getLogger("eventflow.sourcing")
 _DOC_KEYS = frozenset({"title", "description", "examples"})
 _NAME_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
-_EXCLUDE = frozenset({"id", "version"})
+_EXCLUDE = {"id", "version"}
 _markers: dict[type[Aggregate], str] = {}
 
 A = TypeVar("A", bound=Aggregate)

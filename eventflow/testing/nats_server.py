@@ -48,7 +48,7 @@ _START_TIMEOUT = 20.0
 
 
 class NatsServerUnavailable(RuntimeError):
-    """No usable nats-server binary (or Docker engine) was found; the message says how to get one."""
+    """No usable nats-server binary was found; the message says how to get one."""
 
 
 def _version(binary: str) -> tuple[int, ...]:
@@ -154,13 +154,17 @@ class NatsServer:
                 raise NatsServerUnavailable(
                     f"nats-server exited with {self._proc.returncode}; see {self._log}"
                 )
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(health, timeout=1.0) as resp:
-                    if resp.status == 200:
-                        return
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(health, timeout=1.0) as resp,
+            ):
+                if resp.status == 200:
+                    return
             time.sleep(0.05)
         self.kill()
-        raise NatsServerUnavailable(f"nats-server not ready after {_START_TIMEOUT}s; see {self._log}")
+        raise NatsServerUnavailable(
+            f"nats-server not ready after {_START_TIMEOUT}s; see {self._log}"
+        )
 
     def kill(self) -> None:
         """Kill the server at once (SIGKILL), as a crash would; the store dir stays."""

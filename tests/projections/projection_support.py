@@ -9,7 +9,6 @@ from typing import Any
 
 from eventflow import Event
 from eventflow.adapters.memory.events import MemoryTransaction
-from eventflow.adapters.sqlite.store import SqliteStore
 from eventflow.ports import Store, Transaction
 from eventflow.projections import Projection, ProjectionContext, ProjectionRunner
 from eventflow.sourcing.on import on
@@ -90,11 +89,6 @@ async def append_events(store: Store, n: int, *, start: int = 0, per_append: int
         await store.append(stream, [event_for(j) for j in range(i, i + count)])
         i += count
         await asyncio.sleep(0)
-
-
-def sql_store_urls(tmp_dir: str) -> list[str]:
-    """SQL stores with an event store to run the shared tests on (once SQLite has one)."""
-    return [f"sqlite:///{tmp_dir}/events.db"] if hasattr(SqliteStore, "append") else []
 
 
 @contextlib.asynccontextmanager

@@ -170,9 +170,7 @@ def _convert(name: str, kind: str, raw: str) -> Any:
         if kind == "float":
             return float(raw)
     except ValueError:
-        raise ConfigurationError(
-            f"kafka URL option {name}={raw!r} is not a valid {kind}"
-        ) from None
+        raise ConfigurationError(f"kafka URL option {name}={raw!r} is not a valid {kind}") from None
     return raw
 
 

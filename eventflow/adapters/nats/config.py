@@ -2,9 +2,9 @@
 
 Naming (see ``docs/nats.md``): one stream (``stream``, default ``EVENTFLOW``) captures
 ``<subject_prefix>.>``; a message for topic ``T`` with key ``K`` is stored on subject
-``<subject_prefix>.<partition(K)>.T``. A group ``G`` subscribed on pattern ``P`` owns one
+``<prefix>.<partition(K)>.T``. A group ``G`` subscribed on pattern ``P`` owns one
 durable pull consumer per partition ``i``, named ``<G'>_<hash(G, P)>_<i>`` and filtered on
-``<subject_prefix>.<i>.P``.
+``<prefix>.<i>.P``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ __all__ = [
     "DEFAULT_ACK_WAIT",
     "DEFAULT_PARTITIONS",
     "DEFAULT_STREAM",
-    "DEFAULT_SUBJECT_PREFIX",
     "NatsBrokerConfig",
     "consumer_name",
     "group_id",
@@ -32,7 +31,6 @@ __all__ = [
 
 DEFAULT_SERVERS = ("nats://127.0.0.1:4222",)
 DEFAULT_STREAM = "EVENTFLOW"
-DEFAULT_SUBJECT_PREFIX = "eventflow"
 DEFAULT_PARTITIONS = 8
 DEFAULT_MAX_AGE = 7 * 24 * 3600.0
 DEFAULT_DUPLICATE_WINDOW = 120.0
@@ -78,7 +76,7 @@ class NatsBrokerConfig:
     token: str | None = None
     name: str = "eventflow"
     stream: str = DEFAULT_STREAM
-    subject_prefix: str = DEFAULT_SUBJECT_PREFIX
+    subject_prefix: str | None = None
     partitions: int = DEFAULT_PARTITIONS
     storage: Literal["file", "memory"] = "file"
     replicas: int = 1
@@ -106,7 +104,7 @@ class NatsBrokerConfig:
             raise ConfigurationError(
                 f"invalid stream name {self.stream!r}: use letters, digits, '_' and '-'"
             )
-        if not _TOKEN_RE.match(self.subject_prefix):
+        if self.subject_prefix is not None and not _TOKEN_RE.match(self.subject_prefix):
             raise ConfigurationError(
                 f"invalid subject_prefix {self.subject_prefix!r}: use dot-separated tokens "
                 "of letters, digits, '_' and '-'"
@@ -137,6 +135,12 @@ class NatsBrokerConfig:
                 f"lease_ttl ({self.lease_ttl}s) must exceed ack_wait ({self.ack_wait}s), so a "
                 "crashed member's messages are redelivered before its partitions move on"
             )
+
+    @property
+    def prefix(self) -> str:
+        """The subjects' first token(s): ``subject_prefix``, or the stream name in lower case
+        (``EVENTFLOW`` -> ``eventflow``), so two streams on one server never overlap."""
+        return self.subject_prefix if self.subject_prefix is not None else self.stream.lower()
 
     @property
     def effective_lease_ttl(self) -> float:

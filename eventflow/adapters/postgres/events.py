@@ -32,6 +32,7 @@ _READ_BATCH = 1000
 _SEQUENCE_BATCH = 10_000
 _SEQUENCER_POLL = 0.2  # seconds between checks for events appended by other processes
 _SUBSCRIBE_POLL = 1.0  # a subscriber re-reads at least this often, notification or not
+_COALESCE = 0.002  # seconds the sequencer waits after a wake-up, to sequence in batches
 _CONFLICT = "EF409"
 _COLUMNS = "position, stream_id, stream_version, envelope"
 
@@ -92,6 +93,7 @@ class PostgresEventLog:
                     "SELECT EXISTS (SELECT 1 FROM ef_events WHERE position IS NULL)"
                 ):
                     continue
+            await asyncio.sleep(_COALESCE)  # let concurrent appends join this pass
             self._pending.clear()
             try:
                 while await pool.fetchval("SELECT ef_sequence($1)", _SEQUENCE_BATCH) >= (
@@ -110,42 +112,97 @@ class PostgresEventLog:
         *,
         expected_version: int | None = None,
     ) -> int:
-        """Append atomically in one round trip; see ``EventStore.append``."""
+        """Append atomically, usually in one ``INSERT``; see ``EventStore.append``.
+
+        The fast path inserts with the versions the caller expects and lets the unique
+        indexes reject conflicts; anything unusual (a conflict, ids already stored, a
+        version the stream has not reached) goes through ``ef_append``, which sorts it out.
+        """
         envelopes = prepare_append(stream_id, events)
-        args = (
-            stream_id,
-            expected_version,
-            [e.id for e in envelopes],
-            [e.type for e in envelopes],
-            [e.to_bytes() for e in envelopes],
-        )
+        ids = [e.id for e in envelopes]
+        types = [e.type for e in envelopes]
+        blobs = [e.to_bytes() for e in envelopes]
         ambient = self.db.current is not None
-        while True:
-            try:
-                async with self.db.connection() as conn:
-                    version: int = await conn.fetchval(
-                        "SELECT ef_append($1, $2, $3, $4, $5)", *args
-                    )
-                break
-            except asyncpg.UniqueViolationError as exc:
-                # A concurrent append took the same version (or stored the same ids).
-                if ambient:
-                    raise ConcurrencyError(
-                        stream_id, expected_version, await self._version_outside(stream_id)
-                    ) from exc
-                if expected_version is not None and "event_id" not in str(exc.constraint_name):
-                    raise ConcurrencyError(
-                        stream_id, expected_version, await self.stream_version(stream_id)
-                    ) from exc
-            except asyncpg.PostgresError as exc:
-                if getattr(exc, "sqlstate", None) == _CONFLICT:
-                    raise ConcurrencyError(stream_id, expected_version, int(str(exc))) from None
-                raise StoreError(f"append to {stream_id!r} failed: {exc}") from exc
+        version: int | None = None
+        if envelopes:
+            version = await self._fast_append(stream_id, expected_version, ids, types, blobs)
+        if version is None:
+            version = await self._slow_append(stream_id, expected_version, ids, types, blobs)
         if ambient:
             self.db.after_commit(self._appended)
         else:
             self._pending.set()
         return version
+
+    async def _fast_append(
+        self,
+        stream_id: str,
+        expected: int | None,
+        ids: list[str],
+        types: list[str],
+        blobs: list[bytes],
+    ) -> int | None:
+        if expected is None:
+            base = "(SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = $1)"
+            guard = ""
+        elif expected == 0:
+            base, guard = "0", ""
+        else:
+            base = str(int(expected))
+            guard = (
+                " WHERE EXISTS (SELECT 1 FROM ef_events WHERE stream_id = $1 "
+                f"AND stream_version = {int(expected)})"
+            )
+        sql = (
+            "WITH ins AS (INSERT INTO ef_events (event_id, stream_id, stream_version, type, "
+            f"envelope) SELECT i, $1, {base} + o, t, e FROM unnest($2::text[], $3::text[], "
+            f"$4::bytea[]) WITH ORDINALITY AS u(i, t, e, o){guard} RETURNING stream_version) "
+            "SELECT MAX(stream_version) FROM ins"
+        )
+        try:
+            async with self.db.connection() as conn:
+                if self.db.current is not None:
+                    async with conn.transaction():  # a savepoint: a conflict must not
+                        return await conn.fetchval(sql, stream_id, ids, types, blobs)  # type: ignore[no-any-return]
+                return await conn.fetchval(sql, stream_id, ids, types, blobs)  # type: ignore[no-any-return]
+        except asyncpg.UniqueViolationError:
+            return None  # a conflict or a retried append: the slow path tells which
+
+    async def _slow_append(
+        self,
+        stream_id: str,
+        expected: int | None,
+        ids: list[str],
+        types: list[str],
+        blobs: list[bytes],
+    ) -> int:
+        ambient = self.db.current is not None
+        while True:
+            try:
+                async with self.db.connection() as conn:
+                    version: int = await conn.fetchval(
+                        "SELECT ef_append($1, $2, $3, $4, $5)",
+                        stream_id,
+                        expected,
+                        ids,
+                        types,
+                        blobs,
+                    )
+                return version
+            except asyncpg.UniqueViolationError as exc:
+                # A concurrent append took the same version (or stored the same ids).
+                if ambient:
+                    raise ConcurrencyError(
+                        stream_id, expected, await self._version_outside(stream_id)
+                    ) from exc
+                if expected is not None and "event_id" not in str(exc.constraint_name):
+                    raise ConcurrencyError(
+                        stream_id, expected, await self.stream_version(stream_id)
+                    ) from exc
+            except asyncpg.PostgresError as exc:
+                if getattr(exc, "sqlstate", None) == _CONFLICT:
+                    raise ConcurrencyError(stream_id, expected, int(str(exc))) from None
+                raise StoreError(f"append to {stream_id!r} failed: {exc}") from exc
 
     async def _version_outside(self, stream_id: str) -> int:
         async with self.db.pool.acquire() as conn:
@@ -198,6 +255,7 @@ class PostgresEventLog:
         """Sequenced events after ``after`` in global order, read in batches."""
         remaining = limit
         cursor = after
+        await self._sync()
         sql = f"SELECT {_COLUMNS} FROM ef_events WHERE position > $1 ORDER BY position LIMIT $2"
         while remaining is None or remaining > 0:
             batch = _READ_BATCH if remaining is None else min(_READ_BATCH, remaining)
@@ -238,8 +296,15 @@ class PostgresEventLog:
                 )
             )
 
+    async def _sync(self) -> None:
+        """Sequence what is committed now, so a read right after an append sees it."""
+        if self.db.current is None:
+            async with self.db.connection() as conn:
+                await conn.fetchval("SELECT ef_sequence($1)", _SEQUENCE_BATCH)
+
     async def last_position(self) -> int:
-        """The newest position handed out (0 when empty)."""
+        """The position of the newest committed event (0 when empty)."""
+        await self._sync()
         async with self.db.connection() as conn:
             return int(await conn.fetchval("SELECT last FROM ef_sequence"))
 

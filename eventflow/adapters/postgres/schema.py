@@ -114,6 +114,9 @@ DECLARE
     base bigint;
     n bigint;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM ef_events WHERE position IS NULL) THEN
+        RETURN 0;
+    END IF;
     -- One sequencer at a time (waits for the current one): positions are handed out in
     -- one place, to committed rows only, in insertion order.
     PERFORM pg_advisory_xact_lock(1701147505);

@@ -289,8 +289,8 @@ class SqliteStore(SqliteEventLog):
         return self.leases.hold(name)
 
     async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
-        """Record a dedup entry inside the caller's open transaction."""
-        await self.dedup.mark(group, message_id)
+        """Record a dedup entry inside the caller's open transaction (visible on commit)."""
+        await self.db.run(self.dedup._mark, group, message_id, time.time(), False)
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:

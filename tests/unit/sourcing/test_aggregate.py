@@ -38,7 +38,10 @@ def test_mutable_defaults_are_not_shared_between_instances() -> None:
 
 def test_recording_an_event_without_applier_names_the_fix() -> None:
     cart = Cart(id="c-1")
-    with pytest.raises(UnknownEventTypeError, match=r"no @on method for event type 'agg\.cart\.noted'.*ignore_unknown_events=True"):
+    with pytest.raises(
+        UnknownEventTypeError,
+        match=r"no @on method for event type 'agg\.cart\.noted'.*ignore_unknown_events=True",
+    ):
         cart.record(Noted(text="hi"))
     assert cart.version == 0
     assert cart.pending == ()

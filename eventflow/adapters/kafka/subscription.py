@@ -1,0 +1,624 @@
+"""One consumer-group membership on Kafka: prefetch, per-partition bookkeeping, commits.
+
+A background *pump* task polls ``getmany`` all the time (pausing partitions while the
+prefetch buffer is full), so Kafka's ``max_poll_interval`` measures the event loop, not the
+handlers: a slow handler cannot trip a rebalance loop. ``fetch`` hands out buffered records.
+
+Per partition the subscription keeps the records fetched but not handed out (``queue``, in
+offset order) and those handed out but not settled (``inflight``). ``ack`` only drops the
+offset from ``inflight``; the pump commits, every ``commit_interval``, the lowest offset still
+queued or in flight (or the next offset to fetch): finished work past an unfinished offset
+waits, so a crash redelivers from the first unfinished message and loses nothing.
+
+``nack`` and ``release`` put the record back at the head of its partition's queue (a nacked
+record blocks its partition's later records until redelivered, which keeps key order).
+
+Rebalances: when partitions are revoked the member stops handing them out, waits up to
+``revoke_timeout`` for their in-flight messages to be acked, commits and keeps their state;
+a partition assigned back to it resumes where it was, with nothing redelivered.
+
+Delivery counts: Kafka has none, so the member counts deliveries per offset. To carry them
+to the next owner it commits, next to the group's offsets, a value per partition in a
+companion group ``__eventflow_attempts.<group>``: the first unfinished offset, how many
+offsets past it were handed out, and how often that first one was delivered. (Commit
+metadata strings would do, but not every Kafka-protocol broker keeps them; Tansu does not.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+
+from ...errors import BrokerError
+
+if TYPE_CHECKING:
+    from .broker import KafkaBroker
+
+__all__ = ["KafkaDelivery", "KafkaSubscription"]
+
+_log = logging.getLogger("eventflow.kafka")
+_EMPTY: Mapping[str, str] = {}
+_POLL_MS = 100
+_PAUSED_POLL_MS = 20
+_SETTLE_POLL = 0.005
+# The companion value packs (first unfinished offset, handed-out span, its count).
+_SPAN_BITS, _COUNT_BITS = 16, 8
+_SPAN_MAX, _COUNT_MAX = (1 << _SPAN_BITS) - 1, (1 << _COUNT_BITS) - 1
+
+
+def attempts_group(group: str) -> str:
+    """The companion group that carries delivery counts of ``group`` between members."""
+    return f"__eventflow_attempts.{group}"
+
+
+def _pack(head: int, span: int, count: int) -> int:
+    return (
+        (head << (_SPAN_BITS + _COUNT_BITS))
+        | (min(span, _SPAN_MAX) << _COUNT_BITS)
+        | min(count, _COUNT_MAX)
+    )
+
+
+def _unpack(value: int) -> tuple[int, int, int]:
+    return (
+        value >> (_SPAN_BITS + _COUNT_BITS),
+        (value >> _COUNT_BITS) & _SPAN_MAX,
+        value & _COUNT_MAX,
+    )
+
+
+class _Partition:
+    """What one member knows about one assigned partition."""
+
+    __slots__ = (
+        "active",
+        "committed",
+        "handed_hi",
+        "inflight",
+        "next_offset",
+        "prior_count",
+        "prior_head",
+        "prior_hi",
+        "prior_lo",
+        "queue",
+        "start",
+        "sub",
+        "tp",
+    )
+
+    def __init__(self, sub: KafkaSubscription, tp: Any) -> None:
+        self.sub = sub
+        self.tp = tp
+        self.queue: deque[KafkaDelivery] = deque()
+        self.inflight: dict[int, KafkaDelivery] = {}
+        self.active = False
+        self.start: int | None = None  # the position the member started from
+        self.next_offset: int | None = None  # the offset after the last record fetched
+        self.handed_hi = -1  # one past the highest offset handed out
+        self.committed: tuple[int, int] | None = None  # last (offset, companion) committed
+        # From the companion group: offsets in [prior_lo, prior_hi) were delivered before,
+        # prior_head `prior_count` times.
+        self.prior_lo = self.prior_hi = self.prior_head = -1
+        self.prior_count = 0
+
+    def prior(self, offset: int) -> int:
+        """Deliveries of ``offset`` by earlier members of the group (as far as known)."""
+        if offset == self.prior_head:
+            return self.prior_count
+        return 1 if self.prior_lo <= offset < self.prior_hi else 0
+
+    def position(self) -> int | None:
+        """The first offset not finished: what a commit records."""
+        pos = self.next_offset if self.next_offset is not None else self.start
+        if pos is None:
+            return None
+        if self.queue and self.queue[0].offset < pos:
+            pos = self.queue[0].offset
+        if self.inflight:
+            low = min(self.inflight)
+            if low < pos:
+                pos = low
+        return pos
+
+    def head_count(self, offset: int) -> int:
+        """How often ``offset`` was delivered so far (this member and earlier ones)."""
+        held = self.inflight.get(offset)
+        if held is not None:
+            return held.delivery_count
+        for item in self.queue:
+            if item.offset == offset:
+                return item.delivery_count
+            if item.offset > offset:
+                break
+        return self.prior(offset)
+
+    def give_back(self, item: KafkaDelivery) -> None:
+        """Queue ``item`` again in offset order (normally at the head)."""
+        queue = self.queue
+        if not queue or queue[0].offset > item.offset:
+            queue.appendleft(item)
+        else:
+            merged = sorted([item, *queue], key=lambda d: d.offset)
+            queue.clear()
+            queue.extend(merged)
+        self.sub._buffered += 1
+
+    def drop(self) -> None:
+        """Forget the partition: queued records go, in-flight deliveries become stale."""
+        self.sub._buffered -= len(self.queue)
+        self.queue.clear()
+        self.inflight.clear()
+        self.active = False
+
+
+class KafkaDelivery:
+    """One delivery of one Kafka record to this member (see :class:`eventflow.ports.Delivery`)."""
+
+    __slots__ = (
+        "_part",
+        "_settled",
+        "delivery_count",
+        "headers",
+        "key",
+        "not_before",
+        "offset",
+        "payload",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        part: _Partition,
+        offset: int,
+        topic: str,
+        payload: bytes,
+        key: str | None,
+        headers: Mapping[str, str],
+        count: int,
+    ) -> None:
+        self._part = part
+        self.offset = offset
+        self.topic = topic
+        self.payload = payload
+        self.key = key
+        self.headers = headers
+        self.delivery_count = count
+        self.not_before = 0.0
+        self._settled = False
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """``{"topic": <Kafka topic>, "partition": int, "offset": int}``."""
+        tp = self._part.tp
+        return {"topic": tp.topic, "partition": tp.partition, "offset": self.offset}
+
+    async def ack(self) -> None:
+        """Mark the record finished; it is committed once every earlier offset is too."""
+        if self._settled:
+            return
+        self._settled = True
+        part = self._part
+        if part.inflight.pop(self.offset, None) is not None:
+            part.sub._dirty = True
+
+    async def nack(self, delay: float = 0.0) -> None:
+        """Redeliver after ``delay`` seconds; the partition's later records wait for it."""
+        if self._give_back(0, delay):
+            sub = self._part.sub
+            if delay > 0:
+                asyncio.get_running_loop().call_later(delay, sub._wake)
+            else:
+                sub._wake()
+
+    async def release(self) -> None:
+        """Give the record back uncounted (no handler saw it)."""
+        if self._give_back(-1, 0.0):
+            self._part.sub._wake()
+
+    def _give_back(self, adjust: int, delay: float) -> bool:
+        if self._settled:
+            return False
+        self._settled = True
+        part = self._part
+        if part.inflight.pop(self.offset, None) is None:
+            return False  # the partition moved on (revoked) or the delivery is stale
+        again = KafkaDelivery(
+            part,
+            self.offset,
+            self.topic,
+            self.payload,
+            self.key,
+            self.headers,
+            self.delivery_count + adjust,
+        )
+        if delay > 0:
+            again.not_before = asyncio.get_running_loop().time() + delay
+        part.give_back(again)
+        part.sub._dirty = True
+        return True
+
+    async def in_progress(self) -> None:
+        """Nothing to do: Kafka has no per-message deadline (the member's polling keeps it)."""
+        return None
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, sub: KafkaSubscription) -> None:
+        self._sub = sub
+
+    async def on_partitions_revoked(self, revoked: Iterable[Any]) -> None:
+        await self._sub._on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Iterable[Any]) -> None:
+        await self._sub._on_assigned(set(assigned))
+
+
+class KafkaSubscription:
+    """A live member of a Kafka consumer group (see :class:`eventflow.ports.Subscription`)."""
+
+    def __init__(
+        self,
+        broker: KafkaBroker,
+        pattern: str,
+        group: str,
+        consumer: AIOKafkaConsumer,
+        companion: AIOKafkaConsumer,
+        start_offsets: Mapping[Any, int],
+    ) -> None:
+        self.pattern = pattern
+        self.group = group
+        self._broker = broker
+        self._consumer = consumer
+        self._companion = companion
+        self._start_offsets = dict(start_offsets)
+        self._prefix_len = len(broker.config.topic_prefix)
+        cfg = broker.config
+        self._max_buffer = cfg.max_buffer
+        self._commit_interval = cfg.commit_interval
+        self._revoke_timeout = cfg.revoke_timeout
+        self._parts: dict[Any, _Partition] = {}
+        self._order: list[_Partition] = []
+        self._rr = 0
+        self._revoked: dict[Any, _Partition] = {}
+        self._buffered = 0
+        self._paused = False
+        self._dirty = False
+        self._wakeup = asyncio.Event()
+        self._assigned = asyncio.Event()
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._pump_task: asyncio.Task[None] | None = None
+        self._topics: dict[str, str] = {}
+        loop = asyncio.get_running_loop()
+        self._now = loop.time
+
+    @property
+    def listener(self) -> ConsumerRebalanceListener:
+        """The rebalance listener to pass to ``consumer.subscribe``."""
+        return _Listener(self)
+
+    async def wait_assigned(self, timeout: float) -> None:
+        """Start the pump and wait for the first assignment (positions set and committed)."""
+        self._pump_task = asyncio.create_task(self._pump(), name=f"eventflow-kafka-{self.group}")
+        try:
+            async with asyncio.timeout(timeout):
+                while not self._assigned.is_set():
+                    if self._failure is not None:
+                        raise self._failure
+                    try:
+                        async with asyncio.timeout(0.1):
+                            await self._assigned.wait()
+                    except TimeoutError:
+                        pass
+        except TimeoutError:
+            raise BrokerError(
+                f"kafka: group {self.group!r} got no partition assignment within {timeout}s; "
+                "check that the brokers are reachable and the group coordinator works"
+            ) from None
+
+    # -- fetching ----------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        self._wakeup.set()
+
+    async def fetch(self, max_messages: int, timeout: float) -> Sequence[KafkaDelivery]:
+        """Return 1..max_messages deliveries, or none after ``timeout`` seconds."""
+        if self._closed:
+            raise BrokerError("fetch on a closed kafka subscription; subscribe again")
+        if self._failure is not None:
+            raise BrokerError(f"kafka consumer of group {self.group!r} failed: {self._failure}")
+        out = self._take(max_messages) if self._buffered else []
+        if out or timeout <= 0:
+            return out
+        deadline = self._now() + timeout
+        wakeup = self._wakeup
+        while True:
+            wakeup.clear()
+            out = self._take(max_messages) if self._buffered else []
+            remaining = deadline - self._now()
+            if out or remaining <= 0 or self._closed:
+                return out
+            try:
+                async with asyncio.timeout(min(remaining, self._next_due(remaining))):
+                    await wakeup.wait()
+            except TimeoutError:
+                pass
+
+    def _next_due(self, remaining: float) -> float:
+        """Wait no longer than until the earliest delayed (nacked) record is due."""
+        due = remaining
+        now = self._now()
+        for part in self._order:
+            if part.queue and part.queue[0].not_before:
+                due = min(due, max(part.queue[0].not_before - now, 0.001))
+        return due
+
+    def _take(self, limit: int) -> list[KafkaDelivery]:
+        out: list[KafkaDelivery] = []
+        order = self._order
+        n = len(order)
+        if not n:
+            return out
+        start = self._rr = (self._rr + 1) % n
+        now = 0.0
+        for i in range(n):
+            part = order[(start + i) % n]
+            queue = part.queue
+            if not queue or not part.active:
+                continue
+            inflight = part.inflight
+            prior_hi = part.prior_hi
+            taken = 0
+            while queue and len(out) < limit:
+                item = queue[0]
+                if item.not_before:
+                    now = now or self._now()
+                    if item.not_before > now:
+                        break  # a nacked record waits out its delay; its partition waits too
+                    item.not_before = 0.0
+                queue.popleft()
+                taken += 1
+                offset = item.offset
+                if offset < prior_hi or offset == part.prior_head:
+                    item.delivery_count = max(item.delivery_count, part.prior(offset))
+                item.delivery_count += 1
+                inflight[offset] = item
+                out.append(item)
+                if offset >= part.handed_hi:
+                    part.handed_hi = offset + 1
+            if taken:
+                self._buffered -= taken
+                self._dirty = True
+            if len(out) >= limit:
+                break
+        return out
+
+    # -- the pump ----------------------------------------------------------------------------
+
+    async def _pump(self) -> None:
+        consumer = self._consumer
+        getmany = consumer.getmany
+        parts = self._parts
+        prefix_len = self._prefix_len
+        topics = self._topics
+        next_commit = self._now() + self._commit_interval
+        try:
+            while not self._closed:
+                if self._dirty and self._now() >= next_commit:
+                    next_commit = self._now() + self._commit_interval
+                    await self._commit(list(parts.values()))
+                room = self._max_buffer - self._buffered
+                if room <= 0:
+                    if not self._paused:
+                        consumer.pause(*consumer.assignment())
+                        self._paused = True
+                    await getmany(timeout_ms=_PAUSED_POLL_MS)
+                    continue
+                if self._paused:
+                    consumer.resume(*consumer.assignment())
+                    self._paused = False
+                batch = await getmany(timeout_ms=_POLL_MS, max_records=room)
+                if not batch:
+                    continue
+                filed = 0
+                for tp, records in batch.items():
+                    part = parts.get(tp)
+                    if part is None:
+                        continue  # revoked while the batch was in flight; refetched by its owner
+                    queue = part.queue
+                    floor = part.next_offset if part.next_offset is not None else -1
+                    topic = topics.get(tp.topic)
+                    if topic is None:
+                        topic = topics[tp.topic] = tp.topic[prefix_len:]
+                    for rec in records:
+                        offset = rec.offset
+                        if offset < floor:
+                            continue  # already queued or handed out (refetch after a seek)
+                        key = rec.key
+                        hdrs = rec.headers
+                        queue.append(
+                            KafkaDelivery(
+                                part,
+                                offset,
+                                topic,
+                                rec.value if rec.value is not None else b"",
+                                key.decode("utf-8", "replace") if key is not None else None,
+                                {k: v.decode("utf-8", "replace") for k, v in hdrs}
+                                if hdrs
+                                else _EMPTY,
+                                0,
+                            )
+                        )
+                        filed += 1
+                    part.next_offset = records[-1].offset + 1
+                if filed:
+                    self._buffered += filed
+                    self._wakeup.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            _log.error("kafka consumer of group %r failed: %s", self.group, exc)
+            self._failure = exc
+            self._wakeup.set()
+
+    # -- commits -----------------------------------------------------------------------------
+
+    async def _commit(self, parts: Sequence[_Partition]) -> bool:
+        """Commit the first unfinished offset of each partition (and the companion counts)."""
+        self._dirty = False
+        offsets: dict[Any, int] = {}
+        counts: dict[Any, int] = {}
+        for part in parts:
+            pos = part.position()
+            if pos is None:
+                continue
+            span = max(0, part.handed_hi - pos)
+            value = _pack(pos, span, part.head_count(pos) if span else 0)
+            if part.committed != (pos, value):
+                offsets[part.tp] = pos
+                counts[part.tp] = value
+        if not offsets:
+            return True
+        try:
+            await self._consumer.commit(offsets)
+            await self._companion.commit(counts)
+        except (KafkaError, AssertionError) as exc:
+            # A rebalance is under way: the revocation commits what is finished.
+            _log.debug("kafka commit for group %r deferred: %s", self.group, exc)
+            self._dirty = True
+            return False
+        for part in parts:
+            if part.tp in offsets:
+                part.committed = (offsets[part.tp], counts[part.tp])
+        return True
+
+    # -- rebalances --------------------------------------------------------------------------
+
+    async def _on_revoked(self, revoked: set[Any]) -> None:
+        parts = [p for tp, p in self._parts.items() if tp in revoked]
+        for part in parts:
+            part.active = False
+        if not self._closed and any(p.inflight for p in parts):
+            deadline = self._now() + self._revoke_timeout
+            while any(p.inflight for p in parts) and not self._closed:
+                if self._now() >= deadline:
+                    _log.warning(
+                        "kafka group %r: %d messages still unacked after revoke_timeout=%ss; "
+                        "their partitions move on and they will be redelivered",
+                        self.group,
+                        sum(len(p.inflight) for p in parts),
+                        self._revoke_timeout,
+                    )
+                    break
+                await asyncio.sleep(_SETTLE_POLL)
+        if parts:
+            await self._commit(parts)
+        for part in parts:
+            self._revoked[part.tp] = part
+            del self._parts[part.tp]
+        self._order = list(self._parts.values())
+
+    async def _on_assigned(self, assigned: set[Any]) -> None:
+        consumer = self._consumer
+        self._paused = False
+        new: list[_Partition] = []
+        for tp in assigned:
+            part = self._revoked.pop(tp, None)
+            if part is not None:
+                # Ours again: carry on where we were, nothing redelivered.
+                pos = part.next_offset if part.next_offset is not None else part.start
+                if pos is not None:
+                    consumer.seek(tp, pos)
+                part.active = True
+            else:
+                part = _Partition(self, tp)
+                new.append(part)
+            self._parts[tp] = part
+        for part in self._revoked.values():
+            part.drop()
+        self._revoked.clear()
+        self._order = list(self._parts.values())
+        if new:
+            try:
+                await self._start_partitions(new, assigned)
+            except Exception as exc:
+                _log.error("kafka group %r: could not set start positions: %s", self.group, exc)
+                self._failure = exc
+        self._assigned.set()
+        self._wakeup.set()
+
+    async def _start_partitions(self, new: list[_Partition], assigned: set[Any]) -> None:
+        consumer, companion = self._consumer, self._companion
+        companion.assign(list(assigned))
+        companion.pause(*assigned)
+        tps = [p.tp for p in new]
+        committed = await asyncio.gather(*(consumer.committed(tp) for tp in tps))
+        prior = await asyncio.gather(*(companion.committed(tp) for tp in tps))
+        missing = [tp for tp, c in zip(tps, committed, strict=True) if c is None]
+        unknown = [tp for tp in missing if tp not in self._start_offsets]
+        earliest = await consumer.beginning_offsets(unknown) if unknown else {}
+        to_commit: dict[Any, int] = {}
+        for part, done, value in zip(new, committed, prior, strict=True):
+            tp = part.tp
+            if done is None:
+                # A partition the group never committed: a topic that existed when this
+                # member subscribed starts at its end then; a topic created since, at its
+                # beginning (everything in it came after the subscription).
+                pos = self._start_offsets.get(tp)
+                if pos is None:
+                    pos = earliest[tp]
+                consumer.seek(tp, pos)
+                self._buffered -= len(part.queue)
+                part.queue.clear()
+                part.next_offset = None
+                to_commit[tp] = pos
+                done = pos
+            else:
+                kept = [d for d in part.queue if d.offset >= done]
+                self._buffered -= len(part.queue) - len(kept)
+                part.queue = deque(kept)
+            part.start = done
+            if value is not None:
+                head, span, count = _unpack(value)
+                part.prior_lo = min(head, done)
+                part.prior_hi = head + span
+                part.prior_head = head
+                part.prior_count = count
+        if to_commit:
+            await consumer.commit(to_commit)
+        for part in new:
+            part.active = True
+
+    # -- closing -----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Commit what is finished and leave the group; unacked messages are redelivered."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wakeup.set()
+        task = self._pump_task
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        try:
+            if self._failure is None:
+                await self._commit(list(self._parts.values()))
+        except Exception as exc:
+            _log.warning("kafka group %r: final commit failed: %s", self.group, exc)
+        finally:
+            for part in self._parts.values():
+                part.drop()
+            try:
+                await self._consumer.stop()
+            finally:
+                await self._companion.stop()
+                self._broker._forget(self)

@@ -1,0 +1,435 @@
+"""The NATS JetStream broker adapter.
+
+``start`` connects (reconnecting forever after a server restart), then creates or checks the
+stream and the two KV buckets it uses (partition leases, release counts). ``subscribe``
+creates or checks the group's durable pull consumers, one per partition, then joins the
+group (see :mod:`.subscription`). ``publish`` waits for the stream's ack; an ambiguous
+failure (timeout, no responders while the server restarts) is retried with the same
+``Nats-Msg-Id``, so the server's duplicate window drops a copy that did get stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from ...errors import BackpressureError, BrokerError, ConfigurationError, MissingDependencyError
+from ...patterns import validate_pattern, validate_topic
+from ...ports import Subscription
+from .config import NatsBrokerConfig, consumer_name, group_id, partition_of
+
+try:
+    import nats
+    from nats.aio.client import Client
+    from nats.errors import ConnectionClosedError, NoRespondersError
+    from nats.errors import Error as NatsError
+    from nats.js import JetStreamContext
+    from nats.js.api import (
+        AckPolicy,
+        ConsumerConfig,
+        DeliverPolicy,
+        DiscardPolicy,
+        KeyValueConfig,
+        RetentionPolicy,
+        StorageType,
+        StreamConfig,
+    )
+    from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, NotFoundError
+    from nats.js.kv import KeyValue
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise MissingDependencyError("nats-py", "nats") from exc
+
+from .subscription import KEY_HEADER, MSG_ID_HEADER, NatsSubscription
+
+__all__ = ["NatsBroker"]
+
+_log = logging.getLogger("eventflow.nats")
+_ENVELOPE_ID_HEADER = "eventflow-id"
+_PARTITIONS_META = "eventflow.partitions"
+_RETRY_PAUSE = 0.05
+_MAX_RETRY_PAUSE = 0.5
+
+
+class NatsBroker:
+    """A :class:`~eventflow.ports.Broker` on NATS JetStream.
+
+    ``NatsBroker(NatsBrokerConfig(servers=("nats://host:4222",)))`` or
+    ``NatsBroker.from_url("nats://host:4222,host2:4222?stream=ORDERS&partitions=16")``.
+    See ``docs/nats.md`` for names, settings and guarantees.
+    """
+
+    def __init__(self, config: NatsBrokerConfig | None = None) -> None:
+        self.config = config or NatsBrokerConfig()
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._lease_kv: KeyValue | None = None
+        self._release_kv: KeyValue | None = None
+        self._subs: set[NatsSubscription] = set()
+        self._consumers: set[str] = set()
+        self._topics: set[str] = set()
+        self._rr = 0
+        self._closed = False
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    def from_url(cls, url: str) -> NatsBroker:
+        """Build a broker from ``nats://host:port[,host2:port][?option=value&...]``."""
+        return cls(NatsBrokerConfig.from_url(url))
+
+    @property
+    def url(self) -> str:
+        """``nats://host:port[,...]?stream=NAME`` (no credentials)."""
+        hosts = ",".join(s.split("://", 1)[-1].rpartition("@")[2] for s in self.config.servers)
+        return f"nats://{hosts}?stream={self.config.stream}"
+
+    async def __aenter__(self) -> NatsBroker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect and create or check the stream and KV buckets. Idempotent."""
+        async with self._lock:
+            if self._nc is not None:
+                return
+            if self._closed:
+                raise BrokerError("this NATS broker was closed; create a new one")
+            cfg = self.config
+            try:
+                nc = await nats.connect(
+                    servers=list(cfg.servers),
+                    name=cfg.name,
+                    user=cfg.user,
+                    password=cfg.password,
+                    token=cfg.token,
+                    connect_timeout=cfg.connect_timeout,
+                    reconnect_time_wait=0.25,
+                    max_reconnect_attempts=-1,
+                    allow_reconnect=True,
+                    reconnected_cb=self._on_reconnected,
+                    disconnected_cb=self._on_disconnected,
+                    error_cb=self._on_error,
+                )
+            except Exception as exc:
+                raise BrokerError(
+                    f"cannot connect to NATS at {', '.join(cfg.servers)}: {exc}; check that "
+                    "the server runs with JetStream (-js) and the URL is right"
+                ) from exc
+            try:
+                js = nc.jetstream(timeout=cfg.request_timeout)
+                await self._ensure_stream(js)
+                self._lease_kv = await self._ensure_kv(
+                    js, cfg.lease_bucket, cfg.effective_lease_ttl, strict=True
+                )
+                self._release_kv = await self._ensure_kv(
+                    js, cfg.release_bucket, cfg.release_ttl, strict=False
+                )
+            except BaseException:
+                await nc.close()
+                raise
+            self._nc, self._js = nc, js
+
+    async def close(self) -> None:
+        """Leave every group (held messages go back), then disconnect. Idempotent."""
+        async with self._lock:
+            self._closed = True
+            nc, self._nc = self._nc, None
+            if nc is None:
+                return
+            for sub in list(self._subs):
+                await sub.close()
+            self._subs.clear()
+            try:
+                await nc.close()
+            except Exception as exc:
+                _log.debug("closing the NATS connection: %s", exc)
+
+    async def _on_reconnected(self) -> None:
+        _log.info("reconnected to NATS at %s", self._nc.connected_url if self._nc else "?")
+        for sub in list(self._subs):
+            sub.on_reconnect()
+
+    async def _on_disconnected(self) -> None:
+        if not self._closed:
+            _log.warning("disconnected from NATS; reconnecting")
+
+    async def _on_error(self, exc: Exception) -> None:
+        _log.warning("NATS client error: %s", exc)
+
+    def _connection(self) -> Client:
+        nc = self._nc
+        if nc is None:
+            raise BrokerError(
+                "NATS broker is closed"
+                if self._closed
+                else "NATS broker is not started: call `await broker.start()` first"
+            )
+        return nc
+
+    # -- setup -------------------------------------------------------------------------------
+
+    async def _ensure_stream(self, js: JetStreamContext) -> None:
+        cfg = self.config
+        subject = f"{cfg.prefix}.>"
+        try:
+            info = await js.stream_info(cfg.stream)
+        except NotFoundError:
+            stream = StreamConfig(
+                name=cfg.stream,
+                description="eventflow messages: <prefix>.<partition>.<topic>",
+                subjects=[subject],
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE if cfg.storage == "file" else StorageType.MEMORY,
+                num_replicas=cfg.replicas,
+                max_age=cfg.max_age,
+                max_msgs=cfg.max_msgs,
+                max_bytes=cfg.max_bytes,
+                discard=DiscardPolicy.NEW,  # a full stream refuses publishes: none is dropped
+                duplicate_window=cfg.duplicate_window,
+                metadata={_PARTITIONS_META: str(cfg.partitions)},
+            )
+            try:
+                info = await js.add_stream(stream)
+            except APIError as exc:
+                if "overlap" in str(exc):
+                    raise ConfigurationError(
+                        f"cannot create NATS stream {cfg.stream!r} on {subject!r}: another "
+                        "stream captures those subjects; choose another subject_prefix="
+                    ) from exc
+                info = await js.stream_info(cfg.stream)  # created concurrently by another app
+        subjects = info.config.subjects or []
+        if subject not in subjects:
+            raise ConfigurationError(
+                f"NATS stream {cfg.stream!r} exists with subjects {subjects}, not {subject!r}; "
+                "choose another stream= or subject_prefix= (or delete the stream)"
+            )
+        stored = (info.config.metadata or {}).get(_PARTITIONS_META)
+        if stored is not None and int(stored) != cfg.partitions:
+            raise ConfigurationError(
+                f"NATS stream {cfg.stream!r} was created with {stored} partitions, this broker "
+                f"uses {cfg.partitions}; every app must use the same partitions= (changing it "
+                "needs a new stream)"
+            )
+
+    async def _ensure_kv(
+        self, js: JetStreamContext, bucket: str, ttl: float, *, strict: bool
+    ) -> KeyValue:
+        try:
+            kv = await js.key_value(bucket)
+        except BucketNotFoundError:
+            cfg = self.config
+            storage = StorageType.FILE if cfg.storage == "file" else StorageType.MEMORY
+            try:
+                return await js.create_key_value(
+                    KeyValueConfig(
+                        bucket=bucket,
+                        history=1,
+                        ttl=ttl,
+                        storage=storage,
+                        replicas=cfg.replicas,
+                    )
+                )
+            except APIError:
+                kv = await js.key_value(bucket)
+        if strict:
+            status = await kv.status()
+            have = status.ttl or 0.0
+            if abs(have - ttl) > 0.01 * ttl:
+                raise ConfigurationError(
+                    f"KV bucket {bucket!r} has a TTL of {have}s but this broker's lease TTL is "
+                    f"{ttl}s; use the same ack_wait/lease_ttl in every app of the deployment "
+                    f"(or delete the bucket when no app runs)"
+                )
+        return kv
+
+    async def _ensure_consumers(self, gid: str, pattern: str) -> None:
+        if gid in self._consumers:
+            return
+        js = self._js
+        assert js is not None
+        await asyncio.gather(
+            *(self._ensure_consumer(js, gid, p, pattern) for p in range(self.config.partitions))
+        )
+        self._consumers.add(gid)
+
+    async def _ensure_consumer(
+        self, js: JetStreamContext, gid: str, partition: int, pattern: str
+    ) -> None:
+        cfg = self.config
+        name = consumer_name(gid, partition)
+        subject = f"{cfg.prefix}.{partition}.{pattern}"
+        config = ConsumerConfig(
+            name=name,
+            durable_name=name,
+            description=f"eventflow group partition {partition} on {pattern}",
+            deliver_policy=DeliverPolicy.NEW,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=cfg.ack_wait,
+            max_deliver=cfg.max_deliver,
+            max_ack_pending=cfg.max_ack_pending,
+            filter_subject=subject,
+            inactive_threshold=cfg.group_inactive_threshold,
+        )
+        try:
+            await js.add_consumer(cfg.stream, config=config)
+            return
+        except APIError as exc:
+            error = exc
+        try:
+            info = await js.consumer_info(cfg.stream, name)
+        except NotFoundError:
+            raise BrokerError(f"cannot create NATS consumer {name!r}: {error}") from error
+        if info.config.filter_subject != subject:
+            raise ConfigurationError(
+                f"NATS consumer {name!r} exists with filter {info.config.filter_subject!r}, "
+                f"not {subject!r}; delete it (nats consumer rm {cfg.stream} {name})"
+            )
+        _log.warning("NATS consumer %s exists with other settings (%s); using it", name, error)
+
+    # -- KV helpers used by subscriptions -----------------------------------------------------
+
+    def _leases(self) -> KeyValue:
+        if self._lease_kv is None:
+            raise BrokerError("NATS broker is not started")
+        return self._lease_kv
+
+    async def _record_release(self, consumer: str, seq: int, count: int) -> None:
+        """Remember that message ``seq`` of ``consumer`` was given back unseen ``count`` times."""
+        kv = self._release_kv
+        if kv is not None:
+            await kv.put(f"{consumer}.{seq}", b"%d" % count)
+
+    async def _released(self, consumer: str, seq: int) -> int:
+        """How many deliveries of ``seq`` were released (not to be counted)."""
+        kv = self._release_kv
+        if kv is None:
+            return 0
+        try:
+            entry = await kv.get(f"{consumer}.{seq}")
+        except KeyNotFoundError:
+            return 0
+        except NatsError as exc:
+            _log.warning("could not read release count of %s/%d: %s", consumer, seq, exc)
+            return 0
+        return int(entry.value or b"0")
+
+    async def _forget_release(self, consumer: str, seq: int) -> None:
+        kv = self._release_kv
+        if kv is not None:
+            try:
+                await kv.purge(f"{consumer}.{seq}")
+            except NatsError as exc:
+                _log.debug("could not purge release count: %s", exc)
+
+    def _forget(self, sub: NatsSubscription) -> None:
+        self._subs.discard(sub)
+
+    # -- the port ----------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Store ``payload`` in the stream; returns once JetStream acked it.
+
+        Retries ambiguous failures with the same message id until ``publish_timeout``; a
+        full stream raises ``BackpressureError`` after that long.
+        """
+        nc = self._nc
+        if nc is None:
+            self._connection()
+            raise AssertionError  # unreachable: _connection raised
+        cfg = self.config
+        if topic not in self._topics:
+            validate_topic(topic)
+            if len(self._topics) < 10_000:
+                self._topics.add(topic)
+        if key is not None:
+            partition = partition_of(key, cfg.partitions)
+        else:
+            partition = self._rr = (self._rr + 1) % cfg.partitions
+        subject = f"{cfg.prefix}.{partition}.{topic}"
+        hdrs: dict[str, str] = dict(headers) if headers else {}
+        hdrs[MSG_ID_HEADER] = hdrs.get(_ENVELOPE_ID_HEADER) or uuid.uuid4().hex
+        if key is not None:
+            hdrs[KEY_HEADER] = key
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + cfg.publish_timeout
+        pause = _RETRY_PAUSE
+        full: str | None = None
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                reply = await nc.request(
+                    subject,
+                    payload,
+                    timeout=max(0.05, min(cfg.request_timeout, remaining)),
+                    headers=hdrs,
+                )
+            except ConnectionClosedError as exc:
+                raise BrokerError("NATS broker is closed; cannot publish") from exc
+            except (NoRespondersError, NatsError, TimeoutError) as exc:
+                problem: str = f"{type(exc).__name__}: {exc}"
+            else:
+                data = reply.data
+                if b'"error"' not in data:
+                    return
+                problem = self._publish_error(data, topic)
+                full = problem
+            if self._nc is None:
+                raise BrokerError("NATS broker closed while publishing")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                if full is not None and full == problem:
+                    raise BackpressureError(
+                        f"stream {cfg.stream!r} stayed full for {cfg.publish_timeout}s while "
+                        f"publishing to {topic!r} ({problem}); add consumers, raise the stream "
+                        "limits or slow the producer"
+                    )
+                raise BrokerError(
+                    f"publish to {topic!r} not confirmed by JetStream within "
+                    f"{cfg.publish_timeout}s ({problem}); is the server up? it is safe to "
+                    "retry: the message id makes a retry a no-op if the first copy was stored"
+                )
+            await asyncio.sleep(min(pause, remaining))
+            pause = min(pause * 2, _MAX_RETRY_PAUSE)
+
+    def _publish_error(self, data: bytes, topic: str) -> str:
+        import orjson
+
+        try:
+            error: dict[str, Any] = orjson.loads(data)["error"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return data.decode(errors="replace")
+        text = str(error.get("description", error))
+        if "maximum" in text or "insufficient resources" in text or error.get("code") == 503:
+            return text  # stream full, or the server not ready: retried until the deadline
+        raise BrokerError(f"JetStream refused a message for {topic!r}: {text}")
+
+    async def subscribe(self, pattern: str, *, group: str) -> Subscription:
+        """Join ``group`` on ``pattern``; returns once this member holds its partitions."""
+        self._connection()
+        validate_pattern(pattern)
+        if not group:
+            raise ConfigurationError("a consumer group name must be non-empty")
+        gid = group_id(group, pattern)
+        await self._ensure_consumers(gid, pattern)
+        sub = NatsSubscription(self, pattern, group, gid)
+        self._subs.add(sub)
+        try:
+            await sub.start()
+        except BaseException:
+            await sub.close()
+            raise
+        return sub

@@ -1,0 +1,610 @@
+"""One member of a consumer group on JetStream: partition leases, pulls, deliveries.
+
+A (group, pattern) has one durable pull consumer per partition. Members of the group split
+the partitions between them: each member heartbeats on a core-NATS control subject, every
+member computes the same assignment from the sorted member ids, and a member only pulls from
+a partition whose lease (a KV entry created with compare-and-set, refreshed, expiring after
+``lease_ttl``) it holds. A partition changes hands only after its previous owner settled
+every message it held, so one key is never handled by two members at once and keys keep
+publish order across members.
+
+Within a member, each partition's received messages wait in a buffer sorted by stream
+sequence. A message given back (``nack``/``release``) blocks its partition until its
+redelivery comes back, so later messages of its key do not overtake it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from nats.js.errors import APIError, KeyWrongLastSequenceError
+
+from ...errors import BrokerError
+from .config import consumer_name
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription as NatsSub
+
+    from .broker import NatsBroker
+
+__all__ = ["KEY_HEADER", "NatsDelivery", "NatsSubscription"]
+
+KEY_HEADER = "eventflow-key"
+"""NATS header carrying the message key (removed from ``Delivery.headers``)."""
+MSG_ID_HEADER = "Nats-Msg-Id"
+_INTERNAL = frozenset((KEY_HEADER, MSG_ID_HEADER))
+_EMPTY: Mapping[str, str] = {}
+_ACK = b""
+_NAK = b"-NAK"
+_WPI = b"+WPI"
+_MAX_BLOCKED_BUFFER = 1000
+_log = logging.getLogger("eventflow.nats")
+
+
+class NatsDelivery:
+    """A message pulled from a partition consumer; settled once (ack, nack or release)."""
+
+    __slots__ = (
+        "_comp",
+        "_part",
+        "_reply",
+        "_settled",
+        "_sub",
+        "consumer_seq",
+        "delivery_count",
+        "headers",
+        "key",
+        "payload",
+        "seq",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        sub: NatsSubscription,
+        part: _Part,
+        reply: str,
+        topic: str,
+        payload: bytes,
+        key: str | None,
+        headers: Mapping[str, str],
+        seq: int,
+        consumer_seq: int,
+        count: int,
+        comp: int,
+    ) -> None:
+        self._sub = sub
+        self._part = part
+        self._reply = reply
+        self._settled = False
+        self._comp = comp
+        self.topic = topic
+        self.payload = payload
+        self.key = key
+        self.headers = headers
+        self.seq = seq
+        self.consumer_seq = consumer_seq
+        self.delivery_count = count
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """Stream, consumer, stream sequence and partition of the message."""
+        part = self._part
+        return {
+            "broker": "nats",
+            "stream": self._sub.broker.config.stream,
+            "consumer": part.consumer,
+            "partition": part.index,
+            "stream_seq": self.seq,
+            "consumer_seq": self.consumer_seq,
+        }
+
+    async def ack(self) -> None:
+        """Ack the message (after the handler's effects)."""
+        if self._settled:
+            return
+        self._settled = True
+        part = self._part
+        if part.out.pop(self.seq, None) is not None and part.draining:
+            self._sub.kick()
+        await self._sub.nc.publish(self._reply, _ACK)
+        if self._comp:
+            await self._sub.broker._forget_release(part.consumer, self.seq)
+
+    async def nack(self, delay: float = 0.0) -> None:
+        """Give the message back, redelivered after ``delay``; its partition waits for it."""
+        if self._settled:
+            return
+        self._settled = True
+        sub, part = self._sub, self._part
+        if sub.closed or part.out.pop(self.seq, None) is None:
+            return  # given back already, when the subscription closed or lost the partition
+        now = sub.now()
+        part.awaiting[self.seq] = now + delay + sub.await_guard
+        if delay > 0:
+            # Held here (and kept alive) rather than nak'd with a server-side delay: the
+            # server would meanwhile deliver the key's later messages.
+            part.delayed[self.seq] = (now + delay, self)
+            sub.kick()
+        else:
+            await sub.nc.publish(self._reply, _NAK)
+
+    async def release(self) -> None:
+        """Give the message back without counting this delivery (no handler saw it)."""
+        if self._settled:
+            return
+        self._settled = True
+        sub, part = self._sub, self._part
+        if sub.closed or part.out.pop(self.seq, None) is None:
+            return
+        await sub.broker._record_release(part.consumer, self.seq, self._comp + 1)
+        part.awaiting[self.seq] = sub.now() + sub.await_guard
+        await sub.nc.publish(self._reply, _NAK)
+
+    async def in_progress(self) -> None:
+        """Reset the server's ack timer for this message."""
+        if not self._settled:
+            await self._sub.nc.publish(self._reply, _WPI)
+
+
+class _Part:
+    """A partition held (leased) by this member."""
+
+    __slots__ = (
+        "awaiting",
+        "buffer",
+        "consumer",
+        "delayed",
+        "draining",
+        "inbox",
+        "index",
+        "lease_key",
+        "lease_rev",
+        "next_subject",
+        "out",
+        "pull_left",
+        "pull_until",
+    )
+
+    def __init__(self, index: int, consumer: str, stream: str, inbox: str, lease_key: str) -> None:
+        self.index = index
+        self.consumer = consumer
+        self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self.inbox = f"{inbox}.{index}"
+        self.lease_key = lease_key
+        self.lease_rev = 0
+        self.draining = False
+        self.buffer: deque[NatsDelivery] = deque()  # received, not handed out; by seq
+        self.out: dict[int, NatsDelivery] = {}  # handed out, not settled
+        self.awaiting: dict[int, float] = {}  # seq given back -> give up waiting at
+        self.delayed: dict[int, tuple[float, NatsDelivery]] = {}  # nack(delay): due, delivery
+        self.pull_left = 0  # messages still owed by outstanding pull requests
+        self.pull_until = 0.0  # when the last outstanding pull request expires
+
+    def held(self) -> list[NatsDelivery]:
+        """Every message this member holds for the partition, by stream sequence."""
+        items = [*self.out.values(), *self.buffer, *(d for _, d in self.delayed.values())]
+        items.sort(key=lambda d: d.seq)
+        return items
+
+
+class NatsSubscription:
+    """A live member of one group on one pattern (see the module docstring)."""
+
+    def __init__(self, broker: NatsBroker, pattern: str, group: str, gid: str) -> None:
+        cfg = broker.config
+        self.broker = broker
+        self.pattern = pattern
+        self.group = group
+        self._gid = gid
+        nc = broker._connection()
+        self.nc = nc
+        self.member_id = f"{uuid.uuid4().hex[:12]}"
+        self.closed = False
+        self.now = asyncio.get_running_loop().time
+        self.await_guard = 2 * cfg.ack_wait
+        self._inbox = nc.new_inbox()
+        self._ctl_subject = f"{cfg.control_prefix}.{gid}"
+        self._parts: dict[int, _Part] = {}
+        self._members: dict[str, float] = {}
+        self._others_draining: dict[str, set[int]] = {}
+        self._ready = asyncio.Event()
+        self._kick = asyncio.Event()
+        self._rotate = 0
+        self._prefix_len = len(cfg.prefix) + 1
+        self._next_hb = 0.0
+        self._next_keepalive = 0.0
+        self._inbox_sub: NatsSub | None = None
+        self._ctl_sub: NatsSub | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen, announce the member, claim its share of partitions (bounded wait)."""
+        nc = self.nc
+        self._inbox_sub = await nc.subscribe(f"{self._inbox}.*", cb=self._on_msg)
+        self._ctl_sub = await nc.subscribe(self._ctl_subject, cb=self._on_ctl)
+        await nc.flush()
+        self._members[self.member_id] = self.now()
+        await self._announce("join")
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        deadline = self.now() + self.broker.config.join_timeout
+        while not self._joined() and self.now() < deadline:
+            self._ready.clear()
+            try:
+                async with asyncio.timeout(0.02):
+                    await self._ready.wait()
+            except TimeoutError:
+                pass
+
+    def _joined(self) -> bool:
+        draining = set().union(*self._others_draining.values()) if self._others_draining else set()
+        return all(
+            (p in self._parts and not self._parts[p].draining) or p in draining
+            for p in self._desired()
+        )
+
+    async def close(self) -> None:
+        """Leave the group: give back every held message in order, then the leases."""
+        if self.closed:
+            return
+        self.closed = True
+        self._ready.set()
+        task, self._task = self._task, None
+        if task is not None:
+            # Let a running coordination step finish (a lease update cancelled midway would
+            # leave us without the lease's revision), then stop.
+            self._kick.set()
+            try:
+                async with asyncio.timeout(2 * self.broker.config.request_timeout):
+                    await asyncio.gather(task, return_exceptions=True)
+            except TimeoutError:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        try:
+            await self._wait_pulls(list(self._parts.values()))
+            for part in list(self._parts.values()):
+                await self._give_back(part, everything=True)
+            await self._release_leases(list(self._parts.values()))
+            self._parts.clear()
+            await self._announce("leave")
+            await self.nc.flush(timeout=max(1, round(self.broker.config.request_timeout)))
+        except Exception as exc:  # the server is gone: ack_wait and lease_ttl take over
+            _log.warning("%s: leaving group %s uncleanly: %s", self.pattern, self.group, exc)
+        finally:
+            for sub in (self._inbox_sub, self._ctl_sub):
+                if sub is not None:
+                    try:
+                        await sub.unsubscribe()
+                    except Exception as exc:  # connection already closed
+                        _log.debug("unsubscribe failed: %s", exc)
+            self.broker._forget(self)
+
+    def kick(self) -> None:
+        """Wake the coordinator (a delayed nack, a drained partition, a member change)."""
+        self._kick.set()
+
+    def on_reconnect(self) -> None:
+        """Outstanding pull requests may have died with the connection: pull again."""
+        for part in self._parts.values():
+            part.pull_left = 0
+            part.pull_until = 0.0
+        self._ready.set()
+        self._kick.set()
+
+    # -- fetching ----------------------------------------------------------------------------
+
+    async def fetch(self, max_messages: int, timeout: float) -> Sequence[NatsDelivery]:
+        """Return 1..max_messages deliveries, or none after ``timeout`` seconds."""
+        if self.closed:
+            raise BrokerError("fetch on a closed subscription; subscribe again")
+        out = self._take(max_messages)
+        expires = min(max(timeout, 0.05), self.broker.config.pull_expires)
+        if out or timeout <= 0:
+            if not self.closed:
+                await self._pull(max_messages, expires)
+            return out
+        deadline = self.now() + timeout
+        while True:
+            self._ready.clear()
+            await self._pull(max_messages, expires)
+            out = self._take(max_messages)
+            remaining = deadline - self.now()
+            if out or remaining <= 0 or self.closed:
+                return out
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._ready.wait()
+            except TimeoutError:
+                return [] if self.closed else self._take(max_messages)
+
+    def _take(self, limit: int) -> list[NatsDelivery]:
+        out: list[NatsDelivery] = []
+        parts = list(self._parts.values())
+        if not parts:
+            return out
+        self._rotate = (self._rotate + 1) % len(parts)
+        for part in parts[self._rotate :] + parts[: self._rotate]:
+            buf = part.buffer
+            if part.draining or not buf:
+                continue
+            awaiting, held = part.awaiting, part.out
+            while buf and len(out) < limit:
+                d = buf[0]
+                if awaiting:
+                    low = min(awaiting)
+                    if d.seq > low:
+                        if awaiting[low] < self.now():
+                            del awaiting[low]  # never came back (max_deliver?): stop waiting
+                            continue
+                        break  # an earlier message of the partition is to be redelivered
+                    awaiting.pop(d.seq, None)
+                buf.popleft()
+                held[d.seq] = d
+                out.append(d)
+            if len(out) >= limit:
+                break
+        return out
+
+    async def _pull(self, want: int, expires: float) -> None:
+        now = self.now()
+        publish = self.nc.publish
+        for part in list(self._parts.values()):
+            if part.draining:
+                continue
+            if part.pull_left and now > part.pull_until:
+                part.pull_left = 0  # its requests expired without a status (reconnect)
+            if part.awaiting:
+                if part.delayed or len(part.buffer) >= _MAX_BLOCKED_BUFFER:
+                    continue  # nothing can be handed out before the delayed nack is due
+                # Blocked until a given-back message returns: the server handles the nak
+                # asynchronously, so a later message may have come first; pull on regardless.
+                need = want - part.pull_left
+            else:
+                need = want - part.pull_left - len(part.buffer)
+            if need <= 0 or (part.pull_left and need < want // 2):
+                continue
+            part.pull_left += need
+            part.pull_until = max(part.pull_until, now + expires + 0.5)
+            request = b'{"batch":%d,"expires":%d}' % (need, int(expires * 1e9))
+            await publish(part.next_subject, request, reply=part.inbox)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        reply = msg.reply
+        if not reply:  # a status: the pull request ended (408 expired, 409 ...)
+            part = self._parts.get(int(msg.subject.rpartition(".")[2]))
+            if part is not None:
+                status = msg.headers or {}
+                left = status.get("Nats-Pending-Messages")
+                part.pull_left = max(0, part.pull_left - int(left)) if left else 0
+                if part.draining or self.closed:
+                    self._kick.set()
+            return
+        subject = msg.subject
+        rest = subject[self._prefix_len :]
+        dot = rest.index(".")
+        index = int(rest[:dot])
+        tokens = reply.split(".")
+        if len(tokens) == 9:
+            consumer, count, seq, cseq = tokens[3], int(tokens[4]), int(tokens[5]), int(tokens[6])
+        else:
+            consumer, count, seq, cseq = tokens[5], int(tokens[6]), int(tokens[7]), int(tokens[8])
+        part = self._parts.get(index)
+        comp = 0
+        if count > 1:
+            comp = await self.broker._released(consumer, seq)
+        if part is None or part.consumer != consumer:
+            # A late answer to a pull for a partition no longer ours: hand it back unseen.
+            await self.broker._record_release(consumer, seq, comp + 1)
+            await self.nc.publish(reply, _NAK)
+            return
+        if part.pull_left:
+            part.pull_left -= 1
+        hdrs = msg.headers
+        key: str | None = None
+        headers = _EMPTY
+        if hdrs:
+            key = hdrs.get(KEY_HEADER)
+            headers = {k: v for k, v in hdrs.items() if k not in _INTERNAL}
+        d = NatsDelivery(
+            self,
+            part,
+            reply,
+            rest[dot + 1 :],
+            msg.data,
+            key,
+            headers,
+            seq,
+            cseq,
+            count - comp,
+            comp,
+        )
+        buf = part.buffer
+        if buf and buf[-1].seq > seq:  # a redelivery: back in sequence order
+            pos = len(buf)
+            while pos and buf[pos - 1].seq > seq:
+                pos -= 1
+            buf.insert(pos, d)
+        else:
+            buf.append(d)
+        self._ready.set()
+        if part.draining or self.closed:
+            self._kick.set()
+
+    # -- coordination ------------------------------------------------------------------------
+
+    def _desired(self) -> set[int]:
+        members = sorted(self._members)
+        me = members.index(self.member_id)
+        n = len(members)
+        return {p for p in range(self.broker.config.partitions) if p % n == me}
+
+    async def _announce(self, op: str) -> None:
+        draining = [p.index for p in self._parts.values() if p.draining]
+        body = orjson.dumps({"id": self.member_id, "op": op, "draining": draining})
+        await self.nc.publish(self._ctl_subject, body)
+
+    async def _on_ctl(self, msg: Msg) -> None:
+        try:
+            data = orjson.loads(msg.data)
+            member, op = str(data["id"]), str(data["op"])
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return
+        if member == self.member_id:
+            return
+        if op == "leave":
+            self._members.pop(member, None)
+            self._others_draining.pop(member, None)
+        else:
+            known = member in self._members
+            self._members[member] = self.now()
+            self._others_draining[member] = set(data.get("draining") or ())
+            if op == "join" or not known:
+                self._next_hb = 0.0  # answer a newcomer at once
+        self._kick.set()
+        self._ready.set()
+
+    async def _run(self) -> None:
+        cfg = self.broker.config
+        while not self.closed:
+            try:
+                await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the server may be restarting: try again next tick
+                _log.warning(
+                    "group %s (%s): coordination failed: %s", self.group, self.pattern, exc
+                )
+            now = self.now()
+            wake = min(self._next_hb, self._next_keepalive, now + cfg.heartbeat_interval)
+            for part in self._parts.values():
+                if part.draining:
+                    wake = min(wake, now + 0.05)
+                for due, _ in part.delayed.values():
+                    wake = min(wake, due)
+            self._kick.clear()
+            try:
+                async with asyncio.timeout(max(0.0, wake - now)):
+                    await self._kick.wait()
+            except TimeoutError:
+                pass
+
+    async def _step(self) -> None:
+        cfg = self.broker.config
+        nc = self.nc
+        now = self.now()
+        for part in self._parts.values():  # delayed nacks that are due
+            for seq, (due, d) in list(part.delayed.items()):
+                if due <= now:
+                    del part.delayed[seq]
+                    part.awaiting[seq] = now + self.await_guard
+                    await nc.publish(d._reply, _NAK)
+        # Forget members that stopped heartbeating (crashed): their partitions get reassigned
+        # once their leases expire.
+        stale = now - 3 * cfg.heartbeat_interval
+        for member, seen in list(self._members.items()):
+            if member != self.member_id and seen < stale:
+                del self._members[member]
+                self._others_draining.pop(member, None)
+        self._members[self.member_id] = now
+        desired = self._desired()
+        changed = False
+        for index, part in list(self._parts.items()):
+            if index not in desired and not part.draining:
+                part.draining = True
+                changed = True
+            if part.draining and not part.out and (not part.pull_left or now > part.pull_until):
+                await self._give_back(part, everything=False)
+                await self._release_leases([part])
+                del self._parts[index]
+                changed = True
+        if now >= self._next_keepalive:
+            # Refresh leases just before the in-progress heartbeats, so a lease always
+            # outlives the ack timers of the messages it covers.
+            self._next_keepalive = now + cfg.ack_wait / 3
+            await self._refresh_leases()
+            for part in self._parts.values():
+                for d in part.held():
+                    await nc.publish(d._reply, _WPI)
+        missing = [p for p in desired if p not in self._parts]
+        if missing:
+            claimed = await asyncio.gather(*(self._claim(p) for p in missing))
+            changed = changed or any(claimed)
+        if changed or now >= self._next_hb:
+            self._next_hb = now + cfg.heartbeat_interval
+            await self._announce("hb")
+        if changed:
+            self._ready.set()
+
+    async def _claim(self, index: int) -> bool:
+        broker = self.broker
+        key = f"{self._gid}.{index}"
+        try:
+            rev = await broker._leases().create(key, self.member_id.encode())
+        except KeyWrongLastSequenceError:
+            return False  # another member holds it; it lets go once it has settled
+        part = _Part(index, consumer_name(self._gid, index), broker.config.stream, self._inbox, key)
+        part.lease_rev = rev
+        self._parts[index] = part
+        return True
+
+    async def _refresh_leases(self) -> None:
+        kv = self.broker._leases()
+        for index, part in list(self._parts.items()):
+            try:
+                part.lease_rev = await kv.update(
+                    part.lease_key, self.member_id.encode(), last=part.lease_rev
+                )
+            except KeyWrongLastSequenceError:
+                # Someone else took the partition (we stalled past lease_ttl): drop it at once
+                # without giving messages back; they are redelivered when their ack timers end.
+                _log.warning("group %s lost partition %d (lease expired)", self.group, index)
+                del self._parts[index]
+
+    async def _release_leases(self, parts: list[_Part]) -> None:
+        kv = self.broker._leases()
+        for part in parts:
+            try:
+                await kv.delete(part.lease_key, last=part.lease_rev)
+            except (KeyWrongLastSequenceError, APIError) as exc:  # expired, maybe taken
+                _log.debug("lease %s already gone: %s", part.lease_key, exc)
+        if parts:
+            self._kick.set()
+
+    async def _wait_pulls(self, parts: list[_Part]) -> None:
+        """Wait (bounded by the pull expiry) until no pull request can still deliver."""
+        while any(p.pull_left and self.now() <= p.pull_until for p in parts):
+            self._kick.clear()
+            try:
+                async with asyncio.timeout(0.05):
+                    await self._kick.wait()
+            except TimeoutError:
+                pass
+
+    async def _give_back(self, part: _Part, *, everything: bool) -> None:
+        """Nak what the member holds for ``part`` in sequence order (so it is redelivered in
+        order); messages no handler saw are recorded as released, so they are not counted."""
+        items = (
+            part.held()
+            if everything
+            else sorted([*part.buffer, *(d for _, d in part.delayed.values())], key=lambda d: d.seq)
+        )
+        unseen = [d for d in part.buffer]
+        broker = self.broker
+        await asyncio.gather(
+            *(broker._record_release(part.consumer, d.seq, d._comp + 1) for d in unseen)
+        )
+        part.buffer.clear()
+        part.delayed.clear()
+        part.out.clear()
+        for d in items:
+            d._settled = True
+            await self.nc.publish(d._reply, _NAK)

@@ -1,0 +1,103 @@
+"""Producers validate before publishing: an invalid event raises and nothing is sent."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+from pydantic import Field
+
+from eventflow import App, Context, Envelope, Event, EventValidationError, subscribe
+
+Wait = Callable[..., Awaitable[None]]
+
+
+class Parcel(Event, type="schema.test.parcel"):
+    parcel_id: str
+    weight: int = Field(gt=0)
+
+
+class Shipped(Event, type="schema.test.shipped"):
+    parcel_id: str
+
+
+def _invalid_parcels() -> list[Parcel]:
+    good = Parcel(parcel_id="p-1", weight=2)
+    return [
+        Parcel.model_construct(parcel_id="p-1", weight="heavy"),  # wrong type
+        Parcel.model_construct(parcel_id="p-1"),  # missing field
+        good.model_copy(update={"weight": -1}),  # constraint broken
+    ]
+
+
+@pytest.mark.parametrize("bad", _invalid_parcels(), ids=["type", "missing", "constraint"])
+async def test_app_publish_refuses_invalid_events(bad: Parcel, broker_url: str) -> None:
+    seen: list[Envelope] = []
+
+    @subscribe("schema.test.parcel", group="watch")
+    async def watch(env: Envelope) -> None:
+        seen.append(env)
+
+    async with App("producer", broker=broker_url, handlers=[watch]) as app:
+        # A wrong type also makes pydantic's serializer warn; the publish must still fail.
+        wrong_type = isinstance(getattr(bad, "weight", None), str)
+        warns: Any = pytest.warns(UserWarning) if wrong_type else nullcontext()
+        with warns, pytest.raises(EventValidationError) as info:
+            await app.publish(bad)
+        await app.publish(Parcel(parcel_id="p-2", weight=1))
+        await _until(lambda: len(seen) == 1)
+
+    message = str(info.value)
+    assert "not publishing 'schema.test.parcel' v1" in message
+    assert "weight" in message and "Nothing was sent" in message
+    assert [env.data["parcel_id"] for env in seen] == ["p-2"]  # the invalid one never left
+
+
+async def test_ctx_publish_refuses_invalid_events(broker_url: str) -> None:
+    errors: list[str] = []
+    shipped: list[Envelope] = []
+
+    @subscribe("schema.test.parcel", group="ship", retry=1)
+    async def ship(parcel: Parcel, ctx: Context) -> None:
+        try:
+            await ctx.publish(Shipped.model_construct())
+        except EventValidationError as exc:
+            errors.append(str(exc))
+        await ctx.publish(Shipped(parcel_id=parcel.parcel_id))
+
+    @subscribe("schema.test.shipped", group="audit")
+    async def audit(env: Envelope) -> None:
+        shipped.append(env)
+
+    async with App("producer2", broker=broker_url, handlers=[ship, audit]) as app:
+        await app.publish(Parcel(parcel_id="p-9", weight=3))
+        await _until(lambda: len(shipped) == 1)
+
+    assert len(errors) == 1 and "parcel_id" in errors[0]
+    assert shipped[0].data == {"parcel_id": "p-9"}
+
+
+async def test_envelopes_are_published_as_given(broker_url: str) -> None:
+    seen: list[Envelope] = []
+
+    @subscribe("schema.test.parcel", group="raw")
+    async def raw(env: Envelope) -> None:
+        seen.append(env)
+
+    async with App("producer3", broker=broker_url, handlers=[raw]) as app:
+        await app.publish(Envelope.create("schema.test.parcel", {"weight": "any"}))
+        await _until(lambda: len(seen) == 1)
+
+    assert seen[0].data == {"weight": "any"}
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    import asyncio
+
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("timed out")
