@@ -25,12 +25,14 @@ from .errors import (
 from .events import Event, EventRegistry, upcaster
 from .ports import DeadLetter
 from .runtime.retry import RetryPolicy
+from .sourcing import Aggregate, Repository, on
 from .stores import open_store
 from .subscribe import subscribe
 
 __version__ = "0.1.0"
 
 __all__ = (
+    "Aggregate",
     "AggregateNotFound",
     "App",
     "BackpressureError",
@@ -51,10 +53,12 @@ __all__ = (
     "HandlerTimeoutError",
     "MalformedMessageError",
     "MissingDependencyError",
+    "Repository",
     "RetryPolicy",
     "StoreError",
     "UnknownEventTypeError",
     "UpcastError",
+    "on",
     "open_store",
     "subscribe",
     "upcaster",

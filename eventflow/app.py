@@ -15,7 +15,7 @@ import os
 import signal
 import socket
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .brokers import open_broker
 from .envelope import Envelope, new_id
@@ -27,6 +27,8 @@ from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
 from .schema.outgoing import check_outgoing
+from .sourcing.aggregate import Aggregate
+from .sourcing.repository import Repository
 from .stores import store_for
 from .subscribe import HandlerSpec, collect_handlers, inspect_handler
 
@@ -36,6 +38,7 @@ DEFAULT_GRACE_PERIOD = 10.0
 MESSAGE_ID_HEADER = "eventflow-id"
 """Broker header carrying the envelope id (brokers use it for server-side dedup)."""
 _log = logging.getLogger("eventflow.app")
+_A = TypeVar("_A", bound=Aggregate)
 
 
 class App:
@@ -107,6 +110,24 @@ class App:
     def dead_letters(self) -> DeadLetters:
         """The dead letters of this app's groups: ``list``, ``get``, ``replay``, ``purge``."""
         return DeadLetters(self.store.dead_letters, self.broker, self.groups or None)
+
+    def repository(
+        self,
+        cls: type[_A],
+        *,
+        snapshot_every: int | None = None,
+        stream_prefix: str | None = None,
+    ) -> Repository[_A]:
+        """A ``Repository`` of ``cls`` aggregates in this app's store; the events it saves
+        carry the app's name as their source. Use it once the app is started (the store
+        is open): inside ``async with app`` or a handler."""
+        return Repository(
+            cls,
+            self.store,
+            snapshot_every=snapshot_every,
+            stream_prefix=stream_prefix,
+            source=self.name,
+        )
 
     @property
     def consumers(self) -> Sequence[Consumer]:

@@ -128,7 +128,7 @@ class StoreError(EventflowError):
 class ConcurrencyError(StoreError):
     """An append's ``expected_version`` did not match the stream's current version.
 
-    Reload the aggregate and retry the command (``Repository.retry`` does this).
+    Reload the aggregate and retry the command (``Repository.update`` does this).
     """
 
     def __init__(self, stream: str, expected: int | None, actual: int) -> None:

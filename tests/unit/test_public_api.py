@@ -30,7 +30,7 @@ DOCUMENTED = {
     "AggregateNotFound",
 }
 # Section 4's sourcing/projection names arrive with that milestone.
-NOT_YET_IMPLEMENTED = {"Aggregate", "Projection", "Repository", "on"}
+NOT_YET_IMPLEMENTED = {"Projection"}
 ERRORS = {
     "EventflowError",
     "ConfigurationError",
