@@ -23,7 +23,8 @@ from .errors import (
     UpcastError,
 )
 from .events import Event, EventRegistry, upcaster
-from .ports import DeadLetter
+from .ports import DeadLetter, RecordedEvent, Transaction
+from .projections import Projection, ProjectionContext
 from .runtime.retry import RetryPolicy
 from .sourcing import Aggregate, Repository, on
 from .stores import open_store
@@ -53,9 +54,13 @@ __all__ = (
     "HandlerTimeoutError",
     "MalformedMessageError",
     "MissingDependencyError",
+    "Projection",
+    "ProjectionContext",
+    "RecordedEvent",
     "Repository",
     "RetryPolicy",
     "StoreError",
+    "Transaction",
     "UnknownEventTypeError",
     "UpcastError",
     "on",

@@ -23,9 +23,11 @@ from .errors import BrokerError, ConfigurationError
 from .events import Event, EventRegistry, default_registry, to_envelope
 from .patterns import overlap
 from .ports import Broker, DedupStore, Store
+from .projections import Projection, ProjectionRunner
 from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
+from .runtime.relay import EventRelay, OutboxRelay
 from .schema.outgoing import check_outgoing
 from .sourcing.aggregate import Aggregate
 from .sourcing.repository import Repository
@@ -46,6 +48,10 @@ class App:
 
     ``broker`` and ``store`` take a URL or an adapter instance. ``dedup`` defaults to the
     store's dedup table. ``handlers`` lists ``@subscribe`` functions or modules of them.
+    ``projections`` lists ``Projection`` instances, each run by one instance at a time
+    across processes. The app relays the store's outbox (messages published inside
+    ``ctx.transaction()``) to the broker; with ``relay_events=True`` it also publishes every
+    event appended to the store (topic = type, key = stream id), in order per stream.
     """
 
     def __init__(
@@ -55,6 +61,8 @@ class App:
         broker: str | Broker = "memory://",
         store: str | Store = "memory://",
         handlers: Iterable[object] = (),
+        projections: Iterable[Projection] = (),
+        relay_events: bool = False,
         dedup: DedupStore | None = None,
         registry: EventRegistry | None = None,
         grace_period: float = DEFAULT_GRACE_PERIOD,
@@ -75,6 +83,23 @@ class App:
             (spec, spec.group or name, inspect_handler(spec.fn)) for spec in self._specs
         ]
         self._check_groups()
+        self.projections: tuple[Projection, ...] = tuple(projections)
+        for p in self.projections:
+            if not isinstance(p, Projection):
+                raise ConfigurationError(
+                    f"projections= takes Projection instances, got {p!r}: pass StockLevels()"
+                )
+        names = [p.name for p in self.projections]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigurationError(
+                f"two projections are named {', '.join(map(repr, dupes))}; names identify "
+                "checkpoints, give each projection its own name="
+            )
+        self.relay_events = relay_events
+        self._projection_runners: list[ProjectionRunner] = []
+        self._relays: list[OutboxRelay | EventRelay] = []
+        self._background: list[asyncio.Task[None]] = []
         self._consumers: list[Consumer] = []
         self._tg: asyncio.TaskGroup | None = None
         self._heartbeater: Heartbeater | None = None
@@ -128,6 +153,11 @@ class App:
             stream_prefix=stream_prefix,
             source=self.name,
         )
+
+    @property
+    def projection_runners(self) -> Sequence[ProjectionRunner]:
+        """The running projection runners (empty before start): ``active``, ``failures``."""
+        return tuple(self._projection_runners)
 
     @property
     def consumers(self) -> Sequence[Consumer]:
@@ -227,6 +257,17 @@ class App:
                 self._started = True
                 for consumer in self._consumers:
                     tg.create_task(consumer.run(), name=f"eventflow:{consumer.name}")
+                for projection in self.projections:
+                    runner = ProjectionRunner(projection, self.store, registry=self.registry)
+                    self._projection_runners.append(runner)
+                    tg.create_task(runner.run(), name=f"eventflow:projection:{projection.name}")
+                self._relays.append(OutboxRelay(self.store, self.broker, MESSAGE_ID_HEADER))
+                if self.relay_events:
+                    self._relays.append(EventRelay(self.store, self.broker, MESSAGE_ID_HEADER))
+                for relay in self._relays:
+                    self._background.append(
+                        tg.create_task(relay.run(), name=f"eventflow:{type(relay).__name__}")
+                    )
                 hb = Heartbeater(
                     self.store.heartbeats,
                     self.name,
@@ -259,6 +300,10 @@ class App:
     async def _teardown(self, exc: BaseException | None = None) -> None:
         for consumer in self._consumers:
             consumer.stop()
+        for runner in self._projection_runners:
+            runner.stop()
+        for task in self._background:
+            task.cancel()
         hb_task = getattr(self, "_hb_task", None)
         if hb_task is not None:
             hb_task.cancel()
@@ -271,6 +316,9 @@ class App:
         finally:
             self._started = False
             self._consumers = []
+            self._projection_runners = []
+            self._relays = []
+            self._background = []
             if self._heartbeater is not None:
                 with contextlib.suppress(Exception):
                     await self.store.heartbeats.remove(self.instance)

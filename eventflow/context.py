@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from .envelope import Envelope, derived_id
 from .events import Event, to_envelope
+from .ports import Transaction
 from .schema.outgoing import check_outgoing
 
 if TYPE_CHECKING:
@@ -26,7 +29,17 @@ class Context:
     drops the copies.
     """
 
-    __slots__ = ("_app", "_counts", "_outbox", "attempt", "envelope", "group")
+    __slots__ = (
+        "_app",
+        "_committed",
+        "_counts",
+        "_outbox",
+        "_tx",
+        "_tx_scope",
+        "attempt",
+        "envelope",
+        "group",
+    )
 
     def __init__(self, app: App, envelope: Envelope, group: str, attempt: int) -> None:
         self._app = app
@@ -35,6 +48,38 @@ class Context:
         self.attempt = attempt
         self._outbox: list[tuple[str, Envelope]] = []
         self._counts: dict[str, int] = {}
+        self._tx: Transaction | None = None
+        self._committed = False
+        self._tx_scope: AbstractAsyncContextManager[Transaction] | None = None
+
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        """The store transaction of this handling (SQL stores: your SQL runs in it).
+
+        Opened on first use and kept open until the handler returns: eventflow then writes
+        the dedup entry and the messages ``publish`` queued into the same transaction and
+        commits, so your writes, the dedup entry and the outgoing messages happen exactly
+        once together (a transactional inbox and outbox; a relay sends the messages). If
+        the handler raises or times out, everything rolls back.
+        """
+        return self._enter_transaction()
+
+    @asynccontextmanager
+    async def _enter_transaction(self) -> AsyncIterator[Transaction]:
+        if self._tx is None:
+            scope = self._app.store.transaction()
+            self._tx = await scope.__aenter__()
+            self._tx_scope = scope
+        yield self._tx
+
+    async def _finish_transaction(self, error: BaseException | None) -> None:
+        """Commit (``error`` None) or roll back the handling's transaction, if one is open."""
+        scope, self._tx_scope, self._tx = self._tx_scope, None, None
+        if scope is None:
+            return
+        if error is None:
+            await scope.__aexit__(None, None, None)
+        else:
+            await scope.__aexit__(type(error), error, error.__traceback__)
 
     @property
     def app(self) -> App:

@@ -15,6 +15,9 @@
     ├── BackpressureError           a bounded queue stayed full past the publish timeout
     ├── HandlerTimeoutError         a handler ran past its soft timeout
     ├── BrokerError                 the broker failed or was used after close
+    ├── ProjectionError             a projection cannot run, reset or rebuild
+    │   ├── ProjectionHandlerError  a handler raised on an event: the batch rolled back
+    │   └── ProjectionLockedError   another instance holds the projection's lock
     ├── StoreError                  the store failed or was used after close
     │   ├── ConcurrencyError        optimistic concurrency conflict on append
     │   └── AggregateNotFound       no stream for the aggregate id

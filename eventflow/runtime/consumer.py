@@ -338,8 +338,10 @@ class Consumer:
                     deadlines[task] = self._loop_time() + timeout
                 try:
                     await (fn(arg, ctx) if takes_ctx else fn(arg))
-                except asyncio.CancelledError:
+                except asyncio.CancelledError as exc:
                     if task not in expired:
+                        if ctx._tx is not None:
+                            await asyncio.shield(ctx._finish_transaction(exc))
                         raise  # shutdown, not our timeout
                     error = HandlerTimeoutError(
                         f"handler {spec.name} ran past its {timeout}s timeout"
@@ -352,6 +354,8 @@ class Consumer:
                         if task in expired:  # the watchdog fired; take its cancel request back
                             expired.discard(task)
                             task.uncancel()
+                if ctx._tx is not None:
+                    error = await self._settle_transaction(ctx, env, error)
                 if error is None:
                     break
                 if attempt >= policy.max_attempts:
@@ -369,7 +373,7 @@ class Consumer:
                 await asyncio.sleep(policy.delay(attempt))
             if ctx._outbox:
                 await self.app._send_all(ctx._take_outbox())
-            if idempotent:
+            if idempotent and not ctx._committed:
                 await self.dedup.mark(group, env.id)
             stats.handled += 1
             await delivery.ack()
@@ -378,6 +382,34 @@ class Consumer:
             if guard is not None:
                 del self._handling[env.id]
                 guard.set_result(None)
+
+    async def _settle_transaction(
+        self, ctx: Context, env: Envelope, error: BaseException | None
+    ) -> BaseException | None:
+        """Finish the handler's store transaction: on success write the dedup entry and the
+        queued messages into it and commit; on failure roll back. Returns the error, if any
+        (a failed commit becomes the attempt's error)."""
+        if error is not None:
+            await ctx._finish_transaction(error)
+            return error
+        try:
+            store = self.app.store
+            tx = ctx._tx
+            assert tx is not None
+            if self.spec.idempotent:
+                await store.mark_handled(self.group, env.id, tx)
+            outbox = ctx._take_outbox()
+            if outbox:
+                await store.outbox.add(outbox, tx=tx)
+        except Exception as exc:
+            await ctx._finish_transaction(exc)
+            return exc
+        try:
+            await ctx._finish_transaction(None)
+        except Exception as exc:
+            return exc
+        ctx._committed = True
+        return None
 
     def _decode(self, env: Envelope) -> Any:
         sig = self.signature

@@ -11,11 +11,6 @@ from eventflow.ports import Store
 from eventflow.stores import store_for
 from eventflow.testing.store_contract import StoreContract, StoreFactory, store_pool
 
-_DEDUP_CACHE_BUG = (
-    "bug: a dedup entry written in a rolled-back transaction stays in SqliteDedupStore's "
-    "cache, so dedup.seen() is True (see /work/notes/req-store-contract.md)"
-)
-
 
 def _sqlite_store(url: str) -> Store:
     store = store_for(url)
@@ -38,15 +33,3 @@ class TestSqliteStore(StoreContract):
         url = f"sqlite:///{tmp_path / 'events.db'}"
         async with store_pool(lambda: _sqlite_store(url)) as factory:
             yield factory
-
-    @pytest.mark.xfail(strict=True, reason=_DEDUP_CACHE_BUG)
-    async def test_mark_handled_counts_only_once_committed(
-        self, store_factory: StoreFactory
-    ) -> None:
-        """See :meth:`StoreContract.test_mark_handled_counts_only_once_committed`."""
-        await super().test_mark_handled_counts_only_once_committed(store_factory)
-
-    @pytest.mark.xfail(strict=True, reason=_DEDUP_CACHE_BUG)
-    async def test_one_transaction_commits_all_its_writes_together(self, store: Store) -> None:
-        """See :meth:`StoreContract.test_one_transaction_commits_all_its_writes_together`."""
-        await super().test_one_transaction_commits_all_its_writes_together(store)

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from ...errors import BackpressureError, BrokerError, ConfigurationError
 from ...patterns import is_wildcard, validate_pattern
@@ -90,6 +90,7 @@ class KafkaBroker:
             acks="all",
             enable_idempotence=idempotent,
             linger_ms=_ms(cfg.linger) if cfg.linger > 0 else 0,
+            request_timeout_ms=_ms(cfg.publish_timeout),
         )
 
     async def _start_producer(self) -> AIOKafkaProducer:
@@ -200,15 +201,16 @@ class KafkaBroker:
         if name is None:
             name = await self._kafka_name(topic)
         try:
-            async with asyncio.timeout(self.config.publish_timeout):
-                future = await producer.send(
-                    name,
-                    payload,
-                    key=key.encode() if key is not None else None,
-                    headers=[(k, v.encode()) for k, v in headers.items()] if headers else None,
-                )
-                await future
-        except TimeoutError:
+            # aiokafka bounds both the wait for buffer space and the wait for the broker's
+            # acknowledgement by request_timeout_ms (= publish_timeout): no timer per message.
+            future = await producer.send(
+                name,
+                payload,
+                key=key.encode() if key is not None else None,
+                headers=[(k, v.encode()) for k, v in headers.items()] if headers else None,
+            )
+            await future
+        except KafkaTimeoutError:
             raise BackpressureError(
                 f"kafka: publishing to {topic!r} was not acknowledged within "
                 f"{self.config.publish_timeout}s; the brokers are slow or unreachable"

@@ -360,20 +360,24 @@ class NatsSubscription:
         for part in list(self._parts.values()):
             if part.draining:
                 continue
-            if part.pull_left and now > part.pull_until:
-                part.pull_left = 0  # its requests expired without a status (reconnect)
+            if part.pull_left:
+                if now <= part.pull_until:
+                    # One request at a time per partition: its end (batch filled, or a
+                    # status) then tells exactly when nothing more can arrive.
+                    continue
+                part.pull_left = 0  # it expired without a status (a reconnect lost it)
             if part.awaiting:
                 if part.delayed or len(part.buffer) >= _MAX_BLOCKED_BUFFER:
                     continue  # nothing can be handed out before the delayed nack is due
                 # Blocked until a given-back message returns: the server handles the nak
                 # asynchronously, so a later message may have come first; pull on regardless.
-                need = want - part.pull_left
+                need = want
             else:
-                need = want - part.pull_left - len(part.buffer)
-            if need <= 0 or (part.pull_left and need < want // 2):
+                need = want - len(part.buffer)
+            if need <= 0:
                 continue
-            part.pull_left += need
-            part.pull_until = max(part.pull_until, now + expires + 0.5)
+            part.pull_left = need
+            part.pull_until = now + expires + 0.5
             request = b'{"batch":%d,"expires":%d}' % (need, int(expires * 1e9))
             await publish(part.next_subject, request, reply=part.inbox)
 
@@ -382,9 +386,7 @@ class NatsSubscription:
         if not reply:  # a status: the pull request ended (408 expired, 409 ...)
             part = self._parts.get(int(msg.subject.rpartition(".")[2]))
             if part is not None:
-                status = msg.headers or {}
-                left = status.get("Nats-Pending-Messages")
-                part.pull_left = max(0, part.pull_left - int(left)) if left else 0
+                part.pull_left = 0
                 if part.draining or self.closed:
                     self._kick.set()
             return

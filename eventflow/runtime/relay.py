@@ -1,0 +1,128 @@
+"""Relays: from the store to the broker, at least once, in order.
+
+- ``OutboxRelay`` sends the messages handlers published inside ``ctx.transaction()`` (the
+  transactional outbox), oldest first, then deletes them.
+- ``EventRelay`` publishes every event appended to the store to the broker (topic = event
+  type, key = stream id), following the global order from a checkpoint, so each stream's
+  events reach the broker in version order.
+
+Each relay holds a store lock while it runs, so one instance relays at a time across
+processes; the others wait and take over if it dies. A send that fails is retried with
+backoff; because message ids are fixed, consumers' dedup drops a copy sent twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from ..ports import Broker, Store
+
+__all__ = ["EVENT_RELAY_CHECKPOINT", "EventRelay", "OutboxRelay"]
+
+EVENT_RELAY_CHECKPOINT = "eventflow:event-relay"
+_OUTBOX_LOCK = "eventflow:outbox-relay"
+_IDLE_POLL = 1.0
+_BATCH = 200
+_MAX_BACKOFF = 5.0
+_log = logging.getLogger("eventflow.relay")
+
+
+async def _publish(
+    broker: Broker, topic: str, payload: bytes, key: str | None, headers: Mapping[str, str]
+) -> None:
+    delay = 0.05
+    while True:
+        try:
+            await broker.publish(topic, payload, key=key, headers=headers)
+            return
+        except Exception as exc:  # the broker is down: keep the order, wait, retry
+            _log.warning("relay could not publish to %s (%s); retrying", topic, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_BACKOFF)
+
+
+class OutboxRelay:
+    """Sends ``store.outbox`` messages to the broker, oldest first."""
+
+    def __init__(self, store: Store, broker: Broker, id_header: str) -> None:
+        self.store = store
+        self.broker = broker
+        self.id_header = id_header
+        self.sent = 0
+
+    async def run(self) -> None:
+        """Relay forever (cancel to stop); holds the outbox lock while relaying."""
+        outbox = self.store.outbox
+        added: asyncio.Event | None = getattr(outbox, "added", None)
+        async with self.store.lock(_OUTBOX_LOCK):
+            while True:
+                if added is not None:
+                    added.clear()
+                batch = await outbox.pending(_BATCH)
+                for msg in batch:
+                    await _publish(
+                        self.broker,
+                        msg.topic,
+                        msg.payload,
+                        msg.key,
+                        {self.id_header: msg.message_id},
+                    )
+                if batch:
+                    await outbox.remove([m.seq for m in batch])
+                    self.sent += len(batch)
+                    continue
+                try:
+                    async with asyncio.timeout(_IDLE_POLL):
+                        if added is None:
+                            await asyncio.sleep(_IDLE_POLL)
+                        else:
+                            await added.wait()
+                except TimeoutError:
+                    pass  # another process may have added messages: look again
+
+
+class EventRelay:
+    """Publishes the store's events to the broker in global order from a checkpoint."""
+
+    def __init__(
+        self,
+        store: Store,
+        broker: Broker,
+        id_header: str,
+        checkpoint: str = EVENT_RELAY_CHECKPOINT,
+        checkpoint_every: int = _BATCH,
+    ) -> None:
+        self.store = store
+        self.broker = broker
+        self.id_header = id_header
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
+        self.sent = 0
+
+    async def run(self) -> None:
+        """Relay forever (cancel to stop); holds the relay's lock while relaying."""
+        store = self.store
+        async with store.lock(self.checkpoint):
+            position = await store.checkpoints.get(self.checkpoint)
+            unsaved = 0
+            try:
+                async for rec in store.subscribe(after=position):
+                    env = rec.envelope
+                    await _publish(
+                        self.broker,
+                        env.type,
+                        env.to_bytes(),
+                        rec.stream_id,
+                        {self.id_header: env.id},
+                    )
+                    position = rec.position
+                    self.sent += 1
+                    unsaved += 1
+                    if unsaved >= self.checkpoint_every:
+                        await store.checkpoints.set(self.checkpoint, position)
+                        unsaved = 0
+            finally:
+                if unsaved:
+                    await asyncio.shield(store.checkpoints.set(self.checkpoint, position))
