@@ -346,7 +346,7 @@ class SqliteLeases:
         """Wait for the lease on ``name`` and keep it renewed until the block exits."""
         local = self._local.setdefault(name, asyncio.Lock())
         async with local:  # contenders in this process queue here instead of polling
-            while not await self._db.run(self._try, name, time.time()):  # noqa: ASYNC110
+            while not await self._acquire(name):  # noqa: ASYNC110 - other processes hold it
                 await asyncio.sleep(self.ttl / 4)
             renewer = asyncio.create_task(self._renew(name))
             try:
@@ -354,11 +354,25 @@ class SqliteLeases:
             finally:
                 renewer.cancel()
                 await asyncio.gather(renewer, return_exceptions=True)
-                await self._db.run(
-                    lambda conn: conn.execute(
-                        "DELETE FROM ef_leases WHERE name = ? AND owner = ?", (name, self._owner)
-                    )
-                )
+                await asyncio.shield(self._release(name))
+
+    async def _acquire(self, name: str) -> bool:
+        # Shielded: if the caller is cancelled (a lock timeout) while the INSERT runs on the
+        # database thread and it succeeds, the lease is given back rather than left held.
+        attempt = asyncio.ensure_future(self._db.run(self._try, name, time.time()))
+        try:
+            return await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            if await attempt:
+                await self._release(name)
+            raise
+
+    async def _release(self, name: str) -> None:
+        await self._db.run(
+            lambda conn: conn.execute(
+                "DELETE FROM ef_leases WHERE name = ? AND owner = ?", (name, self._owner)
+            )
+        )
 
     async def _renew(self, name: str) -> None:
         while True:
