@@ -1,0 +1,149 @@
+"""ctx.transaction(): the handler's writes, the dedup entry and the outgoing messages commit
+together (transactional inbox + outbox), on the SQL stores; and the event relay."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eventflow import App, Context, Envelope, Event, RetryPolicy, subscribe
+from eventflow.ports import Store
+from eventflow.stores import store_for
+from eventflow.testing.postgres import isolated_schema, postgres_url
+
+Wait = Callable[..., Awaitable[None]]
+
+
+class TxDeposit(Event, type="it.tx.deposit"):
+    """Money in."""
+
+    account: str
+    amount: int
+
+
+class TxDeposited(Event, type="it.tx.deposited"):
+    """Money booked."""
+
+    account: str
+    amount: int
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    if request.param == "sqlite":
+        yield store_for(f"sqlite:///{tmp_path / 'tx.db'}")
+        return
+    async with isolated_schema(postgres_url()) as url:
+        yield store_for(url)
+
+
+def _sql(store: Store) -> tuple[str, str, str]:
+    """(create table, insert, count) statements in the store's parameter style."""
+    mark = "?" if "sqlite" in store.url else "$1"
+    mark2 = "?" if "sqlite" in store.url else "$2"
+    return (
+        "CREATE TABLE IF NOT EXISTS it_ledger (account TEXT, amount INTEGER)",
+        f"INSERT INTO it_ledger (account, amount) VALUES ({mark}, {mark2})",
+        "SELECT COUNT(*), COALESCE(SUM(amount), 0) FROM it_ledger",
+    )
+
+
+async def _ledger(store: Store) -> tuple[int, int]:
+    async with store.transaction() as tx:
+        rows = await tx.fetch(_sql(store)[2])
+    return int(rows[0][0]), int(rows[0][1])
+
+
+async def test_effects_dedup_and_outbox_commit_together(
+    store: Store, broker_url: str, waiter: Wait
+) -> None:
+    create, insert, _ = _sql(store)
+    booked: list[TxDeposited] = []
+    fail_first = {"n": 0}
+
+    @subscribe("it.tx.deposit", group="ledger", retry=RetryPolicy(3, initial_delay=0.01))
+    async def book(event: TxDeposit, ctx: Context) -> None:
+        async with ctx.transaction() as tx:
+            await tx.execute(insert, event.account, event.amount)
+            await ctx.publish(TxDeposited(account=event.account, amount=event.amount))
+        if event.amount == 7 and fail_first["n"] == 0:
+            fail_first["n"] += 1
+            raise RuntimeError("after the insert: the whole attempt must roll back")
+
+    @subscribe("it.tx.deposited", group="notify")
+    async def notify(event: TxDeposited) -> None:
+        booked.append(event)
+
+    app = App("it-tx", broker=broker_url, store=store, handlers=[book, notify])
+    async with app:
+        async with store.transaction() as tx:
+            await tx.execute(create)
+        first = await app.publish(TxDeposit(account="a", amount=5), key="a")
+        await app.publish(TxDeposit(account="a", amount=7), key="a")
+        await app.publish(first)  # a duplicate: must not book twice
+        await waiter(lambda: len(booked) == 2, what="two bookings relayed")
+        await asyncio.sleep(0.2)  # nothing more arrives
+        assert await _ledger(store) == (2, 12)
+        assert sorted(e.amount for e in booked) == [5, 7]
+        assert fail_first["n"] == 1
+        assert await store.outbox.pending() == []  # relayed and removed
+        assert await store.dedup.seen("ledger", first.id)
+
+
+async def test_a_failed_attempt_leaves_nothing(
+    store: Store, broker_url: str, waiter: Wait
+) -> None:
+    create, insert, _ = _sql(store)
+
+    @subscribe("it.tx.deposit", group="ledger", retry=RetryPolicy(2, initial_delay=0.01))
+    async def book(event: TxDeposit, ctx: Context) -> None:
+        async with ctx.transaction() as tx:
+            await tx.execute(insert, event.account, event.amount)
+            await ctx.publish(TxDeposited(account=event.account, amount=event.amount))
+        raise RuntimeError("always fails")
+
+    app = App("it-tx-fail", broker=broker_url, store=store, handlers=[book])
+    async with app:
+        async with store.transaction() as tx:
+            await tx.execute(create)
+        env = await app.publish(TxDeposit(account="b", amount=1), key="b")
+        await waiter(
+            lambda: app.stats()["ledger:it.tx.deposit"]["dead_lettered"] == 1, what="the DLQ"
+        )
+        assert await _ledger(store) == (0, 0)
+        assert await store.outbox.pending() == []
+        assert not await store.dedup.seen("ledger", env.id)
+
+
+async def test_event_relay_publishes_appended_events_in_stream_order(
+    broker_url: str, waiter: Wait, tmp_path: Path
+) -> None:
+    got: list[Envelope] = []
+
+    @subscribe("it.tx.>", group="audit")
+    async def audit(env: Envelope) -> None:
+        got.append(env)
+
+    store = store_for(f"sqlite:///{tmp_path / 'relay.db'}")
+    app = App("it-relay", broker=broker_url, store=store, handlers=[audit], relay_events=True)
+    async with app:
+        for n in range(1, 6):
+            await store.append("acct-1", [TxDeposit(account="1", amount=n)])
+            await store.append("acct-2", [TxDeposit(account="2", amount=n)])
+        await waiter(lambda: len(got) == 10, what="the relayed events")
+        by_stream: dict[str | None, list[Any]] = {}
+        for env in got:
+            by_stream.setdefault(env.key, []).append(env.data["amount"])
+        assert by_stream == {"acct-1": [1, 2, 3, 4, 5], "acct-2": [1, 2, 3, 4, 5]}
+    # The relay's checkpoint survives: a restarted app relays nothing twice.
+    got.clear()
+    app2 = App("it-relay", broker=broker_url, store=store, handlers=[audit], relay_events=True)
+    async with app2:
+        await store.append("acct-3", [TxDeposit(account="3", amount=1)])
+        await waiter(lambda: len(got) == 1, what="only the new event")
+        await asyncio.sleep(0.2)
+        assert [e.key for e in got] == ["acct-3"]
