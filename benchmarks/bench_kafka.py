@@ -36,7 +36,6 @@ from pydantic import BaseModel
 
 from eventflow import App, Context, Event, subscribe
 from eventflow.adapters.kafka import KafkaBroker, KafkaBrokerConfig
-from eventflow.envelope import Envelope
 from eventflow.events import to_envelope
 from eventflow.testing.kafka_server import KafkaServer
 

@@ -8,6 +8,7 @@
     eventflow status                              running app instances and DLQ sizes
     eventflow schema export|check|asyncapi        event schema registry in git, CI check
     eventflow projections list|status|rebuild     projections: lag, rebuild from the log
+    eventflow store init|read|tail                the event store: schema, streams, live log
 
 Exit codes: 0 success, 1 the command failed (unknown id, failed check), 2 bad usage (bad
 MODULE:APP, bad URL, missing option), 130 interrupted. User errors print one line on
@@ -24,6 +25,7 @@ from ..errors import EventflowError
 from . import dlq, run, status
 from . import projections as _projections
 from . import schema as _schema
+from . import store as _store
 from ._common import EXIT_FAILURE, CliError
 
 __all__ = ["build_parser", "main"]
@@ -84,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_parser(subparsers)
     _projections.add_parser(subparsers)
     _schema.add_parser(subparsers)
+    _store.add_parser(subparsers)
     return parser
 
 

@@ -13,7 +13,14 @@ from eventflow.adapters.kafka import KafkaBroker, KafkaBrokerConfig
 from eventflow.adapters.kafka.config import kafka_topic, pattern_regex
 from eventflow.brokers import open_broker
 from eventflow.errors import ConfigurationError
-from eventflow.testing import BrokerContract, BrokerFactory, broker_pool, collect, drain, unique_name
+from eventflow.testing import (
+    BrokerContract,
+    BrokerFactory,
+    broker_pool,
+    collect,
+    drain,
+    unique_name,
+)
 from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
 
 pytestmark = pytest.mark.service("kafka")

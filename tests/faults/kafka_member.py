@@ -33,7 +33,7 @@ async def main() -> None:
     parser.add_argument("--max-attempts", type=int, default=3)
     parser.add_argument("--crash-on-poison", action="store_true")
     args = parser.parse_args()
-    out = open(args.out, "a", buffering=1)  # noqa: SIM115 - one write(2) per line, kept open
+    out = open(args.out, "a", buffering=1)  # noqa: SIM115, ASYNC230 - one write(2) per line
 
     policy = RetryPolicy(max_attempts=args.max_attempts, initial_delay=0.01, max_delay=0.05)
 
