@@ -7,7 +7,8 @@ and acked:
 
 - raw: ``js.publish`` (awaiting each PubAck, ``Nats-Msg-Id`` set) and a durable pull
   consumer ``fetch(batch=64)`` + ``msg.ack()`` — the least a JetStream consumer must do.
-- faststream: FastStream's ``NatsBroker``, a pull subscriber (``PullSub(batch_size=64)``),
+- faststream: FastStream's ``NatsBroker``, a pull subscriber (``PullSub(batch_size=64)``,
+  ``--faststream-batch`` to change; FastStream's default is 1),
   ``broker.publish`` with the same ``Nats-Msg-Id``, handler taking the decoded dict.
 - eventflow: ``app.publish(event, key=...)`` -> JetStream -> envelope decode -> typed event
   -> dedup check (memory dedup store) -> empty handler -> dedup mark -> ack.
@@ -129,7 +130,7 @@ async def bench_raw(url: str, n: int, keys: int) -> float:
     return n / elapsed
 
 
-async def bench_faststream(url: str, n: int, keys: int) -> float:
+async def bench_faststream(url: str, n: int, keys: int, batch: int) -> float:
     """FastStream's NATS broker with a JetStream pull subscriber."""
     messages = _wire(n, keys)
     name = f"FS_{uuid.uuid4().hex[:8]}"
@@ -141,7 +142,7 @@ async def bench_faststream(url: str, n: int, keys: int) -> float:
     @broker.subscriber(
         subject,
         stream=JStream(name, subjects=[f"{name}.>"]),
-        pull_sub=PullSub(batch_size=64, timeout=1.0),
+        pull_sub=PullSub(batch_size=batch, timeout=1.0),
         durable="fs",
     )
     async def handle(body: dict) -> None:  # type: ignore[type-arg]
@@ -220,6 +221,12 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument(
+        "--faststream-batch",
+        type=int,
+        default=64,
+        help="FastStream PullSub batch_size (64 like eventflow's fetch; FastStream's default is 1)",
+    )
     parser.add_argument("--url", default=None, help="an existing NATS server (default: start one)")
     args = parser.parse_args()
 
@@ -231,7 +238,7 @@ def main() -> None:
     with _server(args.url) as url:
         for i in range(args.rounds):
             raw = asyncio.run(bench_raw(url, args.events, args.keys))
-            fs = asyncio.run(bench_faststream(url, args.events, args.keys))
+            fs = asyncio.run(bench_faststream(url, args.events, args.keys, args.faststream_batch))
             flow = asyncio.run(bench_eventflow(url, args.events, args.keys, args.concurrency))
             raws.append(raw)
             fss.append(fs)
@@ -245,7 +252,8 @@ def main() -> None:
             )
     print(
         f"median over {args.rounds} rounds of {args.events} events "
-        f"(eventflow concurrency={args.concurrency}): raw nats-py {statistics.median(raws):,.0f}"
+        f"(eventflow concurrency={args.concurrency}, FastStream batch_size="
+        f"{args.faststream_batch}): raw nats-py {statistics.median(raws):,.0f}"
         f" events/s; FastStream {statistics.median(fss):,.0f} events/s; eventflow "
         f"{statistics.median(flows):,.0f} events/s; eventflow/raw "
         f"x{statistics.median(vs_raw):.2f} (target >= 0.6), eventflow/FastStream "

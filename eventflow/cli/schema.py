@@ -170,7 +170,9 @@ def command(args: argparse.Namespace) -> int:
         )
         return 0
     try:
-        report = check_registry(registry, args.dir, allow_removal=args.allow_removal)
+        report = check_registry(
+            registry, args.dir, allow_removal=args.allow_removal, include=args.include
+        )
     except EventflowError as exc:
         raise CliError(str(exc), EXIT_FAILURE) from None
     if args.json:

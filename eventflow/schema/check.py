@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ..events import EventRegistry
+from ..patterns import matches
 from .compat import Direction, Incompatibility, compare_versions
 from .contract import contract_diff
 from .export import (
@@ -52,10 +55,18 @@ def check_registry(
     directory: str | os.PathLike[str],
     *,
     allow_removal: bool = False,
+    include: Iterable[str] = (),
 ) -> CheckReport:
-    """Check the types of ``registry`` against the registry committed under ``directory``."""
+    """Check the types of ``registry`` against the registry committed under ``directory``.
+
+    ``include`` (NATS-style patterns) limits the committed types looked at, as
+    :func:`~eventflow.schema.export.select_events` limits the code's.
+    """
     report = CheckReport(str(directory))
     index = load_index(directory)
+    patterns = tuple(include)
+    if index is not None and patterns:
+        index.types = {t: e for t, e in index.types.items() if any(matches(p, t) for p in patterns)}
     if index is None:
         report.problems.append(
             Problem(
@@ -78,31 +89,35 @@ def check_registry(
             continue
         _TypeCheck(report, registry, Path(directory), event_type, entry, allow_removal).run()
     if index.types and not report.errors:
-        expected = _expected_index(registry, index)
-        actual = (Path(directory) / INDEX_FILE).read_text(encoding="utf-8")
-        if expected != actual:
+        stale = _stale_entries(registry, index, Path(directory) / INDEX_FILE)
+        if stale:
             report.problems.append(
                 Problem(
                     "warning",
                     "schema-stale",
-                    "*",
+                    stale[0],
                     None,
                     "",
-                    f"{INDEX_FILE} does not match the code (modes or upcasters changed)",
+                    f"{INDEX_FILE} does not match the code for {', '.join(stale)} (modes or "
+                    "upcasters changed)",
                     "re-run `eventflow schema export` and commit",
                 )
             )
     return report
 
 
-def _expected_index(registry: EventRegistry, index: Index) -> str:
-    fresh = Index({t: copy.deepcopy(e) for t, e in index.types.items()})
+def _stale_entries(registry: EventRegistry, index: Index, path: Path) -> list[str]:
+    """The code's types whose index entry an export would change."""
+    written = json.loads(path.read_text(encoding="utf-8")).get("types", {})
+    stale = []
     for event_type, versions in registry.types().items():
-        entry = fresh.types.setdefault(event_type, TypeEntry())
+        entry = copy.deepcopy(index.types.get(event_type, TypeEntry()))
         entry.compatibility = mode_of(registry, event_type)
         entry.versions = sorted(set(entry.versions) | set(versions))
         entry.upcasters = sorted(v for (t, v) in registry.upcasters() if t == event_type)
-    return dumps(fresh.to_json())
+        if written.get(event_type) != entry.to_json(event_type):
+            stale.append(event_type)
+    return stale
 
 
 def _removed_type(

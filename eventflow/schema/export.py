@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -43,6 +43,7 @@ __all__ = [
     "load_index",
     "load_schema",
     "mode_of",
+    "schema_path",
     "select_events",
 ]
 
@@ -318,11 +319,3 @@ def export_registry(
         os.replace(tmp, path)
         result.written.append(rel)
     return result
-
-
-def code_schemas(registry: EventRegistry) -> Mapping[str, dict[int, dict[str, Any]]]:
-    """Every type's schemas as the code defines them: type -> version -> schema."""
-    return {
-        t: {v: event_schema(registry.get(t, v)) for v in versions}
-        for t, versions in registry.types().items()
-    }

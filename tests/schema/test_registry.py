@@ -205,3 +205,33 @@ def bad_mode_rejected() -> bool:
             x: int
 
     return True
+
+
+def test_mode_change_without_export_is_a_stale_index_warning(project: Project) -> None:
+    project.write(v1())
+    project.cli("export")
+    project.write(v1(mode="full"))
+
+    check = project.cli("check", "--json")
+
+    assert check.code == 0
+    (problem,) = check.json()["problems"]
+    assert (problem["severity"], problem["rule"]) == ("warning", "schema-stale")
+    assert check.json()["types"][project.type]["compatibility"] == "full"
+    project.cli("export")
+    assert project.cli("check", "--json").json()["problems"] == []
+
+
+def test_include_limits_the_committed_types_too(project: Project) -> None:
+    project.write(
+        v1()
+        + v1()
+        .split("from eventflow import Event, upcaster")[1]
+        .replace('ThingV1(Event, type="{T}"', 'OtherV1(Event, type="{T}_b"')
+    )
+    assert project.cli("export").code == 0
+    project.new_module()
+    project.write(v1())
+
+    assert project.cli("check", "--include", project.type).code == 0
+    assert project.cli("check").code == 1  # {T}_b is gone: type-removed

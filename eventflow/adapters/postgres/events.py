@@ -34,7 +34,7 @@ _SEQUENCER_POLL = 0.2  # seconds between checks for events appended by other pro
 _SUBSCRIBE_POLL = 1.0  # a subscriber re-reads at least this often, notification or not
 _COALESCE = 0.002  # seconds the sequencer waits after a wake-up, to sequence in batches
 _CONFLICT = "EF409"
-_COLUMNS = "position, stream_id, stream_version, envelope"
+_COLUMNS = "p.position, e.stream_id, e.stream_version, e.envelope"
 
 
 def _record(row: Any) -> RecordedEvent:
@@ -89,9 +89,7 @@ class PostgresEventLog:
                     await self._pending.wait()
             except TimeoutError:
                 # Events appended by another process that died before sequencing them.
-                if not await pool.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM ef_events WHERE position IS NULL)"
-                ):
+                if not await pool.fetchval("SELECT EXISTS (SELECT 1 FROM ef_unsequenced)"):
                     continue
             await asyncio.sleep(_COALESCE)  # let concurrent appends join this pass
             self._pending.clear()
@@ -156,7 +154,9 @@ class PostgresEventLog:
         sql = (
             "WITH ins AS (INSERT INTO ef_events (event_id, stream_id, stream_version, type, "
             f"envelope) SELECT i, $1, {base} + o, t, e FROM unnest($2::text[], $3::text[], "
-            f"$4::bytea[]) WITH ORDINALITY AS u(i, t, e, o){guard} RETURNING stream_version) "
+            f"$4::bytea[]) WITH ORDINALITY AS u(i, t, e, o){guard} "
+            "RETURNING id, stream_version), "
+            "queued AS (INSERT INTO ef_unsequenced (id) SELECT id FROM ins) "
             "SELECT MAX(stream_version) FROM ins"
         )
         try:
@@ -230,8 +230,9 @@ class PostgresEventLog:
             cursor = (from_version or 1) - 1
             cmp, order = ">", "ASC"
         sql = (
-            f"SELECT {_COLUMNS} FROM ef_events WHERE stream_id = $1 AND stream_version {cmp} $2 "
-            f"ORDER BY stream_version {order} LIMIT $3"
+            f"SELECT {_COLUMNS} FROM ef_events e LEFT JOIN ef_positions p ON p.id = e.id "
+            f"WHERE e.stream_id = $1 AND e.stream_version {cmp} $2 "
+            f"ORDER BY e.stream_version {order} LIMIT $3"
         )
         while remaining is None or remaining > 0:
             batch = _READ_BATCH if remaining is None else min(_READ_BATCH, remaining)
@@ -256,7 +257,10 @@ class PostgresEventLog:
         remaining = limit
         cursor = after
         await self._sync()
-        sql = f"SELECT {_COLUMNS} FROM ef_events WHERE position > $1 ORDER BY position LIMIT $2"
+        sql = (
+            f"SELECT {_COLUMNS} FROM ef_positions p JOIN ef_events e ON e.id = p.id "
+            "WHERE p.position > $1 ORDER BY p.position LIMIT $2"
+        )
         while remaining is None or remaining > 0:
             batch = _READ_BATCH if remaining is None else min(_READ_BATCH, remaining)
             async with self.db.connection() as conn:

@@ -1,9 +1,9 @@
 """The PostgreSQL schema of eventflow: tables, indexes and two functions.
 
-``ef_append`` appends a batch to a stream in one round trip: it checks the expected
-version, skips event ids already stored and inserts the rest with ``position`` NULL.
-``ef_sequence`` gives positions to committed, unsequenced events (see ``docs/event-store.md``
-for why positions are assigned after commit rather than at insert).
+``ef_append`` appends a batch to a stream: it checks the expected version, skips event ids
+already stored, inserts the rest and queues their ids in ``ef_unsequenced``.
+``ef_sequence`` gives the next positions to committed queued events, in ``ef_positions``
+(see ``docs/event-store.md`` for why positions are assigned after commit).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ SEQUENCER_LOCK = 1701147505  # the advisory lock key ef_sequence() takes (keep i
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS ef_events (
     id bigserial PRIMARY KEY,
-    position bigint UNIQUE,
     event_id text NOT NULL UNIQUE,
     stream_id text NOT NULL,
     stream_version bigint NOT NULL,
@@ -23,7 +22,15 @@ CREATE TABLE IF NOT EXISTS ef_events (
     envelope bytea NOT NULL,
     UNIQUE (stream_id, stream_version)
 );
-CREATE INDEX IF NOT EXISTS ef_events_unsequenced ON ef_events (id) WHERE position IS NULL;
+-- ids of committed-or-not events still waiting for a position (written by appends)
+CREATE TABLE IF NOT EXISTS ef_unsequenced (
+    id bigint PRIMARY KEY
+);
+-- the global order: narrow rows written by the sequencer, never updated
+CREATE TABLE IF NOT EXISTS ef_positions (
+    position bigint PRIMARY KEY,
+    id bigint NOT NULL UNIQUE
+);
 CREATE TABLE IF NOT EXISTS ef_sequence (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     last bigint NOT NULL
@@ -101,10 +108,14 @@ BEGIN
     IF fresh IS NULL THEN
         RETURN cur;
     END IF;
-    INSERT INTO ef_events (event_id, stream_id, stream_version, type, envelope)
-    SELECT p_ids[i], p_stream, cur + ord, p_types[i], p_envelopes[i]
-      FROM unnest(fresh) WITH ORDINALITY AS f(i, ord)
-     ORDER BY ord;
+    WITH ins AS (
+        INSERT INTO ef_events (event_id, stream_id, stream_version, type, envelope)
+        SELECT p_ids[i], p_stream, cur + ord, p_types[i], p_envelopes[i]
+          FROM unnest(fresh) WITH ORDINALITY AS f(i, ord)
+         ORDER BY ord
+        RETURNING id
+    )
+    INSERT INTO ef_unsequenced (id) SELECT id FROM ins;
     RETURN cur + cardinality(fresh);
 END
 $$;
@@ -114,18 +125,20 @@ DECLARE
     base bigint;
     n bigint;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM ef_events WHERE position IS NULL) THEN
+    IF NOT EXISTS (SELECT 1 FROM ef_unsequenced) THEN
         RETURN 0;
     END IF;
     -- One sequencer at a time (waits for the current one): positions are handed out in
-    -- one place, to committed rows only, in insertion order.
+    -- one place, to committed events only, in insertion (id) order.
     PERFORM pg_advisory_xact_lock(1701147505);
     SELECT last INTO base FROM ef_sequence;
-    WITH pending AS (
-        SELECT id, row_number() OVER (ORDER BY id) AS rn
-          FROM (SELECT id FROM ef_events WHERE position IS NULL ORDER BY id LIMIT p_batch) p
+    WITH taken AS (
+        DELETE FROM ef_unsequenced
+         WHERE id IN (SELECT id FROM ef_unsequenced ORDER BY id LIMIT p_batch)
+        RETURNING id
     )
-    UPDATE ef_events e SET position = base + pending.rn FROM pending WHERE e.id = pending.id;
+    INSERT INTO ef_positions (position, id)
+    SELECT base + row_number() OVER (ORDER BY id), id FROM taken;
     GET DIAGNOSTICS n = ROW_COUNT;
     IF n > 0 THEN
         UPDATE ef_sequence SET last = base + n;
