@@ -9,9 +9,10 @@ consumer's model expects.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -234,6 +235,29 @@ class Event(BaseModel):
         if cls.event_type and "event_type" in cls.__dict__:
             default_registry.register(cls)
 
+    @classmethod  # type: ignore[no-redef]  # the pydantic mypy plugin declares it too
+    def model_construct(  # type: ignore[override]
+        cls, _fields_set: set[str] | None = None, **values: Any
+    ) -> Self:
+        """pydantic's ``model_construct`` (no validation); the instance is validated when it
+        is published instead."""
+        instance = super().model_construct(_fields_set, **values)
+        UNVALIDATED.add(instance)
+        return instance
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """pydantic's ``model_copy``; a copy with ``update`` (not validated) is validated when
+        it is published."""
+        copied = super().model_copy(update=update, deep=deep)
+        if update or self in UNVALIDATED:
+            UNVALIDATED.add(copied)
+        return copied
+
+
+UNVALIDATED: weakref.WeakSet[Event] = weakref.WeakSet()
+"""Event instances built without validation (``model_construct``, ``model_copy(update=)``):
+publishing validates these, and only these, before sending."""
+
 
 def upcaster(event_type: str, *, from_version: int) -> Callable[[F], F]:
     """Register a function turning ``event_type`` data of ``from_version`` into the next version.
@@ -291,6 +315,6 @@ def to_envelope(
             "causation_id": causation_id,
             "key": key,
             "headers": hdrs,
-            "data": message.__pydantic_serializer__.to_python(message, mode="json"),
+            "data": message.__pydantic_serializer__.to_python(message, mode="json", warnings=False),
         }
     )

@@ -111,9 +111,7 @@ async def test_subscriber_never_skips_late_commits(store: PostgresStore) -> None
     naive = asyncio.create_task(_naive_reader(cfg.dsn, cfg.schema, stop_naive))
     follower = asyncio.create_task(follow())
     deadline = time.monotonic() + DURATION
-    await asyncio.gather(
-        *(_writer(store, w, deadline, committed, rolled) for w in range(WRITERS))
-    )
+    await asyncio.gather(*(_writer(store, w, deadline, committed, rolled) for w in range(WRITERS)))
     # Every committed event reaches the subscriber (bounded wait), then a short quiet
     # period catches anything extra.
     limit = time.monotonic() + 30

@@ -94,9 +94,7 @@ async def test_effects_dedup_and_outbox_commit_together(
         assert await store.dedup.seen("ledger", first.id)
 
 
-async def test_a_failed_attempt_leaves_nothing(
-    store: Store, broker_url: str, waiter: Wait
-) -> None:
+async def test_a_failed_attempt_leaves_nothing(store: Store, broker_url: str, waiter: Wait) -> None:
     create, insert, _ = _sql(store)
 
     @subscribe("it.tx.deposit", group="ledger", retry=RetryPolicy(2, initial_delay=0.01))

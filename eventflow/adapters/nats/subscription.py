@@ -137,16 +137,36 @@ class NatsDelivery:
             await sub.nc.publish(self._reply, _NAK)
 
     async def release(self) -> None:
-        """Give the message back without counting this delivery (no handler saw it)."""
+        """Give the message back without counting this delivery (no handler saw it).
+
+        The message goes back into this member's buffer at its place in sequence order (the
+        server still counts it as delivered once, to us), so it is handed out again first; if
+        the member leaves before that, it is given back to the server with the rest, in
+        order, and its release recorded so the redelivery is not counted.
+        """
         if self._settled:
             return
         self._settled = True
         sub, part = self._sub, self._part
         if sub.closed or part.out.pop(self.seq, None) is None:
             return
-        await sub.broker._record_release(part.consumer, self.seq, self._comp + 1)
-        part.awaiting[self.seq] = sub.now() + sub.await_guard
-        await sub.nc.publish(self._reply, _NAK)
+        again = NatsDelivery(
+            sub,
+            part,
+            self._reply,
+            self.topic,
+            self.payload,
+            self.key,
+            self.headers,
+            self.seq,
+            self.consumer_seq,
+            self.delivery_count,
+            self._comp,
+        )
+        part.insert(again)
+        sub._ready.set()
+        if part.draining:
+            sub.kick()
 
     async def in_progress(self) -> None:
         """Reset the server's ack timer for this message."""
@@ -187,6 +207,17 @@ class _Part:
         self.delayed: dict[int, tuple[float, NatsDelivery]] = {}  # nack(delay): due, delivery
         self.pull_left = 0  # messages still owed by outstanding pull requests
         self.pull_until = 0.0  # when the last outstanding pull request expires
+
+    def insert(self, d: NatsDelivery) -> None:
+        """Buffer ``d`` in stream-sequence order (a redelivery or a release goes back in)."""
+        buf = self.buffer
+        if buf and buf[-1].seq > d.seq:
+            pos = len(buf)
+            while pos and buf[pos - 1].seq > d.seq:
+                pos -= 1
+            buf.insert(pos, d)
+        else:
+            buf.append(d)
 
     def held(self) -> list[NatsDelivery]:
         """Every message this member holds for the partition, by stream sequence."""
@@ -429,14 +460,7 @@ class NatsSubscription:
             count - comp,
             comp,
         )
-        buf = part.buffer
-        if buf and buf[-1].seq > seq:  # a redelivery: back in sequence order
-            pos = len(buf)
-            while pos and buf[pos - 1].seq > seq:
-                pos -= 1
-            buf.insert(pos, d)
-        else:
-            buf.append(d)
+        part.insert(d)
         self._ready.set()
         if part.draining or self.closed:
             self._kick.set()

@@ -32,7 +32,7 @@ _READ_BATCH = 1000
 _SEQUENCE_BATCH = 10_000
 _SEQUENCER_POLL = 0.2  # seconds between checks for events appended by other processes
 _SUBSCRIBE_POLL = 1.0  # a subscriber re-reads at least this often, notification or not
-_COALESCE = 0.002  # seconds the sequencer waits after a wake-up, to sequence in batches
+_COALESCE = 0.01  # seconds the sequencer waits after a wake-up, to sequence in batches
 _CONFLICT = "EF409"
 _COLUMNS = "p.position, e.stream_id, e.stream_version, e.envelope"
 
