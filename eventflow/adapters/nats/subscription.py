@@ -551,6 +551,7 @@ class NatsSubscription:
                 await self._give_back(part, everything=False)
                 await self._release_leases([part])
                 del self._parts[index]
+                _log.debug("member %s of %s released partition %d", self.member_id, self.group, index)
                 changed = True
         if now >= self._next_keepalive:
             # Refresh leases just before the in-progress heartbeats, so a lease always
@@ -580,6 +581,7 @@ class NatsSubscription:
         part = _Part(index, consumer_name(self._gid, index), broker.config.stream, self._inbox, key)
         part.lease_rev = rev
         self._parts[index] = part
+        _log.debug("member %s of %s claimed partition %d", self.member_id, self.group, index)
         return True
 
     async def _refresh_leases(self) -> None:
