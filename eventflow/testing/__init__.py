@@ -2,6 +2,8 @@
 
 ``eventflow.testing.broker_contract.BrokerContract`` is the Broker port's contract; an adapter's
 test module subclasses it and provides a ``broker_factory`` fixture (see that module).
+``eventflow.testing.store_contract.StoreContract`` is the event store's, with a
+``store_factory`` fixture.
 This package imports pytest, so import it from tests only.
 """
 
@@ -15,14 +17,18 @@ from .broker_contract import (
     eventually,
     unique_name,
 )
+from .store_contract import StoreContract, StoreFactory, store_pool
 
 __all__ = (
     "BrokerContract",
     "BrokerFactory",
     "Member",
+    "StoreContract",
+    "StoreFactory",
     "broker_pool",
     "collect",
     "drain",
     "eventually",
+    "store_pool",
     "unique_name",
 )

@@ -1,0 +1,65 @@
+"""The event store's contract suite (``EventStore`` and the ``Store`` parts built on it),
+shared by every store adapter.
+
+An adapter's test module subclasses :class:`StoreContract` and provides one fixture,
+``store_factory``: a :class:`StoreFactory` returning stores connected to one fresh, empty
+backend (a new file, database or schema per test), each like another process of the same
+deployment, all closed after the test::
+
+    class TestSqliteStore(StoreContract):
+        @pytest.fixture
+        async def store_factory(self, tmp_path: Path) -> AsyncIterator[StoreFactory]:
+            url = f"sqlite:///{tmp_path}/events.db"
+            async with store_pool(lambda: store_for(url)) as factory:
+                yield factory
+
+A single-process backend (memory) returns the same store every time. Because the backend
+is fresh, positions start at 1 in every test; stream names are unique all the same.
+Waits are bounded polls; a subclass on a slow backend raises ``timeout``.
+"""
+
+from .append import AppendContract
+from .concurrency import ConcurrencyContract
+from .reads import ReadContract
+from .subscribe import SubscribeContract
+from .support import (
+    Follower,
+    Happened,
+    StoreFactory,
+    following,
+    happened,
+    read_all,
+    read_stream,
+    store_pool,
+)
+from .transactions import TransactionContract
+
+__all__ = [
+    "Follower",
+    "Happened",
+    "StoreContract",
+    "StoreFactory",
+    "following",
+    "happened",
+    "read_all",
+    "read_stream",
+    "store_pool",
+]
+
+
+# Bases in reverse: pytest runs inherited tests in reverse MRO order, so this runs the
+# append tests first, then reads, subscribe, transactions and concurrency.
+class StoreContract(
+    ConcurrencyContract,
+    TransactionContract,
+    SubscribeContract,
+    ReadContract,
+    AppendContract,
+):
+    """The guarantees of :class:`eventflow.ports.EventStore` and of the transactional parts
+    of :class:`eventflow.ports.Store`, as tests every store adapter must pass.
+
+    Subclass it as ``class TestXStore(StoreContract)`` and provide the ``store_factory``
+    fixture (see the module docstring). No ``Test`` prefix, so pytest collects it only
+    through its subclasses.
+    """

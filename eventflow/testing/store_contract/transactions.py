@@ -1,0 +1,242 @@
+"""The store contract's tests of the transactional parts: checkpoints, the outbox, the
+transactional inbox (dedup) sharing one transaction, and locks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+import pytest
+
+from ...envelope import Envelope, new_id
+from ...ports import OutboxMessage, Store
+from ..broker_contract import unique_name
+from .support import Happened, StoreContractBase, StoreFactory
+
+__all__ = ["TransactionContract"]
+
+
+class TransactionContract(StoreContractBase):
+    """Checkpoints, outbox and dedup in one transaction (all or nothing), and locks."""
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    async def test_checkpoints_get_set_list_delete(self, store: Store) -> None:
+        """Unknown names are at 0; set overwrites; list shows all; delete forgets."""
+        cps = store.checkpoints
+        a, b = unique_name("cp"), unique_name("cp")
+        assert await cps.get(a) == 0
+        await cps.set(a, 5)
+        await cps.set(b, 2)
+        assert await cps.get(a) == 5
+        await cps.set(a, 9)
+        assert await cps.get(a) == 9
+        listed = await cps.list()
+        assert {k: listed[k] for k in (a, b)} == {a: 9, b: 2}
+        await cps.delete(a)
+        assert await cps.get(a) == 0
+        assert a not in await cps.list()
+        assert await cps.get(b) == 2
+        await cps.delete(unique_name("cp"))  # unknown: no error
+
+    async def test_checkpoint_in_a_committed_transaction_is_set(self, store: Store) -> None:
+        """A checkpoint written with ``tx`` is there once the block exits normally."""
+        name = unique_name("cp")
+        await store.checkpoints.set(name, 3)
+        async with store.transaction() as tx:
+            await store.checkpoints.set(name, 7, tx=tx)
+        assert await store.checkpoints.get(name) == 7
+        async with store.transaction() as tx:
+            await store.checkpoints.delete(name, tx=tx)
+        assert await store.checkpoints.get(name) == 0
+
+    async def test_checkpoint_in_a_rolled_back_transaction_is_unchanged(self, store: Store) -> None:
+        """An exception inside the block rolls back the checkpoint's set and delete."""
+        name, fresh = unique_name("cp"), unique_name("cp")
+        await store.checkpoints.set(name, 3)
+
+        class Boom(Exception):
+            pass
+
+        with pytest.raises(Boom):
+            async with store.transaction() as tx:
+                await store.checkpoints.set(name, 7, tx=tx)
+                await store.checkpoints.set(fresh, 1, tx=tx)
+                raise Boom
+        assert await store.checkpoints.get(name) == 3
+        assert await store.checkpoints.get(fresh) == 0
+        assert fresh not in await store.checkpoints.list()
+
+        with pytest.raises(Boom):
+            async with store.transaction() as tx:
+                await store.checkpoints.delete(name, tx=tx)
+                raise Boom
+        assert await store.checkpoints.get(name) == 3
+
+        async with store.transaction() as tx:  # the store is usable after a rollback
+            await store.checkpoints.set(name, 4, tx=tx)
+        assert await store.checkpoints.get(name) == 4
+
+    async def test_transactions_are_not_visible_before_commit(
+        self, store_factory: StoreFactory
+    ) -> None:
+        """Until the block exits, another connection sees the old checkpoint."""
+        store, other = await store_factory(), await store_factory()
+        name = unique_name("cp")
+        await store.checkpoints.set(name, 1)
+        async with store.transaction() as tx:
+            await store.checkpoints.set(name, 2, tx=tx)
+            assert await other.checkpoints.get(name) == 1
+        assert await other.checkpoints.get(name) == 2
+        assert await store.checkpoints.get(name) == 2
+
+    # -- outbox ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_outbox(got: Sequence[OutboxMessage], sent: Sequence[tuple[str, Envelope]]) -> None:
+        assert [(m.topic, m.message_id, m.key) for m in got] == [
+            (topic, env.id, env.key) for topic, env in sent
+        ]
+        for message, (_, env) in zip(got, sent, strict=True):
+            assert Envelope.from_bytes(message.payload).to_dict() == env.to_dict()
+        seqs = [m.seq for m in got]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+
+    async def test_outbox_add_pending_remove(self, store: Store) -> None:
+        """Messages are pending in the order added (across adds), until removed."""
+        topic = f"{unique_name()}.out"
+        sent = [
+            (topic, Envelope.create(Happened.event_type, {"n": i}, key=f"k{i % 2}"))
+            for i in range(5)
+        ]
+        await store.outbox.add(sent[:2])
+        async with store.transaction() as tx:
+            await store.outbox.add(sent[2:4], tx=tx)
+        await store.outbox.add(sent[4:])
+        pending = await store.outbox.pending()
+        self._check_outbox(pending, sent)
+        self._check_outbox(await store.outbox.pending(limit=2), sent[:2])
+
+        await store.outbox.remove([pending[0].seq, pending[2].seq])
+        self._check_outbox(await store.outbox.pending(), [sent[1], sent[3], sent[4]])
+        await store.outbox.remove([m.seq for m in pending])
+        assert await store.outbox.pending() == []
+        await store.outbox.remove([pending[0].seq])  # already gone: no error
+
+    async def test_outbox_rollback_discards(self, store: Store) -> None:
+        """Messages added in a rolled-back transaction never become pending."""
+        topic = f"{unique_name()}.out"
+        kept = (topic, Envelope.create(Happened.event_type, {"n": 1}))
+        lost = (topic, Envelope.create(Happened.event_type, {"n": 2}))
+
+        class Boom(Exception):
+            pass
+
+        with pytest.raises(Boom):
+            async with store.transaction() as tx:
+                await store.outbox.add([lost], tx=tx)
+                raise Boom
+        assert await store.outbox.pending() == []
+        async with store.transaction() as tx:
+            await store.outbox.add([kept], tx=tx)
+        self._check_outbox(await store.outbox.pending(), [kept])
+
+    # -- transactional inbox (dedup) ---------------------------------------------------------
+
+    async def test_mark_handled_counts_only_once_committed(
+        self, store_factory: StoreFactory
+    ) -> None:
+        """``mark_handled`` in a transaction makes ``dedup.seen`` true only after commit,
+        and never if the transaction rolls back."""
+        store, other = await store_factory(), await store_factory()
+        group, done, undone = unique_name("g"), new_id(), new_id()
+        async with store.transaction() as tx:
+            await store.mark_handled(group, done, tx)
+            assert not await other.dedup.seen(group, done)
+        assert await store.dedup.seen(group, done)
+        assert await other.dedup.seen(group, done)
+        assert not await store.dedup.seen(unique_name("g"), done)  # per group
+
+        class Boom(Exception):
+            pass
+
+        with pytest.raises(Boom):
+            async with store.transaction() as tx:
+                await store.mark_handled(group, undone, tx)
+                raise Boom
+        assert not await store.dedup.seen(group, undone)
+        assert not await other.dedup.seen(group, undone)
+
+    async def test_one_transaction_commits_all_its_writes_together(self, store: Store) -> None:
+        """Checkpoint, outbox message and dedup entry in one transaction: all or nothing."""
+        name, group = unique_name("cp"), unique_name("g")
+        topic = f"{unique_name()}.out"
+
+        class Boom(Exception):
+            pass
+
+        first = Envelope.create(Happened.event_type, {"n": 1})
+        with pytest.raises(Boom):
+            async with store.transaction() as tx:
+                await store.checkpoints.set(name, 1, tx=tx)
+                await store.outbox.add([(topic, first)], tx=tx)
+                await store.mark_handled(group, first.id, tx)
+                raise Boom
+        assert await store.checkpoints.get(name) == 0
+        assert await store.outbox.pending() == []
+        assert not await store.dedup.seen(group, first.id)
+
+        async with store.transaction() as tx:
+            await store.checkpoints.set(name, 1, tx=tx)
+            await store.outbox.add([(topic, first)], tx=tx)
+            await store.mark_handled(group, first.id, tx)
+        assert await store.checkpoints.get(name) == 1
+        self._check_outbox(await store.outbox.pending(), [(topic, first)])
+        assert await store.dedup.seen(group, first.id)
+
+    # -- locks -------------------------------------------------------------------------------
+
+    async def test_lock_makes_a_second_holder_wait(self, store_factory: StoreFactory) -> None:
+        """While one holder is inside ``lock(name)``, another (other connection) waits; it
+        gets the lock once the first exits. Other names are not blocked."""
+        first, second, third = [await store_factory() for _ in range(3)]
+        name = unique_name("lock")
+        order: list[str] = []
+        entered = asyncio.Event()
+
+        async def contender() -> None:
+            async with second.lock(name):
+                order.append("second in")
+                entered.set()
+
+        # leaving the group waits for the contender, which needs the lock released first
+        async with asyncio.timeout(self.timeout), asyncio.TaskGroup() as tg, first.lock(name):
+            order.append("first in")
+            tg.create_task(contender())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(entered.wait(), self.quiet_period)
+            assert not entered.is_set(), "the lock was held twice"
+            async with third.lock(unique_name("lock")):
+                order.append("other name")
+            order.append("first out")
+        assert order == ["first in", "other name", "first out", "second in"]
+
+    async def test_lock_is_released_when_the_block_raises(
+        self, store_factory: StoreFactory
+    ) -> None:
+        """An exception inside ``lock(name)`` releases it."""
+        first, second = await store_factory(), await store_factory()
+        name = unique_name("lock")
+
+        class Boom(Exception):
+            pass
+
+        with pytest.raises(Boom):
+            async with first.lock(name):
+                raise Boom
+        async with asyncio.timeout(self.timeout):
+            async with second.lock(name):
+                pass
+            async with first.lock(name):
+                pass
