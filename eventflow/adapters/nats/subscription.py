@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from nats.errors import Error as NatsError
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
 from ...errors import BrokerError
@@ -45,6 +46,7 @@ _ACK = b""
 _NAK = b"-NAK"
 _WPI = b"+WPI"
 _MAX_BLOCKED_BUFFER = 1000
+_PULL_LOST_AFTER = 10.0
 _log = logging.getLogger("eventflow.nats")
 
 
@@ -189,8 +191,10 @@ class _Part:
         "lease_rev",
         "next_subject",
         "out",
+        "pull_id",
         "pull_left",
         "pull_until",
+        "settling",
     )
 
     def __init__(self, index: int, consumer: str, stream: str, inbox: str, lease_key: str) -> None:
@@ -205,8 +209,13 @@ class _Part:
         self.out: dict[int, NatsDelivery] = {}  # handed out, not settled
         self.awaiting: dict[int, float] = {}  # seq given back -> give up waiting at
         self.delayed: dict[int, tuple[float, NatsDelivery]] = {}  # nack(delay): due, delivery
-        self.pull_left = 0  # messages still owed by outstanding pull requests
-        self.pull_until = 0.0  # when the last outstanding pull request expires
+        # A new owner hands out nothing until the consumer's redelivery queue is drained (a
+        # first delivery or an ended pull shows it is): what earlier owners gave back may sit
+        # in that queue in any order, and the buffer sorts it.
+        self.settling = True
+        self.pull_id = 0  # the current pull request (named in its reply subject)
+        self.pull_left = 0  # messages still owed by the current pull request
+        self.pull_until = 0.0  # after this, the request is taken as lost (no status came)
 
     def insert(self, d: NatsDelivery) -> None:
         """Buffer ``d`` in stream-sequence order (a redelivery or a release goes back in)."""
@@ -261,7 +270,7 @@ class NatsSubscription:
     async def start(self) -> None:
         """Listen, announce the member, claim its share of partitions (bounded wait)."""
         nc = self.nc
-        self._inbox_sub = await nc.subscribe(f"{self._inbox}.*", cb=self._on_msg)
+        self._inbox_sub = await nc.subscribe(f"{self._inbox}.*.*", cb=self._on_msg)
         self._ctl_sub = await nc.subscribe(self._ctl_subject, cb=self._on_ctl)
         await nc.flush()
         self._members[self.member_id] = self.now()
@@ -365,7 +374,7 @@ class NatsSubscription:
         self._rotate = (self._rotate + 1) % len(parts)
         for part in parts[self._rotate :] + parts[: self._rotate]:
             buf = part.buffer
-            if part.draining or not buf:
+            if part.draining or part.settling or not buf:
                 continue
             awaiting, held = part.awaiting, part.out
             while buf and len(out) < limit:
@@ -397,7 +406,11 @@ class NatsSubscription:
                     # status) then tells exactly when nothing more can arrive.
                     continue
                 part.pull_left = 0  # it expired without a status (a reconnect lost it)
-            if part.awaiting:
+            if part.settling:
+                if len(part.buffer) >= _MAX_BLOCKED_BUFFER:
+                    continue
+                need = want
+            elif part.awaiting:
                 if part.delayed or len(part.buffer) >= _MAX_BLOCKED_BUFFER:
                     continue  # nothing can be handed out before the delayed nack is due
                 # Blocked until a given-back message returns: the server handles the nak
@@ -407,17 +420,25 @@ class NatsSubscription:
                 need = want - len(part.buffer)
             if need <= 0:
                 continue
+            part.pull_id += 1
             part.pull_left = need
-            part.pull_until = now + expires + 0.5
+            # The server ends a request with a status at `expires`; only a lost connection
+            # loses that, and the reconnect handler resets the count. The long fallback
+            # keeps a late status from letting two requests overlap.
+            part.pull_until = now + expires + _PULL_LOST_AFTER
             request = b'{"batch":%d,"expires":%d}' % (need, int(expires * 1e9))
-            await publish(part.next_subject, request, reply=part.inbox)
+            await publish(part.next_subject, request, reply=f"{part.inbox}.{part.pull_id}")
 
     async def _on_msg(self, msg: Msg) -> None:
         reply = msg.reply
-        if not reply:  # a status: the pull request ended (408 expired, 409 ...)
-            part = self._parts.get(int(msg.subject.rpartition(".")[2]))
-            if part is not None:
+        if not reply:  # a status: the pull request named in the subject ended (408, 409)
+            _, index_text, pull_id = msg.subject.rsplit(".", 2)
+            part = self._parts.get(int(index_text))
+            if part is not None and int(pull_id) == part.pull_id:
                 part.pull_left = 0
+                if part.settling:
+                    part.settling = False  # nothing (more) to redeliver
+                    self._ready.set()
                 if part.draining or self.closed:
                     self._kick.set()
             return
@@ -435,7 +456,9 @@ class NatsSubscription:
         if count > 1:
             comp = await self.broker._released(consumer, seq)
         if part is None or part.consumer != consumer:
-            # A late answer to a pull for a partition no longer ours: hand it back unseen.
+            # A late answer to a pull for a partition no longer ours (we waited for our pull
+            # requests to end, so only after a lost status): hand it back unseen.
+            _log.warning("group %s: late message %d of %s given back", self.group, seq, consumer)
             await self.broker._record_release(consumer, seq, comp + 1)
             await self.nc.publish(reply, _NAK)
             return
@@ -461,6 +484,8 @@ class NatsSubscription:
             comp,
         )
         part.insert(d)
+        if count == 1:
+            part.settling = False  # a first delivery: no redelivery is queued ahead of it
         self._ready.set()
         if part.draining or self.closed:
             self._kick.set()
@@ -551,7 +576,9 @@ class NatsSubscription:
                 await self._give_back(part, everything=False)
                 await self._release_leases([part])
                 del self._parts[index]
-                _log.debug("member %s of %s released partition %d", self.member_id, self.group, index)
+                _log.debug(
+                    "member %s of %s released partition %d", self.member_id, self.group, index
+                )
                 changed = True
         if now >= self._next_keepalive:
             # Refresh leases just before the in-progress heartbeats, so a lease always
@@ -609,7 +636,8 @@ class NatsSubscription:
 
     async def _wait_pulls(self, parts: list[_Part]) -> None:
         """Wait (bounded by the pull expiry) until no pull request can still deliver."""
-        while any(p.pull_left and self.now() <= p.pull_until for p in parts):
+        limit = self.now() + self.broker.config.pull_expires + 1.0
+        while any(p.pull_left and self.now() <= p.pull_until for p in parts) and self.now() < limit:
             self._kick.clear()
             try:
                 async with asyncio.timeout(0.05):
@@ -635,4 +663,15 @@ class NatsSubscription:
         part.out.clear()
         for d in items:
             d._settled = True
+        for d in items[:-1]:
             await self.nc.publish(d._reply, _NAK)
+        if items:
+            # The server handles acks apart from other requests: wait until it confirmed the
+            # last nak (so all of them, in order) before the lease goes, or the next owner's
+            # first pull could get a newer message ahead of the given-back ones.
+            try:
+                await self.nc.request(
+                    items[-1]._reply, _NAK, timeout=self.broker.config.request_timeout
+                )
+            except NatsError as exc:
+                _log.warning("group %s: nak not confirmed (%s); order may suffer", self.group, exc)
