@@ -31,7 +31,7 @@ from .runtime.relay import EventRelay, OutboxRelay
 from .schema.outgoing import check_outgoing
 from .sourcing.aggregate import Aggregate
 from .sourcing.repository import Repository
-from .stores import store_for
+from .stores import dedup_for, store_for
 from .subscribe import HandlerSpec, collect_handlers, inspect_handler
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "MESSAGE_ID_HEADER", "App"]
@@ -47,7 +47,8 @@ class App:
     """An event-driven service: a name, a broker, a store and its handlers.
 
     ``broker`` and ``store`` take a URL or an adapter instance. ``dedup`` defaults to the
-    store's dedup table. ``handlers`` lists ``@subscribe`` functions or modules of them.
+    store's dedup table (or a ``DedupStore`` / ``redis://host:6379/0`` URL). ``handlers``
+    lists ``@subscribe`` functions or modules of them.
     ``projections`` lists ``Projection`` instances, each run by one instance at a time
     across processes. The app relays the store's outbox (messages published inside
     ``ctx.transaction()``) to the broker; with ``relay_events=True`` it also publishes every
@@ -63,7 +64,7 @@ class App:
         handlers: Iterable[object] = (),
         projections: Iterable[Projection] = (),
         relay_events: bool = False,
-        dedup: DedupStore | None = None,
+        dedup: str | DedupStore | None = None,
         registry: EventRegistry | None = None,
         grace_period: float = DEFAULT_GRACE_PERIOD,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
@@ -77,7 +78,7 @@ class App:
         self.grace_period = grace_period
         self.heartbeat_interval = heartbeat_interval
         self.instance = f"{name}@{socket.gethostname()}:{os.getpid()}:{new_id()[-12:]}"
-        self._dedup_override = dedup
+        self._dedup_override = dedup_for(dedup) if dedup is not None else None
         self._specs = collect_handlers(handlers)
         self._bindings = [
             (spec, spec.group or name, inspect_handler(spec.fn)) for spec in self._specs
@@ -323,6 +324,8 @@ class App:
                 with contextlib.suppress(Exception):
                     await self.store.heartbeats.remove(self.instance)
                 self._heartbeater = None
+            if self._dedup_override is not None:
+                await self._dedup_override.close()
             await self.store.close()
             await self.broker.close()
 

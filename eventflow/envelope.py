@@ -142,6 +142,18 @@ def traceparent_for(message_id: str, correlation_id: str, parent: str | None = N
     return f"00-{trace}-{span}-01"
 
 
+def _not_json(payload: bytes | bytearray | memoryview | str, exc: orjson.JSONDecodeError) -> str:
+    head = payload[:32] if isinstance(payload, str) else bytes(payload[:32])
+    if not isinstance(payload, str):
+        try:
+            bytes(payload).decode("utf-8")
+        except UnicodeDecodeError:
+            return f"payload is not valid JSON: the bytes are not UTF-8 text (they start {head!r})"
+    if not payload:
+        return "payload is not valid JSON: it is empty"
+    return f"payload is not valid JSON ({exc.msg}); it starts {head!r}"
+
+
 def _utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
@@ -257,7 +269,7 @@ class Envelope(BaseModel):
         try:
             raw = orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
-            raise MalformedMessageError(f"payload is not valid JSON: {exc}") from exc
+            raise MalformedMessageError(_not_json(payload, exc)) from exc
         return cls.from_mapping(raw)
 
     @classmethod

@@ -11,9 +11,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import ConfigurationError
-from .ports import Store
+from .ports import DedupStore, Store
 
-__all__ = ["open_store", "store_for"]
+__all__ = ["dedup_for", "open_store", "store_for"]
 
 
 def _memory(url: str) -> Store:
@@ -78,3 +78,18 @@ class _Opening:
 def open_store(url: str | Store) -> _Opening:
     """Open a store: ``store = await open_store(url)`` or ``async with open_store(url) as s``."""
     return _Opening(url)
+
+
+def dedup_for(url: str | DedupStore) -> DedupStore:
+    """A dedup store for ``url`` (``redis://host:6379/0``); an instance is returned as is."""
+    if not isinstance(url, str):
+        return url
+    scheme = urlsplit(url).scheme
+    if scheme in ("redis", "rediss"):
+        from .adapters.redis import RedisDedupStore
+
+        return RedisDedupStore.from_url(url)
+    raise ConfigurationError(
+        f"unsupported dedup URL {url!r}: use redis://host:6379/0, or leave dedup unset to use "
+        "the store's own dedup table"
+    )

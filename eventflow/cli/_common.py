@@ -230,7 +230,7 @@ def resolve_target(args: argparse.Namespace) -> Target:
         raise CliError(
             "the memory:// store lives inside the app's process, so the command line cannot "
             "see it; give the app a durable store (sqlite:///app.db or postgresql://...) and "
-            "point --store at it, or use app.dead_letters from code",
+            "point --store at it, or inspect it from code (app.store, app.dead_letters)",
             EXIT_USAGE,
         )
     _check_sqlite_file(store)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from collections.abc import AsyncIterator
 
 import orjson
@@ -124,8 +125,10 @@ async def _print_all(store: Store, records: AsyncIterator[RecordedEvent], as_jso
 
 def _read(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
-    if bool(args.stream) == bool(args.all):
-        raise CliError("give a stream id or --all (not both)", EXIT_USAGE)
+    if args.stream and args.all:
+        raise CliError("give a stream id or --all, not both", EXIT_USAGE)
+    if not args.stream and not args.all:
+        raise CliError("say what to read: a stream id (e.g. order-o-1) or --all", EXIT_USAGE)
     store = _store(args)
     records = (
         store.read_all(after=args.after, limit=args.limit)
@@ -135,6 +138,8 @@ def _read(args: argparse.Namespace) -> int:
     count = asyncio.run(_print_all(store, records, args.json))
     if not count and args.stream:
         raise CliError(f"stream {args.stream!r} has no events", 1)
+    if not count:
+        print(f"(no events after position {args.after})", file=sys.stderr)
     return 0
 
 

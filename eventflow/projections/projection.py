@@ -80,13 +80,39 @@ class ProjectionContext:
             raise ProjectionError("ctx.position is only available inside a handler")
         return self.record.position
 
-    def transaction(self) -> Transaction:
-        """The current batch's transaction: write the projection's tables through it.
+    def transaction(self) -> _BatchTransaction:
+        """The current batch's transaction: write the projection's tables through it, as
+        ``async with ctx.transaction() as tx:`` (like a handler's ``ctx.transaction()``) or
+        directly (``await ctx.transaction().execute(...)``).
 
         On SQL stores it commits with the projection's checkpoint; on the ``memory://``
         store it has no SQL, so keep the projection's state in its own attributes.
         """
+        return _BatchTransaction(self._tx)
+
+
+class _BatchTransaction:
+    """The batch's transaction, usable directly or as an async context manager (the batch
+    commits or rolls back as a whole after its handlers, not when the block exits)."""
+
+    __slots__ = ("_tx",)
+
+    def __init__(self, tx: Transaction) -> None:
+        self._tx = tx
+
+    async def execute(self, sql: str, *args: Any) -> Any:
+        """Run one statement in the batch's transaction."""
+        return await self._tx.execute(sql, *args)
+
+    async def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """Run a query in the batch's transaction."""
+        return await self._tx.fetch(sql, *args)
+
+    async def __aenter__(self) -> Transaction:
         return self._tx
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
 
 class Projection:

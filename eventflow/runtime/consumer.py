@@ -409,6 +409,10 @@ class Consumer:
         except Exception as exc:
             return exc
         ctx._committed = True
+        if self.spec.idempotent and self.dedup is not store.dedup:
+            # A separate dedup store (Redis) cannot join the SQL transaction: mark it too,
+            # right after the commit, so copies are skipped there as well.
+            await self.dedup.mark(self.group, env.id)
         return None
 
     def _decode(self, env: Envelope) -> Any:

@@ -1,0 +1,5 @@
+"""Redis adapters (redis-py's asyncio client): a dedup store shared by many processes."""
+
+from .dedup import RedisDedupStore
+
+__all__ = ("RedisDedupStore",)

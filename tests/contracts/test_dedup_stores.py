@@ -1,0 +1,99 @@
+"""The DedupStore port on every adapter: memory, SQLite, PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from eventflow.adapters.redis import RedisDedupStore
+from eventflow.ports import DedupStore, Store
+from eventflow.stores import dedup_for, store_for
+from eventflow.testing.postgres import isolated_schema, postgres_url
+from eventflow.testing.redis import redis_url
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres", "redis"])
+async def dedup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[DedupStore]:
+    kind = request.param
+    if kind == "redis":
+        store = dedup_for(f"{redis_url()}?prefix=t{uuid.uuid4().hex}&retention=60")
+        yield store
+        await store.close()
+        return
+    if kind == "postgres":
+        async with isolated_schema(postgres_url()) as url:
+            pg: Store = store_for(url)
+            await pg.open()
+            yield pg.dedup
+            await pg.close()
+        return
+    s: Store = store_for("memory://" if kind == "memory" else f"sqlite:///{tmp_path / 'd.db'}")
+    await s.open()
+    yield s.dedup
+    await s.close()
+
+
+async def test_mark_then_seen_per_group(dedup: DedupStore) -> None:
+    assert not await dedup.seen("g1", "m-1")
+    await dedup.mark("g1", "m-1")
+    assert await dedup.seen("g1", "m-1")
+    assert not await dedup.seen("g2", "m-1")  # groups are separate
+    assert not await dedup.seen("g1", "m-2")
+
+
+async def test_mark_is_idempotent_and_close_is_repeatable(dedup: DedupStore) -> None:
+    await dedup.mark("g", "m")
+    await dedup.mark("g", "m")
+    assert await dedup.seen("g", "m")
+    await dedup.close()
+    await dedup.close()
+
+
+async def test_redis_entries_expire(tmp_path: Path) -> None:
+    store = RedisDedupStore.from_url(f"{redis_url()}?prefix=t{uuid.uuid4().hex}&retention=1")
+    try:
+        await store.mark("g", "m")
+        client = store._redis()
+        ttl = await client.ttl(store._key("g", "m"))
+        assert 0 < ttl <= 1
+    finally:
+        await store.close()
+
+
+def test_redis_url_options_are_checked() -> None:
+    with pytest.raises(Exception, match="unknown Redis dedup option"):
+        RedisDedupStore.from_url("redis://127.0.0.1:6379/0?retension=5")
+    with pytest.raises(Exception, match="unsupported dedup URL"):
+        dedup_for("http://x")
+
+
+async def test_app_with_redis_dedup_skips_duplicates(broker_url: str) -> None:
+    import asyncio
+
+    from eventflow import App, Event, subscribe
+
+    class RedisDupe(Event, type="contract.redis.dupe"):
+        """A test event."""
+
+        n: int
+
+    calls: list[int] = []
+
+    @subscribe("contract.redis.dupe", group="r")
+    async def handle(event: RedisDupe) -> None:
+        calls.append(event.n)
+
+    url = f"{redis_url()}?prefix=t{uuid.uuid4().hex}&retention=60"
+    async with App("redis-dedup", broker=broker_url, dedup=url, handlers=[handle]) as app:
+        env = await app.publish(RedisDupe(n=1), key="k")
+        await app.publish(env)
+        await app.publish(env)
+        for _ in range(200):
+            if app.stats()["r:contract.redis.dupe"]["received"] == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert calls == [1]
+        assert app.stats()["r:contract.redis.dupe"]["duplicates"] == 2
