@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from eventflow import App, Event, subscribe
 from eventflow.adapters.redis import RedisDedupStore
 from eventflow.ports import DedupStore, Store
 from eventflow.stores import dedup_for, store_for
 from eventflow.testing.postgres import isolated_schema, postgres_url
 from eventflow.testing.redis import redis_url
+
+
+class RedisDupe(Event, type="contract.redis.dupe"):
+    """A test event."""
+
+    n: int
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres", "redis"])
@@ -71,15 +79,6 @@ def test_redis_url_options_are_checked() -> None:
 
 
 async def test_app_with_redis_dedup_skips_duplicates(broker_url: str) -> None:
-    import asyncio
-
-    from eventflow import App, Event, subscribe
-
-    class RedisDupe(Event, type="contract.redis.dupe"):
-        """A test event."""
-
-        n: int
-
     calls: list[int] = []
 
     @subscribe("contract.redis.dupe", group="r")
