@@ -29,7 +29,6 @@ from eventflow import App, Context, Event, subscribe
 from eventflow.adapters.memory import MemoryBroker
 from eventflow.adapters.memory.broker import MemoryBrokerConfig
 
-
 _POOL = 1000
 
 

@@ -3,8 +3,8 @@
 Each system appends the same ~300-byte payloads, in transactions of 1 or 10 events, from 1
 or 8 concurrent writers, for ``--seconds`` each, into a schema of its own:
 
-- floor: asyncpg ``INSERT`` into a table with a bigserial key (no version check, no global
-  order guarantee);
+- floor: one asyncpg ``INSERT`` statement per transaction into a table with a bigserial key
+  (no version check, no global order guarantee), on the same pool settings;
 - eventflow: ``PostgresStore.append`` (version check, idempotent ids, post-commit sequencer
   running concurrently for the gapless global order);
 - eventsourcing: ``PostgresApplicationRecorder.insert_events`` (psycopg, one thread per
@@ -30,6 +30,7 @@ import asyncpg
 
 from eventflow import Event
 from eventflow.adapters.postgres import PostgresStore
+from eventflow.adapters.postgres.db import reset_connection
 from eventflow.events import to_envelope
 
 
@@ -76,14 +77,17 @@ async def bench_floor(dsn: str, writers: int, batch: int, seconds: float) -> flo
         f"CREATE TABLE {schema}.events (id bigserial PRIMARY KEY, stream_id text, "
         "version int, payload bytea)"
     )
-    pool = await asyncpg.create_pool(dsn, min_size=writers, max_size=writers)
+    # The same pool settings eventflow uses (no reset round trip on release).
+    pool = await asyncpg.create_pool(
+        dsn, min_size=writers, max_size=writers, reset=reset_connection
+    )
     payloads = [e.to_bytes() for e in _envelopes(batch, "s")]
     seq = [0] * writers
     try:
 
         async def step(w: int) -> int:
             seq[w] += 1
-            async with pool.acquire() as conn, conn.transaction():
+            async with pool.acquire() as conn:  # one statement: it commits on its own
                 await conn.execute(
                     f"INSERT INTO {schema}.events (stream_id, version, payload) "
                     "SELECT $1, v, p FROM unnest($2::int[], $3::bytea[]) AS t(v, p)",

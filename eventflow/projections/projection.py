@@ -108,6 +108,11 @@ class _BatchTransaction:
         """Run a query in the batch's transaction."""
         return await self._tx.fetch(sql, *args)
 
+    def __getattr__(self, name: str) -> Any:
+        # Adapter-specific extras of the store's transaction (e.g. the memory store's
+        # ``defer``) stay reachable.
+        return getattr(self._tx, name)
+
     async def __aenter__(self) -> Transaction:
         return self._tx
 

@@ -114,9 +114,9 @@ async def running(runner: ProjectionRunner) -> AsyncIterator[asyncio.Task[None]]
             await task
 
 
-def in_tx(tx: Transaction, action: Callable[[], object]) -> None:
+def in_tx(tx: Any, action: Callable[[], object]) -> None:
     """Apply ``action`` when the memory transaction ``tx`` commits (transactional state)."""
-    assert isinstance(tx, MemoryTransaction)
+    assert isinstance(tx, MemoryTransaction) or hasattr(tx, "defer")
     tx.defer(action)
 
 
