@@ -1,7 +1,8 @@
 """Append throughput on PostgreSQL: eventflow vs a plain insert (the floor) vs eventsourcing.
 
-Each system appends the same ~300-byte payloads, in transactions of 1 or 10 events, from 1
-or 8 concurrent writers, for ``--seconds`` each, into a schema of its own:
+Each system appends the same ~300-byte envelopes (built before the clock starts), in
+transactions of 1 or 10 events, from 1 or 8 concurrent writers, ``--events`` in all per
+case, each into a schema of its own:
 
 - floor: one asyncpg ``INSERT`` statement per transaction into a table with a bigserial key
   (no version check, no global order guarantee), on the same pool settings;
@@ -10,7 +11,7 @@ or 8 concurrent writers, for ``--seconds`` each, into a schema of its own:
 - eventsourcing: ``PostgresApplicationRecorder.insert_events`` (psycopg, one thread per
   writer; it takes a table lock for its notification ids).
 
-    python benchmarks/bench_store.py [--url postgresql://postgres@127.0.0.1/test] [--seconds 3]
+    python benchmarks/bench_store.py [--url postgresql://postgres@127.0.0.1/test] [--events N]
 
 Prints events/s per case and the ratios eventflow/floor and eventflow/eventsourcing.
 """
@@ -54,22 +55,29 @@ def _envelopes(n: int, stream: str) -> list[Any]:
     ]
 
 
-async def _drive(writers: int, seconds: float, step: Callable[[int], Awaitable[int]]) -> float:
-    """Run ``step(writer)`` in a loop on ``writers`` tasks for ``seconds``; events/s."""
-    deadline = time.perf_counter() + seconds
-    counts = [0] * writers
+async def _drive(writers: int, steps: int, step: Callable[[int, int], Awaitable[int]]) -> float:
+    """Run ``steps`` transactions per writer on ``writers`` tasks; return events/s."""
+    total = 0
 
     async def loop(w: int) -> None:
-        while time.perf_counter() < deadline:
-            counts[w] += await step(w)
+        nonlocal total
+        for i in range(steps):
+            done = await step(w, i)  # not `total += await ...`: that reads total first
+            total += done
 
     start = time.perf_counter()
     await asyncio.gather(*(loop(w) for w in range(writers)))
-    return sum(counts) / (time.perf_counter() - start)
+    return total / (time.perf_counter() - start)
 
 
-async def bench_floor(dsn: str, writers: int, batch: int, seconds: float) -> float:
-    """Plain asyncpg inserts into a bigserial table."""
+def _payloads(writers: int, steps: int, batch: int) -> list[list[list[Any]]]:
+    """Every writer's batches of envelopes, built before the clock starts (all systems
+    write the same bytes; building them is the caller's work, not the store's)."""
+    return [[_envelopes(batch, f"s-{w}-{i}") for i in range(steps)] for w in range(writers)]
+
+
+async def bench_floor(dsn: str, writers: int, batch: int, steps: int) -> float:
+    """Plain asyncpg inserts into a bigserial table, one statement per transaction."""
     schema = f"bench_floor_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(dsn)
     await admin.execute(f"CREATE SCHEMA {schema}")
@@ -81,46 +89,41 @@ async def bench_floor(dsn: str, writers: int, batch: int, seconds: float) -> flo
     pool = await asyncpg.create_pool(
         dsn, min_size=writers, max_size=writers, reset=reset_connection
     )
-    payloads = [e.to_bytes() for e in _envelopes(batch, "s")]
-    seq = [0] * writers
+    data = [[[e.to_bytes() for e in b] for b in per] for per in _payloads(writers, steps, batch)]
+    versions = list(range(1, batch + 1))
     try:
 
-        async def step(w: int) -> int:
-            seq[w] += 1
+        async def step(w: int, i: int) -> int:
             async with pool.acquire() as conn:  # one statement: it commits on its own
                 await conn.execute(
                     f"INSERT INTO {schema}.events (stream_id, version, payload) "
                     "SELECT $1, v, p FROM unnest($2::int[], $3::bytea[]) AS t(v, p)",
-                    f"s-{w}-{seq[w]}",
-                    list(range(1, batch + 1)),
-                    payloads,
+                    f"s-{w}-{i}",
+                    versions,
+                    data[w][i],
                 )
             return batch
 
-        return await _drive(writers, seconds, step)
+        return await _drive(writers, steps, step)
     finally:
         await pool.close()
         await admin.execute(f"DROP SCHEMA {schema} CASCADE")
         await admin.close()
 
 
-async def bench_eventflow(url: str, writers: int, batch: int, seconds: float) -> float:
-    """``PostgresStore.append`` of ``batch`` new events to a new stream per transaction."""
+async def bench_eventflow(url: str, writers: int, batch: int, steps: int) -> float:
+    """``PostgresStore.append`` of ``batch`` new envelopes to a new stream per transaction."""
     schema = f"bench_ef_{uuid.uuid4().hex[:8]}"
     store = PostgresStore.from_url(f"{url}?schema={schema}&pool={max(writers, 2)}")
     await store.open()
-    seq = [0] * writers
+    data = _payloads(writers, steps, batch)
     try:
 
-        async def step(w: int) -> int:
-            seq[w] += 1
-            stream = f"s-{w}-{seq[w]}"
-            await store.append(stream, _envelopes(batch, stream), expected_version=0)
+        async def step(w: int, i: int) -> int:
+            await store.append(f"s-{w}-{i}", data[w][i], expected_version=0)
             return batch
 
-        rate = await _drive(writers, seconds, step)
-        # The sequencer keeps up: every appended event gets its position soon after.
-        return rate
+        return await _drive(writers, steps, step)
     finally:
         await store.close()
         admin = await asyncpg.connect(store.config.dsn)
@@ -128,7 +131,7 @@ async def bench_eventflow(url: str, writers: int, batch: int, seconds: float) ->
         await admin.close()
 
 
-def bench_eventsourcing(url: str, writers: int, batch: int, seconds: float) -> float:
+def bench_eventsourcing(url: str, writers: int, batch: int, steps: int) -> float:
     """eventsourcing's PostgreSQL application recorder, one thread per writer."""
     from eventsourcing.persistence import StoredEvent
     from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
@@ -148,25 +151,25 @@ def bench_eventsourcing(url: str, writers: int, batch: int, seconds: float) -> f
         curs.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")  # type: ignore[arg-type]
     recorder = PostgresApplicationRecorder(datastore, events_table_name="stored_events")
     recorder.create_table()
-    payloads = [e.to_bytes() for e in _envelopes(batch, "s")]
-    deadline = time.perf_counter() + seconds
-    counts = [0] * writers
+    data = [
+        [
+            [
+                StoredEvent(uuid.uuid4(), v, "bench.store.item", e.to_bytes())
+                for v, e in enumerate(b, start=1)
+            ]
+            for b in per
+        ]
+        for per in _payloads(writers, steps, batch)
+    ]
 
     def loop(w: int) -> None:
-        while time.perf_counter() < deadline:
-            originator = uuid.uuid4()
-            recorder.insert_events(
-                [
-                    StoredEvent(originator, v, "bench.store.item", payloads[v - 1])
-                    for v in range(1, batch + 1)
-                ]
-            )
-            counts[w] += batch
+        for stored in data[w]:
+            recorder.insert_events(stored)
 
     start = time.perf_counter()
     with ThreadPoolExecutor(writers) as pool:
         list(pool.map(loop, range(writers)))
-    rate = sum(counts) / (time.perf_counter() - start)
+    rate = writers * steps * batch / (time.perf_counter() - start)
     with datastore.transaction(commit=True) as curs:
         curs.execute(f"DROP SCHEMA {schema} CASCADE")  # type: ignore[arg-type]
     datastore.close()
@@ -177,15 +180,18 @@ def main() -> None:
     """Run every case and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/test")
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--events", type=int, default=40_000, help="events per system and case (over writers)"
+    )
     parser.add_argument("--writers", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 10])
     args = parser.parse_args()
     for writers in args.writers:
         for batch in args.batch:
-            floor = asyncio.run(bench_floor(args.url, writers, batch, args.seconds))
-            ef = asyncio.run(bench_eventflow(args.url, writers, batch, args.seconds))
-            es = bench_eventsourcing(args.url, writers, batch, args.seconds)
+            steps = max(1, args.events // (writers * batch))
+            floor = asyncio.run(bench_floor(args.url, writers, batch, steps))
+            ef = asyncio.run(bench_eventflow(args.url, writers, batch, steps))
+            es = bench_eventsourcing(args.url, writers, batch, steps)
             print(
                 f"writers={writers} events/tx={batch:>2}: floor {floor:>8,.0f}/s  "
                 f"eventflow {ef:>8,.0f}/s  eventsourcing {es:>8,.0f}/s  "

@@ -19,7 +19,10 @@ def prepare_append(stream_id: str, events: Sequence[Event | Envelope]) -> list[E
     if isinstance(events, (Event, Envelope)):
         raise ConfigurationError("append takes a list of events, not a single event")
     envelopes = [
-        e if isinstance(e, Envelope) else to_envelope(e, source="", key=stream_id) for e in events
+        e
+        if type(e) is Envelope or isinstance(e, Envelope)
+        else to_envelope(e, source="", key=stream_id)
+        for e in events
     ]
     if len({e.id for e in envelopes}) != len(envelopes):
         raise ConfigurationError(f"the events appended to {stream_id!r} repeat an envelope id")
