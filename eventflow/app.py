@@ -183,9 +183,7 @@ class App:
         Starts a new correlation (the new envelope's id) unless ``correlation_id`` is given.
         An ``Envelope`` is published keeping its id (and its fields, except those given here).
         """
-        if isinstance(message, Envelope):
-            env = _override(message, key, headers, correlation_id)
-        else:
+        if type(message) is not Envelope and not isinstance(message, Envelope):
             env = to_envelope(
                 message,
                 source=self.name,
@@ -194,6 +192,8 @@ class App:
                 correlation_id=correlation_id,
             )
             check_outgoing(message, env.data)  # model_construct/model_copy skip validation
+        else:
+            env = _override(message, key, headers, correlation_id)
         if not self._started:
             self._not_running()
         await self.broker.publish(

@@ -46,8 +46,9 @@ class Context:
         self.envelope = envelope
         self.group = group
         self.attempt = attempt
-        self._outbox: list[tuple[str, Envelope]] = []
-        self._counts: dict[str, int] = {}
+        # Created on first use: most handlings publish nothing and open no transaction.
+        self._outbox: list[tuple[str, Envelope]] | None = None
+        self._counts: dict[str, int] | None = None
         self._tx: Transaction | None = None
         self._committed = False
         self._tx_scope: AbstractAsyncContextManager[Transaction] | None = None
@@ -104,7 +105,10 @@ class Context:
         if isinstance(message, Event):
             # The n-th message of a type published while handling this envelope in this
             # group always gets the same id, so a re-run after a crash is deduplicated.
-            n = self._counts[message.event_type] = self._counts.get(message.event_type, 0) + 1
+            counts = self._counts
+            if counts is None:
+                counts = self._counts = {}
+            n = counts[message.event_type] = counts.get(message.event_type, 0) + 1
             env_id: str | None = derived_id(parent, self.group, message.event_type, str(n))
         else:
             env_id = None
@@ -120,9 +124,11 @@ class Context:
         )
         if isinstance(message, Event):
             check_outgoing(message, env.data)  # model_construct/model_copy skip validation
+        if self._outbox is None:
+            self._outbox = []
         self._outbox.append((topic or env.type, env))
         return env
 
     def _take_outbox(self) -> list[tuple[str, Envelope]]:
-        out, self._outbox = self._outbox, []
+        out, self._outbox = self._outbox or [], None
         return out

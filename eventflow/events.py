@@ -242,7 +242,7 @@ class Event(BaseModel):
         """pydantic's ``model_construct`` (no validation); the instance is validated when it
         is published instead."""
         instance = super().model_construct(_fields_set, **values)
-        UNVALIDATED.add(instance)
+        _mark_unvalidated(instance)
         return instance
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
@@ -250,13 +250,21 @@ class Event(BaseModel):
         it is published."""
         copied = super().model_copy(update=update, deep=deep)
         if update or self in UNVALIDATED:
-            UNVALIDATED.add(copied)
+            _mark_unvalidated(copied)
         return copied
 
 
 UNVALIDATED: weakref.WeakSet[Event] = weakref.WeakSet()
 """Event instances built without validation (``model_construct``, ``model_copy(update=)``):
 publishing validates these, and only these, before sending."""
+unvalidated_made = False
+"""True once any such instance was made (a cheap test before the set lookup)."""
+
+
+def _mark_unvalidated(instance: Event) -> None:
+    global unvalidated_made
+    unvalidated_made = True
+    UNVALIDATED.add(instance)
 
 
 def upcaster(event_type: str, *, from_version: int) -> Callable[[F], F]:

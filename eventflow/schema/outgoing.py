@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .. import events as _events
 from ..errors import EventValidationError
 from ..events import UNVALIDATED, Event, _summarise
 
@@ -25,7 +26,7 @@ def check_outgoing(message: Event, data: dict[str, Any]) -> None:
 
     ``data`` is the JSON form of ``message`` as it goes into the envelope.
     """
-    if not UNVALIDATED or message not in UNVALIDATED:
+    if not _events.unvalidated_made or message not in UNVALIDATED:
         return  # built by the constructor: pydantic validated it already
     cls = type(message)
     try:
