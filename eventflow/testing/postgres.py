@@ -37,6 +37,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
 
+from .services import in_ci
+
 __all__ = [
     "DEFAULT_URL",
     "ENV_VAR",
@@ -56,11 +58,6 @@ CONTAINER_IMAGE = "postgres:15-alpine"
 
 _lock = threading.Lock()
 _resolved: tuple[str | None, str] | None = None  # (url, why not) once resolved
-
-
-def in_ci() -> bool:
-    """True when running under CI (``CI=true``): missing services fail instead of skipping."""
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 
 def _asyncpg() -> Any:

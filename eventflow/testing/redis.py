@@ -7,9 +7,7 @@ import os
 import socket
 from urllib.parse import urlsplit
 
-import pytest
-
-from .postgres import in_ci
+from .services import service_unavailable
 
 __all__ = ["DEFAULT_URL", "ENV_VAR", "redis_url"]
 
@@ -25,7 +23,6 @@ def redis_url() -> str:
         with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379), 2):
             return url
     except OSError as exc:
-        why = f"no Redis at {url} ({exc}); start one or set {ENV_VAR}"
-        if in_ci() or ENV_VAR in os.environ:
-            pytest.fail(why)
-        pytest.skip(why)
+        service_unavailable(
+            f"no Redis at {url} ({exc}); start one or set {ENV_VAR}", named=ENV_VAR in os.environ
+        )

@@ -23,12 +23,12 @@ from ...errors import ConcurrencyError, StoreError
 from ...events import Event
 from ...ports import RecordedEvent, Snapshot
 from ...sourcing.append import prepare_append
+from ...sourcing.paging import paged, stream_range
 from .db import PostgresDatabase
 
 __all__ = ["PostgresEventLog"]
 
 _log = logging.getLogger("eventflow.postgres")
-_READ_BATCH = 1000
 _SEQUENCE_BATCH = 10_000
 _SEQUENCER_POLL = 0.2  # seconds between checks for events appended by other processes
 _SUBSCRIBE_POLL = 1.0  # a subscriber re-reads at least this often, notification or not
@@ -213,7 +213,7 @@ class PostgresEventLog:
                 )
             )
 
-    async def read_stream(
+    def read_stream(
         self,
         stream_id: str,
         *,
@@ -221,57 +221,42 @@ class PostgresEventLog:
         backwards: bool = False,
         limit: int | None = None,
     ) -> AsyncIterator[RecordedEvent]:
-        """One stream's events in version order (or reversed), read in batches."""
-        remaining = limit
-        if backwards:
-            cursor = (from_version if from_version is not None else 2**62) + 1
-            cmp, order = "<", "DESC"
-        else:
-            cursor = (from_version or 1) - 1
-            cmp, order = ">", "ASC"
+        """One stream's events in version order (or reversed), read in pages."""
+        cursor, cmp, order = stream_range(from_version, backwards)
         sql = (
             f"SELECT {_COLUMNS} FROM ef_events e LEFT JOIN ef_positions p ON p.id = e.id "
             f"WHERE e.stream_id = $1 AND e.stream_version {cmp} $2 "
             f"ORDER BY e.stream_version {order} LIMIT $3"
         )
-        while remaining is None or remaining > 0:
-            batch = _READ_BATCH if remaining is None else min(_READ_BATCH, remaining)
+
+        async def fetch(after: int, size: int) -> list[Any]:
             async with self.db.connection() as conn:
-                rows = await conn.fetch(sql, stream_id, cursor, batch)
+                rows: list[Any] = await conn.fetch(sql, stream_id, after, size)
                 if any(r[0] is None for r in rows) and self.db.current is None:
                     # Just appended, not yet sequenced: sequence now so positions are real.
                     await conn.fetchval("SELECT ef_sequence($1)", _SEQUENCE_BATCH)
-                    rows = await conn.fetch(sql, stream_id, cursor, batch)
-            for row in rows:
-                yield _record(row)
-            if len(rows) < batch:
-                return
-            cursor = rows[-1][2]
-            if remaining is not None:
-                remaining -= len(rows)
+                    rows = await conn.fetch(sql, stream_id, after, size)
+            return rows
+
+        return paged(fetch, cursor, limit, _record, lambda row: row[2])
 
     async def read_all(
         self, *, after: int = 0, limit: int | None = None
     ) -> AsyncIterator[RecordedEvent]:
-        """Sequenced events after ``after`` in global order, read in batches."""
-        remaining = limit
-        cursor = after
+        """Sequenced events after ``after`` in global order, read in pages."""
         await self._sync()
         sql = (
             f"SELECT {_COLUMNS} FROM ef_positions p JOIN ef_events e ON e.id = p.id "
             "WHERE p.position > $1 ORDER BY p.position LIMIT $2"
         )
-        while remaining is None or remaining > 0:
-            batch = _READ_BATCH if remaining is None else min(_READ_BATCH, remaining)
+
+        async def fetch(cursor: int, size: int) -> list[Any]:
             async with self.db.connection() as conn:
-                rows = await conn.fetch(sql, cursor, batch)
-            for row in rows:
-                yield _record(row)
-            if len(rows) < batch:
-                return
-            cursor = rows[-1][0]
-            if remaining is not None:
-                remaining -= len(rows)
+                rows: list[Any] = await conn.fetch(sql, cursor, size)
+            return rows
+
+        async for rec in paged(fetch, after, limit, _record, lambda row: row[0]):
+            yield rec
 
     async def subscribe(self, *, after: int = 0) -> AsyncIterator[RecordedEvent]:
         """Catch up, then follow: woken by ``ef_sequenced`` notifications (LISTEN), with a

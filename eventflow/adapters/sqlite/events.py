@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
+from typing import Any
 
 import orjson
 
@@ -23,6 +24,7 @@ from ...errors import ConcurrencyError
 from ...events import Event
 from ...ports import OutboxMessage, RecordedEvent, Snapshot, Transaction
 from ...sourcing.append import prepare_append
+from ...sourcing.paging import paged, stream_range
 from .db import SqliteDatabase
 
 __all__ = ["EVENTS_SCHEMA", "SqliteCheckpoints", "SqliteEventLog", "SqliteLeases", "SqliteOutbox"]
@@ -61,7 +63,6 @@ CREATE TABLE IF NOT EXISTS ef_leases (
 );
 """
 
-_READ_BATCH = 1000
 _POLL_INTERVAL = 0.05
 DEFAULT_LEASE_TTL = 10.0
 
@@ -136,7 +137,7 @@ class SqliteEventLog:
         )
         return current + len(fresh)
 
-    async def read_stream(
+    def read_stream(
         self,
         stream_id: str,
         *,
@@ -144,50 +145,30 @@ class SqliteEventLog:
         backwards: bool = False,
         limit: int | None = None,
     ) -> AsyncIterator[RecordedEvent]:
-        """One stream's events in version order (or reversed), read in batches."""
-        remaining = limit
-        if backwards:
-            cursor = (from_version if from_version is not None else 2**62) + 1
-            cmp, order = "<", "DESC"
-        else:
-            cursor = (from_version or 1) - 1
-            cmp, order = ">", "ASC"
-        while remaining is None or remaining > 0:
-            batch = _READ_BATCH if remaining is None else min(_READ_BATCH, remaining)
-            rows = await self.db.query(
-                "SELECT position, stream_id, stream_version, envelope FROM ef_events "
-                f"WHERE stream_id = ? AND stream_version {cmp} ? "
-                f"ORDER BY stream_version {order} LIMIT ?",
-                (stream_id, cursor, batch),
-            )
-            for row in rows:
-                yield _record(row)
-            if len(rows) < batch:
-                return
-            cursor = int(rows[-1][2])
-            if remaining is not None:
-                remaining -= len(rows)
+        """One stream's events in version order (or reversed), read in pages."""
+        cursor, cmp, order = stream_range(from_version, backwards)
+        sql = (
+            "SELECT position, stream_id, stream_version, envelope FROM ef_events "
+            f"WHERE stream_id = ? AND stream_version {cmp} ? "
+            f"ORDER BY stream_version {order} LIMIT ?"
+        )
 
-    async def read_all(
-        self, *, after: int = 0, limit: int | None = None
-    ) -> AsyncIterator[RecordedEvent]:
-        """Events after ``after`` in global order, read in batches."""
-        remaining = limit
-        cursor = after
-        while remaining is None or remaining > 0:
-            batch = _READ_BATCH if remaining is None else min(_READ_BATCH, remaining)
-            rows = await self.db.query(
-                "SELECT position, stream_id, stream_version, envelope FROM ef_events "
-                "WHERE position > ? ORDER BY position LIMIT ?",
-                (cursor, batch),
-            )
-            for row in rows:
-                yield _record(row)
-            if len(rows) < batch:
-                return
-            cursor = int(rows[-1][0])
-            if remaining is not None:
-                remaining -= len(rows)
+        async def fetch(after: int, size: int) -> list[tuple[Any, ...]]:
+            return await self.db.query(sql, (stream_id, after, size))
+
+        return paged(fetch, cursor, limit, _record, lambda row: int(row[2]))
+
+    def read_all(self, *, after: int = 0, limit: int | None = None) -> AsyncIterator[RecordedEvent]:
+        """Events after ``after`` in global order, read in pages."""
+        sql = (
+            "SELECT position, stream_id, stream_version, envelope FROM ef_events "
+            "WHERE position > ? ORDER BY position LIMIT ?"
+        )
+
+        async def fetch(cursor: int, size: int) -> list[tuple[Any, ...]]:
+            return await self.db.query(sql, (cursor, size))
+
+        return paged(fetch, after, limit, _record, lambda row: int(row[0]))
 
     async def subscribe(self, *, after: int = 0) -> AsyncIterator[RecordedEvent]:
         """Catch up, then follow appends: woken at once by this store's appends, and by a
