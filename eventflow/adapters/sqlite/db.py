@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -48,22 +49,41 @@ class SqliteDatabase:
             raise
 
     def _connect(self, schema: str) -> sqlite3.Connection:
+        # Several processes (or stores) opening a new file at once race to switch it to WAL
+        # and create the tables; SQLite then answers "database is locked" at once rather
+        # than waiting, so retry for up to the busy timeout.
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                return self._connect_once(schema)
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise StoreError(
+                        f"cannot open SQLite database {self.path!r}: {exc}; check the path, "
+                        "that its directory is writable and that no other process holds it"
+                    ) from exc
+                time.sleep(0.02)
+            except sqlite3.Error as exc:
+                raise StoreError(
+                    f"cannot open SQLite database {self.path!r}: {exc}; check the path and "
+                    "that its directory is writable"
+                ) from exc
+
+    def _connect_once(self, schema: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self.busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
         try:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self.busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-            )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             if schema:
                 conn.executescript(schema)
-        except sqlite3.Error as exc:
-            raise StoreError(
-                f"cannot open SQLite database {self.path!r}: {exc}; check the path and "
-                "that its directory is writable"
-            ) from exc
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     async def close(self) -> None:
