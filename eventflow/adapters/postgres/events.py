@@ -37,6 +37,28 @@ _CONFLICT = "EF409"
 _COLUMNS = "p.position, e.stream_id, e.stream_version, e.envelope"
 
 
+def _append_sql(base: str, guard: str = "") -> str:
+    return (
+        "WITH ins AS (INSERT INTO ef_events (event_id, stream_id, stream_version, type, "
+        f"envelope) SELECT i, $1, {base} + o, t, e FROM unnest($2::text[], $3::text[], "
+        f"$4::bytea[]) WITH ORDINALITY AS u(i, t, e, o){guard} "
+        "RETURNING id, stream_version), "
+        "queued AS (INSERT INTO ef_unsequenced (id) SELECT id FROM ins) "
+        "SELECT MAX(stream_version) FROM ins"
+    )
+
+
+# The fast-path appends: any version, a new stream, or at version $5 (which must exist).
+_APPEND_ANY = _append_sql(
+    "(SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = $1)"
+)
+_APPEND_NEW = _append_sql("0")
+_APPEND_AT = _append_sql(
+    "$5::bigint",
+    " WHERE EXISTS (SELECT 1 FROM ef_events WHERE stream_id = $1 AND stream_version = $5)",
+)
+
+
 def _record(row: Any) -> RecordedEvent:
     return RecordedEvent(row[1], row[2], row[0] or 0, Envelope.from_bytes(row[3]))
 
@@ -140,31 +162,21 @@ class PostgresEventLog:
         types: list[str],
         blobs: list[bytes],
     ) -> int | None:
+        # Constant statements (the expected version is a parameter), so asyncpg's prepared
+        # statement cache serves every append after the first on a connection.
+        args: tuple[Any, ...]
         if expected is None:
-            base = "(SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = $1)"
-            guard = ""
+            sql, args = _APPEND_ANY, (stream_id, ids, types, blobs)
         elif expected == 0:
-            base, guard = "0", ""
+            sql, args = _APPEND_NEW, (stream_id, ids, types, blobs)
         else:
-            base = str(int(expected))
-            guard = (
-                " WHERE EXISTS (SELECT 1 FROM ef_events WHERE stream_id = $1 "
-                f"AND stream_version = {int(expected)})"
-            )
-        sql = (
-            "WITH ins AS (INSERT INTO ef_events (event_id, stream_id, stream_version, type, "
-            f"envelope) SELECT i, $1, {base} + o, t, e FROM unnest($2::text[], $3::text[], "
-            f"$4::bytea[]) WITH ORDINALITY AS u(i, t, e, o){guard} "
-            "RETURNING id, stream_version), "
-            "queued AS (INSERT INTO ef_unsequenced (id) SELECT id FROM ins) "
-            "SELECT MAX(stream_version) FROM ins"
-        )
+            sql, args = _APPEND_AT, (stream_id, ids, types, blobs, int(expected))
         try:
             async with self.db.connection() as conn:
                 if self.db.current is not None:
                     async with conn.transaction():  # a savepoint: a conflict must not
-                        return await conn.fetchval(sql, stream_id, ids, types, blobs)  # type: ignore[no-any-return]
-                return await conn.fetchval(sql, stream_id, ids, types, blobs)  # type: ignore[no-any-return]
+                        return await conn.fetchval(sql, *args)  # type: ignore[no-any-return]
+                return await conn.fetchval(sql, *args)  # type: ignore[no-any-return]
         except asyncpg.UniqueViolationError:
             return None  # a conflict or a retried append: the slow path tells which
 
