@@ -5,6 +5,7 @@ from .context import Context
 from .envelope import Envelope
 from .errors import (
     AggregateNotFound,
+    AlreadyHandled,
     BackpressureError,
     BrokerError,
     ConcurrencyError,
@@ -35,6 +36,7 @@ __version__ = "0.1.0"
 __all__ = (
     "Aggregate",
     "AggregateNotFound",
+    "AlreadyHandled",
     "App",
     "BackpressureError",
     "BrokerError",

@@ -21,7 +21,7 @@ from .brokers import open_broker
 from .envelope import Envelope, new_id
 from .errors import BrokerError, ConfigurationError
 from .events import Event, EventRegistry, default_registry, to_envelope
-from .patterns import overlap
+from .patterns import overlap, validate_topic
 from .ports import Broker, DedupStore, Store
 from .projections import Projection, ProjectionRunner
 from .runtime.consumer import Consumer
@@ -194,6 +194,8 @@ class App:
             check_outgoing(message, env.data)  # model_construct/model_copy skip validation
         else:
             env = _override(message, key, headers, correlation_id)
+        if topic is not None:
+            validate_topic(topic)
         if not self._started:
             self._not_running()
         await self.broker.publish(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .envelope import Envelope, derived_id
 from .events import Event, to_envelope
+from .patterns import validate_topic
 from .ports import Transaction
 from .schema.outgoing import check_outgoing
 
@@ -101,6 +102,8 @@ class Context:
         headers: dict[str, str] | None = None,
     ) -> Envelope:
         """Queue ``message`` for publishing once this attempt succeeds; return its envelope."""
+        if topic is not None:
+            validate_topic(topic)  # a bad topic fails this attempt, not the relay or the app
         parent = self.envelope
         if isinstance(message, Event):
             # The n-th message of a type published while handling this envelope in this

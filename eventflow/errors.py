@@ -19,6 +19,7 @@
     │   ├── ProjectionHandlerError  a handler raised on an event: the batch rolled back
     │   └── ProjectionLockedError   another instance holds the projection's lock
     ├── StoreError                  the store failed or was used after close
+    │   ├── AlreadyHandled          a dedup entry already exists (a concurrent copy committed)
     │   ├── ConcurrencyError        optimistic concurrency conflict on append
     │   └── AggregateNotFound       no stream for the aggregate id
     └── DeadLetterNotFound          a dead-letter id that does not exist
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 __all__ = [
     "AggregateNotFound",
+    "AlreadyHandled",
     "BackpressureError",
     "BrokerError",
     "ConcurrencyError",
@@ -126,6 +128,19 @@ class BrokerError(EventflowError):
 
 class StoreError(EventflowError):
     """The store failed, or was used before open or after close."""
+
+
+class AlreadyHandled(StoreError):
+    """The (group, message id) dedup entry already exists: another copy of the message was
+    handled and committed first. Raised by ``Store.mark_handled`` inside a transaction,
+    which the consumer then rolls back and acks as a duplicate."""
+
+    def __init__(self, group: str, message_id: str) -> None:
+        super().__init__(
+            f"message {message_id!r} was already handled by group {group!r}; its copy is skipped"
+        )
+        self.group = group
+        self.message_id = message_id
 
 
 class ConcurrencyError(StoreError):

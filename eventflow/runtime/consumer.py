@@ -17,6 +17,7 @@ them), and close the subscription so everything unacked is redelivered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import traceback
 from collections import deque
@@ -29,7 +30,7 @@ from pydantic import ValidationError
 
 from ..context import Context
 from ..envelope import Envelope, new_id
-from ..errors import DecodeError, HandlerTimeoutError, UnknownEventTypeError
+from ..errors import AlreadyHandled, DecodeError, HandlerTimeoutError, UnknownEventTypeError
 from ..events import EventRegistry
 from ..ports import DeadLetter, DeadLetterStore, DedupStore, Delivery, Subscription
 from ..subscribe import HandlerSpec, Signature
@@ -44,6 +45,8 @@ TARGET_GROUP_HEADER = "eventflow-target-group"
 
 _log = logging.getLogger("eventflow.consumer")
 _DRAIN_POLL = 0.01
+_FAILURE_BACKOFF = 0.05
+_FAILURE_BACKOFF_MAX = 5.0
 
 
 @dataclass(slots=True)
@@ -95,6 +98,7 @@ class Consumer:
         self._inflight = 0
         self._slot = asyncio.Event()
         self._active = 0
+        self._failures = 0  # infrastructure failures in a row (reset by a handled message)
         self._batch: Sequence[Delivery] = ()
         self._started: set[Delivery] = set()
         # envelope id -> future of the handling in progress (concurrency > 1 only), so a
@@ -188,7 +192,14 @@ class Consumer:
                     self._batch = batch[pos:]  # never started: released at shutdown
                     return
                 self._batch = batch[pos + 1 :]
-                await handle(delivery, task)
+                try:
+                    await handle(delivery, task)
+                except Exception as exc:
+                    # The store or broker failed around the handler: give this delivery
+                    # and the rest of the batch back (keeping key order), pause, go on.
+                    rest, self._batch = self._batch, ()
+                    await self._infrastructure_failure(delivery, rest, exc)
+                    break
             self._batch = ()
 
     async def _fetch_loop(self, sub: Subscription) -> None:
@@ -240,7 +251,19 @@ class Consumer:
                 # Marked while running; a handler cancelled at shutdown stays marked, so its
                 # delivery is not released as unstarted (the attempt counts).
                 started.add(lane[0])
-                await handle(lane[0], task)
+                try:
+                    await handle(lane[0], task)
+                except Exception as exc:
+                    # The store or broker failed around the handler: give the lane back
+                    # (this key's messages, in order), pause, go on with other keys.
+                    failed = lane.popleft()
+                    started.discard(failed)
+                    rest = list(lane)
+                    lane.clear()
+                    self._inflight -= 1 + len(rest)
+                    slot.set()
+                    await self._infrastructure_failure(failed, rest, exc)
+                    continue
                 started.discard(lane[0])
                 lane.popleft()
                 self._inflight -= 1
@@ -249,6 +272,32 @@ class Consumer:
             if self._stopping:
                 return
             del lanes[key]
+
+    async def _infrastructure_failure(
+        self, failed: Delivery, rest: Sequence[Delivery], exc: Exception
+    ) -> None:
+        """Survive a failure outside the handler (dedup store, dead-letter store, broker
+        ack): the message was not acked, so give it back for redelivery after a pause, give
+        back the ones fetched behind it, and keep consuming."""
+        self._failures += 1
+        delay = min(_FAILURE_BACKOFF_MAX, _FAILURE_BACKOFF * 2 ** min(self._failures, 8))
+        _log.error(
+            "%s: infrastructure error while processing a message (%s: %s); it will be "
+            "redelivered in %.1fs",
+            self.name,
+            type(exc).__name__,
+            exc,
+            delay,
+        )
+        for delivery, action in [(failed, "nack"), *((d, "release") for d in rest)]:
+            try:
+                if action == "nack":
+                    await delivery.nack(delay)
+                else:
+                    await delivery.release()
+            except Exception as give_back_error:  # the broker redelivers it anyway
+                _log.warning("%s: could not give a delivery back: %s", self.name, give_back_error)
+        await asyncio.sleep(delay)
 
     async def _watchdog(self, timeout: float) -> None:
         """Cancel handlers that run past ``timeout``: one timer per consumer, not per message.
@@ -295,7 +344,7 @@ class Consumer:
                 # the second waits for the first's outcome, then finds it in the dedup store.
                 handling = self._handling
                 while (busy := handling.get(env.id)) is not None:
-                    await busy
+                    await asyncio.shield(busy)
                 guard = handling[env.id] = asyncio.get_running_loop().create_future()
             if idempotent and await self.dedup.seen(group, env.id):
                 stats.duplicates += 1
@@ -310,7 +359,7 @@ class Consumer:
                         arg = self._decode(env)  # raises the descriptive EventValidationError
                 else:
                     arg = self._decode(env)
-            except DecodeError as exc:
+            except Exception as exc:  # DecodeError, or a validator raising something else
                 await self._dead_letter(delivery, env, exc, attempts=0)
                 return
             policy = spec.retry
@@ -339,9 +388,13 @@ class Consumer:
                 try:
                     await (fn(arg, ctx) if takes_ctx else fn(arg))
                 except asyncio.CancelledError as exc:
-                    if task not in expired:
+                    # Ours (the watchdog's) only if taking its request back leaves none:
+                    # a shutdown cancel arriving at the same time must still stop us.
+                    timed_out = task in expired and task.cancelling() <= 1
+                    if not timed_out:
                         if ctx._tx is not None:
-                            await asyncio.shield(ctx._finish_transaction(exc))
+                            with contextlib.suppress(BaseException):
+                                await ctx._finish_transaction(exc)  # same context: rollback
                         raise  # shutdown, not our timeout
                     error = HandlerTimeoutError(
                         f"handler {spec.name} ran past its {timeout}s timeout"
@@ -356,6 +409,10 @@ class Consumer:
                             task.uncancel()
                 if ctx._tx is not None:
                     error = await self._settle_transaction(ctx, env, error)
+                    if isinstance(error, AlreadyHandled):
+                        stats.duplicates += 1
+                        await delivery.ack()
+                        return
                 if error is None:
                     break
                 if attempt >= policy.max_attempts:
@@ -376,12 +433,14 @@ class Consumer:
             if idempotent and not ctx._committed:
                 await self.dedup.mark(group, env.id)
             stats.handled += 1
+            self._failures = 0
             await delivery.ack()
         finally:
             self._active -= 1
             if guard is not None:
                 del self._handling[env.id]
-                guard.set_result(None)
+                if not guard.done():
+                    guard.set_result(None)
 
     async def _settle_transaction(
         self, ctx: Context, env: Envelope, error: BaseException | None
@@ -392,8 +451,8 @@ class Consumer:
         if error is not None:
             await ctx._finish_transaction(error)
             return error
+        store = self.app.store
         try:
-            store = self.app.store
             tx = ctx._tx
             assert tx is not None
             if self.spec.idempotent:
@@ -401,8 +460,13 @@ class Consumer:
             outbox = ctx._take_outbox()
             if outbox:
                 await store.outbox.add(outbox, tx=tx)
-        except Exception as exc:
-            await ctx._finish_transaction(exc)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await ctx._finish_transaction(exc)
+            if isinstance(exc, AlreadyHandled):
+                return exc  # a copy handled concurrently elsewhere committed first
+            if not isinstance(exc, Exception):
+                raise  # cancelled: rolled back, the message is redelivered
             return exc
         try:
             await ctx._finish_transaction(None)

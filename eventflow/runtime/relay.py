@@ -14,6 +14,7 @@ backoff; because message ids are fixed, consumers' dedup drops a copy sent twice
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 
@@ -26,6 +27,7 @@ _OUTBOX_LOCK = "eventflow:outbox-relay"
 _IDLE_POLL = 1.0
 _BATCH = 200
 _MAX_BACKOFF = 5.0
+_RETRY = 0.1
 _log = logging.getLogger("eventflow.relay")
 
 
@@ -57,21 +59,30 @@ class OutboxRelay:
         outbox = self.store.outbox
         added: asyncio.Event | None = getattr(outbox, "added", None)
         async with self.store.lock(_OUTBOX_LOCK):
+            delay = _RETRY
             while True:
                 if added is not None:
                     added.clear()
-                batch = await outbox.pending(_BATCH)
-                for msg in batch:
-                    await _publish(
-                        self.broker,
-                        msg.topic,
-                        msg.payload,
-                        msg.key,
-                        {self.id_header: msg.message_id},
-                    )
+                try:
+                    batch = await outbox.pending(_BATCH)
+                    for msg in batch:
+                        await _publish(
+                            self.broker,
+                            msg.topic,
+                            msg.payload,
+                            msg.key,
+                            {self.id_header: msg.message_id},
+                        )
+                    if batch:
+                        await outbox.remove([m.seq for m in batch])
+                        self.sent += len(batch)
+                except Exception as exc:  # the store failed: keep the relay alive, retry
+                    _log.warning("outbox relay failed (%s); retrying in %.1fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _MAX_BACKOFF)
+                    continue
+                delay = _RETRY
                 if batch:
-                    await outbox.remove([m.seq for m in batch])
-                    self.sent += len(batch)
                     continue
                 try:
                     async with asyncio.timeout(_IDLE_POLL):
@@ -103,26 +114,34 @@ class EventRelay:
 
     async def run(self) -> None:
         """Relay forever (cancel to stop); holds the relay's lock while relaying."""
+        async with self.store.lock(self.checkpoint):
+            delay = _RETRY
+            while True:
+                try:
+                    await self._follow()
+                except Exception as exc:  # the store failed: resume from the checkpoint
+                    _log.warning("event relay failed (%s); retrying in %.1fs", exc, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _MAX_BACKOFF)
+
+    async def _follow(self) -> None:
+        """Publish from the checkpoint on; save the checkpoint every few events and on exit."""
         store = self.store
-        async with store.lock(self.checkpoint):
-            position = await store.checkpoints.get(self.checkpoint)
-            unsaved = 0
-            try:
-                async for rec in store.subscribe(after=position):
-                    env = rec.envelope
-                    await _publish(
-                        self.broker,
-                        env.type,
-                        env.to_bytes(),
-                        rec.stream_id,
-                        {self.id_header: env.id},
-                    )
-                    position = rec.position
-                    self.sent += 1
-                    unsaved += 1
-                    if unsaved >= self.checkpoint_every:
-                        await store.checkpoints.set(self.checkpoint, position)
-                        unsaved = 0
-            finally:
-                if unsaved:
+        position = await store.checkpoints.get(self.checkpoint)
+        unsaved = 0
+        try:
+            async for rec in store.subscribe(after=position):
+                env = rec.envelope
+                await _publish(
+                    self.broker, env.type, env.to_bytes(), rec.stream_id, {self.id_header: env.id}
+                )
+                position = rec.position
+                self.sent += 1
+                unsaved += 1
+                if unsaved >= self.checkpoint_every:
+                    await store.checkpoints.set(self.checkpoint, position)
+                    unsaved = 0
+        finally:
+            if unsaved:
+                with contextlib.suppress(Exception):
                     await asyncio.shield(store.checkpoints.set(self.checkpoint, position))

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
-from ...errors import ConfigurationError
+from ...errors import AlreadyHandled, ConfigurationError
 from ...ports import DeadLetter, Heartbeat, Transaction
 from .events import (
     MemoryCheckpoints,
@@ -139,6 +139,8 @@ class MemoryStore(MemoryEventLog):
         """Record a dedup entry when ``tx`` commits."""
         if not isinstance(tx, MemoryTransaction):
             raise ConfigurationError("mark_handled was given another store's transaction")
+        if await self.dedup.seen(group, message_id):
+            raise AlreadyHandled(group, message_id)
         tx.defer(lambda: self.dedup._remember(group, message_id))
 
     async def open(self) -> None:

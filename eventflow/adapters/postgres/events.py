@@ -1,11 +1,12 @@
-"""The PostgreSQL event log: appends in one round trip, positions from a sequencer.
+"""The PostgreSQL event log: appends in one statement, positions from a sequencer.
 
-Appends insert events with ``position`` NULL; the sequencer (``ef_sequence``, run by every
-open store, one at a time under an advisory lock) gives committed events the next
-positions in insertion order and notifies ``ef_sequenced``. Because it only ever sees
-committed rows, a position is never handed out before an earlier one is visible: readers
-that follow ``position > last`` never skip an event committed late, no lock is taken
-around appends, and an open unrelated transaction delays nothing. See docs/event-store.md.
+Appends insert events and queue their ids in ``ef_unsequenced``; the sequencer
+(``ef_sequence``, run by every open store, one at a time under an advisory lock) gives the
+committed queued events the next positions in ``ef_positions``, in insertion order, and
+notifies ``ef_sequenced``. Because it only ever sees committed rows, a position is never
+handed out before an earlier one is visible: readers that follow ``position > last`` never
+skip an event committed late, no lock is taken around appends, and an open unrelated
+transaction delays nothing. See docs/event-store.md.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ _APPEND_AT = _append_sql(
     "$5::bigint",
     " WHERE EXISTS (SELECT 1 FROM ef_events WHERE stream_id = $1 AND stream_version = $5)",
 )
+
+
+_SLOW_APPEND = "SELECT ef_append($1, $2, $3, $4, $5)"
 
 
 def _record(row: Any) -> RecordedEvent:
@@ -111,7 +115,11 @@ class PostgresEventLog:
                     await self._pending.wait()
             except TimeoutError:
                 # Events appended by another process that died before sequencing them.
-                if not await pool.fetchval("SELECT EXISTS (SELECT 1 FROM ef_unsequenced)"):
+                try:
+                    if not await pool.fetchval("SELECT EXISTS (SELECT 1 FROM ef_unsequenced)"):
+                        continue
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    _log.warning("sequencer check failed (%s); retrying", exc)
                     continue
             await asyncio.sleep(_COALESCE)  # let concurrent appends join this pass
             self._pending.clear()
@@ -192,14 +200,15 @@ class PostgresEventLog:
         while True:
             try:
                 async with self.db.connection() as conn:
-                    version: int = await conn.fetchval(
-                        "SELECT ef_append($1, $2, $3, $4, $5)",
-                        stream_id,
-                        expected,
-                        ids,
-                        types,
-                        blobs,
-                    )
+                    if ambient:
+                        async with conn.transaction():  # a savepoint: errors keep the tx usable
+                            version: int = await conn.fetchval(
+                                _SLOW_APPEND, stream_id, expected, ids, types, blobs
+                            )
+                    else:
+                        version = await conn.fetchval(
+                            _SLOW_APPEND, stream_id, expected, ids, types, blobs
+                        )
                 return version
             except asyncpg.UniqueViolationError as exc:
                 # A concurrent append took the same version (or stored the same ids).

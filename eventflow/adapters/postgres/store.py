@@ -14,7 +14,7 @@ import asyncpg
 import orjson
 
 from ...envelope import Envelope
-from ...errors import StoreError
+from ...errors import AlreadyHandled, StoreError
 from ...ports import DeadLetter, Heartbeat, OutboxMessage, Transaction
 from .db import PostgresConfig, PostgresDatabase, PostgresTransaction
 from .events import PostgresEventLog
@@ -356,5 +356,15 @@ class PostgresStore(PostgresEventLog):
         return self._hold(name)
 
     async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
-        """Record a dedup entry inside the context's open transaction."""
-        await self.dedup.mark(group, message_id)
+        """Record a dedup entry inside the context's open transaction; raise
+        ``AlreadyHandled`` if a copy committed one first (a concurrent copy's insert waits
+        for the first transaction, then finds its row)."""
+        async with self.db.connection() as conn:
+            inserted = await conn.fetchval(
+                "INSERT INTO ef_dedup (grp, message_id) VALUES ($1, $2) "
+                "ON CONFLICT DO NOTHING RETURNING 1",
+                group,
+                message_id,
+            )
+        if inserted is None:
+            raise AlreadyHandled(group, message_id)

@@ -8,6 +8,7 @@ lets other processes (the CLI) read while the app writes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
@@ -128,16 +129,34 @@ class SqliteDatabase:
         if self._owner is not None and self._owner is asyncio.current_task():
             raise StoreError("a SQLite transaction is already open in this task; nest nothing")
         async with self._lock:
-            await self._submit(self._exec, "BEGIN IMMEDIATE")
+            # The statements run on the database thread whatever happens to this task: if
+            # it is cancelled while BEGIN waits (another process holds the write lock), the
+            # BEGIN still completes, so roll it back before releasing the lock.
+            await self._settled(self._exec, "BEGIN IMMEDIATE", on_cancel="ROLLBACK")
             self._owner = asyncio.current_task()
             try:
                 yield SqliteTransaction(self)
             except BaseException:
                 self._owner = None
-                await asyncio.shield(self._submit(self._exec, "ROLLBACK"))
+                await self._settled(self._exec, "ROLLBACK")
                 raise
             self._owner = None
-            await self._submit(self._exec, "COMMIT")
+            await self._settled(self._exec, "COMMIT", on_cancel=None)
+
+    async def _settled(
+        self, fn: Callable[..., Any], sql: str, *, on_cancel: str | None = None
+    ) -> None:
+        """Run ``fn(sql)`` on the thread and wait for it even if cancelled (then run
+        ``on_cancel`` too, and re-raise): the connection never stays mid-transaction."""
+        job = asyncio.ensure_future(self._submit(fn, sql))
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await job
+                if on_cancel is not None:
+                    await self._submit(fn, on_cancel)
+            raise
 
     def _exec(self, sql: str) -> None:
         conn = self._conn

@@ -11,7 +11,7 @@ from urllib.parse import unquote, urlsplit
 
 import orjson
 
-from ...errors import ConfigurationError
+from ...errors import AlreadyHandled, ConfigurationError
 from ...ports import DeadLetter, Heartbeat, Transaction
 from .db import SqliteDatabase, SqliteTransaction
 from .events import (
@@ -289,8 +289,18 @@ class SqliteStore(SqliteEventLog):
         return self.leases.hold(name)
 
     async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
-        """Record a dedup entry inside the caller's open transaction (visible on commit)."""
-        await self.db.run(self.dedup._mark, group, message_id, time.time(), False)
+        """Record a dedup entry inside the caller's open transaction (visible on commit);
+        raise ``AlreadyHandled`` if a copy committed one first."""
+        inserted = await self.db.run(
+            lambda conn: (
+                conn.execute(
+                    "INSERT OR IGNORE INTO ef_dedup (grp, message_id, handled_at) VALUES (?, ?, ?)",
+                    (group, message_id, time.time()),
+                ).rowcount
+            )
+        )
+        if not inserted:
+            raise AlreadyHandled(group, message_id)
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:

@@ -1,0 +1,142 @@
+"""Failures around the handler do not stop an app, and concurrent copies of one message
+commit their effects once (regressions found in review)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from eventflow import App, Context, Event, RetryPolicy, subscribe
+from eventflow.adapters.sqlite import SqliteStore
+from eventflow.events import to_envelope
+from eventflow.stores import store_for
+from eventflow.testing.postgres import isolated_schema, postgres_url
+
+Wait = Callable[..., Awaitable[None]]
+
+
+class ResPing(Event, type="it.res.ping"):
+    """A test event."""
+
+    n: int
+
+
+class _FlakyDedup:
+    """A dedup store whose second check fails like a dropped connection."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.marked: set[tuple[str, str]] = set()
+
+    async def seen(self, group: str, message_id: str) -> bool:
+        self.calls += 1
+        if self.calls == 2:
+            raise OSError("connection reset by peer")
+        return (group, message_id) in self.marked
+
+    async def mark(self, group: str, message_id: str) -> None:
+        self.marked.add((group, message_id))
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_store_error_around_the_handler_does_not_stop_the_app(
+    broker_url: str, waiter: Wait
+) -> None:
+    handled: list[int] = []
+
+    @subscribe("it.res.ping", group="g", concurrency=1)
+    async def handle(event: ResPing) -> None:
+        handled.append(event.n)
+
+    app = App("it-res", broker=broker_url, handlers=[handle], dedup=_FlakyDedup())
+    async with app:
+        for n in range(5):
+            await app.publish(ResPing(n=n), key="k")
+        await waiter(lambda: len(handled) == 5, what="every message, the failed one again")
+        assert handled == [0, 1, 2, 3, 4]  # redelivered in key order after the failure
+
+
+async def test_a_bad_outgoing_topic_is_dead_lettered_not_fatal(
+    broker_url: str, waiter: Wait
+) -> None:
+    @subscribe("it.res.ping", group="g", retry=RetryPolicy(2, initial_delay=0.01))
+    async def handle(event: ResPing, ctx: Context) -> None:
+        await ctx.publish(ResPing(n=event.n + 1), topic="orders.*")
+
+    app = App("it-res-topic", broker=broker_url, handlers=[handle])
+    async with app:
+        await app.publish(ResPing(n=1))
+        await waiter(lambda: app.stats()["g:it.res.ping"]["dead_lettered"] == 1)
+        [letter] = await app.dead_letters.list()
+        assert "invalid topic 'orders.*'" in letter.error
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'res.db'}"
+        return
+    async with isolated_schema(postgres_url()) as url:
+        yield url
+
+
+async def test_concurrent_copies_commit_their_effects_once(
+    store_url: str, broker_url: str, waiter: Wait
+) -> None:
+    mark = "?" if store_url.startswith("sqlite") else "$1"
+
+    @subscribe("it.res.ping", group="ledger")
+    async def book(event: ResPing, ctx: Context) -> None:
+        await asyncio.sleep(0.2)  # slow: the copy is picked up by the other member meanwhile
+        async with ctx.transaction() as tx:
+            await tx.execute(f"INSERT INTO it_res_ledger (n) VALUES ({mark})", event.n)
+
+    store = store_for(store_url)
+    a = App("it-res-a", broker=broker_url, store=store, handlers=[book])
+    b = App("it-res-b", broker=broker_url, store=store_url, handlers=[book])
+    async with a, b:
+        async with a.store.transaction() as tx:
+            await tx.execute("CREATE TABLE IF NOT EXISTS it_res_ledger (n INTEGER)")
+        env = to_envelope(ResPing(n=1), source="t")
+        await a.publish(env)  # keyless: spread over the members' partitions
+        await a.publish(env)  # the same id again, handled at the same time by the other
+        stats = lambda: a.stats()["ledger:it.res.ping"], lambda: b.stats()["ledger:it.res.ping"]  # noqa: E731
+        await waiter(lambda: sum(s()["received"] for s in stats) == 2)
+        await waiter(lambda: sum(s()["handled"] + s()["duplicates"] for s in stats) == 2)
+        async with a.store.transaction() as tx:
+            rows = await tx.fetch("SELECT COUNT(*) FROM it_res_ledger")
+        assert rows[0][0] == 1
+        assert sum(s()["duplicates"] for s in stats) == 1
+
+
+async def test_sqlite_transaction_cancelled_while_beginning_leaves_the_store_usable(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "busy.db")
+    store = SqliteStore(path)
+    other = SqliteStore(path)
+    await store.open()
+    await other.open()
+    try:
+        # Another connection holds the write lock, so BEGIN IMMEDIATE waits; cancel it.
+        async with other.transaction() as tx:
+            await tx.execute("CREATE TABLE IF NOT EXISTS t (x INTEGER)")
+
+            async def begin() -> None:
+                async with store.transaction():
+                    pass
+
+            task = asyncio.create_task(begin())
+            await asyncio.sleep(0.2)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert await store.append(f"s-{uuid.uuid4().hex}", [ResPing(n=1)]) == 1
+    finally:
+        await store.close()
+        await other.close()
