@@ -106,13 +106,16 @@ async def test_concurrent_copies_commit_their_effects_once(
         env = to_envelope(ResPing(n=1), source="t")
         await a.publish(env)  # keyless: spread over the members' partitions
         await a.publish(env)  # the same id again, handled at the same time by the other
-        stats = lambda: a.stats()["ledger:it.res.ping"], lambda: b.stats()["ledger:it.res.ping"]  # noqa: E731
-        await waiter(lambda: sum(s()["received"] for s in stats) == 2)
-        await waiter(lambda: sum(s()["handled"] + s()["duplicates"] for s in stats) == 2)
+
+        def totals(field: str) -> int:
+            return sum(app.stats()["ledger:it.res.ping"][field] for app in (a, b))
+
+        await waiter(lambda: totals("received") == 2)
+        await waiter(lambda: totals("handled") + totals("duplicates") == 2)
         async with a.store.transaction() as tx:
             rows = await tx.fetch("SELECT COUNT(*) FROM it_res_ledger")
         assert rows[0][0] == 1
-        assert sum(s()["duplicates"] for s in stats) == 1
+        assert totals("duplicates") == 1
 
 
 async def test_sqlite_transaction_cancelled_while_beginning_leaves_the_store_usable(
