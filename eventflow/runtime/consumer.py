@@ -138,16 +138,20 @@ class Consumer:
             raise RuntimeError("Consumer.subscribe() must be awaited before run()")
         try:
             async with asyncio.TaskGroup() as tg:
+                fetcher: asyncio.Task[None] | None = None
                 if self.spec.concurrency == 1:
                     # One worker handles deliveries in fetch order, which is key order.
                     workers = [tg.create_task(self._serial_loop(sub))]
                 else:
                     workers = [tg.create_task(self._worker()) for _ in range(self.spec.concurrency)]
-                    workers.append(tg.create_task(self._fetch_loop(sub)))
+                    fetcher = tg.create_task(self._fetch_loop(sub))
+                    workers.append(fetcher)
                 watchdog = None
                 if self.spec.timeout is not None:
                     watchdog = tg.create_task(self._watchdog(self.spec.timeout))
                 await self._stopped.wait()
+                if fetcher is not None:
+                    fetcher.cancel()  # stop fetching at once; running handlers may finish
                 try:
                     async with asyncio.timeout(self.grace_period):
                         while self._active:  # noqa: ASYNC110 - polled only at shutdown
