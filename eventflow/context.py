@@ -36,6 +36,7 @@ class Context:
         "_counts",
         "_outbox",
         "_tx",
+        "_tx_failed",
         "_tx_scope",
         "attempt",
         "envelope",
@@ -52,6 +53,7 @@ class Context:
         self._counts: dict[str, int] | None = None
         self._tx: Transaction | None = None
         self._committed = False
+        self._tx_failed: BaseException | None = None
         self._tx_scope: AbstractAsyncContextManager[Transaction] | None = None
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
@@ -71,7 +73,13 @@ class Context:
             scope = self._app.store.transaction()
             self._tx = await scope.__aenter__()
             self._tx_scope = scope
-        yield self._tx
+        try:
+            yield self._tx
+        except BaseException as exc:
+            # The block failed: the transaction must not commit, even if the handler
+            # catches the error and returns normally.
+            self._tx_failed = exc
+            raise
 
     async def _finish_transaction(self, error: BaseException | None) -> None:
         """Commit (``error`` None) or roll back the handling's transaction, if one is open."""

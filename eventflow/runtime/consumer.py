@@ -452,6 +452,12 @@ class Consumer:
         """Finish the handler's store transaction: on success write the dedup entry and the
         queued messages into it and commit; on failure roll back. Returns the error, if any
         (a failed commit becomes the attempt's error)."""
+        if error is None and ctx._tx_failed is not None:
+            failed = ctx._tx_failed
+            error = RuntimeError(
+                "the `async with ctx.transaction()` block raised "
+                f"{type(failed).__name__}: {failed}; its transaction was rolled back"
+            )
         if error is not None:
             await ctx._finish_transaction(error)
             return error

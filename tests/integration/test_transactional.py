@@ -145,3 +145,31 @@ async def test_event_relay_publishes_appended_events_in_stream_order(
         await waiter(lambda: len(got) == 1, what="only the new event")
         await asyncio.sleep(0.2)
         assert [e.key for e in got] == ["acct-3"]
+
+
+async def test_a_failed_transaction_block_rolls_back_even_if_the_handler_swallows_it(
+    store: Store, broker_url: str, waiter: Wait
+) -> None:
+    create, insert, _ = _sql(store)
+    attempts: list[int] = []
+
+    @subscribe("it.tx.deposit", group="ledger", retry=RetryPolicy(2, initial_delay=0.01))
+    async def book(event: TxDeposit, ctx: Context) -> None:
+        attempts.append(ctx.attempt)
+        try:
+            async with ctx.transaction() as tx:
+                await tx.execute(insert, event.account, event.amount)
+                raise ValueError("half-way")
+        except ValueError:
+            pass  # swallowed: the partial write must still not commit
+
+    app = App("it-tx-swallow", broker=broker_url, store=store, handlers=[book])
+    async with app:
+        async with store.transaction() as tx:
+            await tx.execute(create)
+        await app.publish(TxDeposit(account="c", amount=3), key="c")
+        await waiter(lambda: app.stats()["ledger:it.tx.deposit"]["dead_lettered"] == 1)
+        assert attempts == [1, 2]
+        assert await _ledger(store) == (0, 0)
+        [letter] = await app.dead_letters.list()
+        assert "ctx.transaction()" in letter.error and "rolled back" in letter.error
