@@ -9,6 +9,7 @@
     eventflow schema export|check|asyncapi        event schema registry in git, CI check
     eventflow projections list|status|rebuild     projections: lag, rebuild from the log
     eventflow store init|read|tail                the event store: schema, streams, live log
+    eventflow trace CORRELATION_ID                the causal tree of one business transaction
 
 Exit codes: 0 success, 1 the command failed (unknown id, failed check), 2 bad usage (bad
 MODULE:APP, bad URL, missing option), 130 interrupted. User errors print one line on
@@ -26,6 +27,7 @@ from . import dlq, run, status
 from . import projections as _projections
 from . import schema as _schema
 from . import store as _store
+from . import trace as _trace
 from ._common import EXIT_FAILURE, CliError
 
 __all__ = ["build_parser", "main"]
@@ -87,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     _projections.add_parser(subparsers)
     _schema.add_parser(subparsers)
     _store.add_parser(subparsers)
+    _trace.add_parser(subparsers)
     return parser
 
 

@@ -1,0 +1,85 @@
+"""``eventflow trace``: the causal tree of a correlation from the store and dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+import pytest
+
+from eventflow import DeadLetter, Event, open_store
+from eventflow.cli import main
+from eventflow.events import to_envelope
+
+
+class TraceOrdered(Event, type="cli.trace.ordered"):
+    """Root."""
+
+    n: int
+
+
+class TraceReserved(Event, type="cli.trace.reserved"):
+    """Child."""
+
+    n: int
+
+
+def _fill(url: str) -> str:
+    root = to_envelope(TraceOrdered(n=1), source="orders")
+    child = to_envelope(
+        TraceReserved(n=1),
+        source="inventory",
+        correlation_id=root.correlation_id,
+        causation_id=root.id,
+    )
+    grandchild = to_envelope(
+        TraceReserved(n=2),
+        source="billing",
+        correlation_id=root.correlation_id,
+        causation_id=child.id,
+    )
+    other = to_envelope(TraceOrdered(n=9), source="orders")
+
+    async def run() -> None:
+        async with open_store(url) as store:
+            await store.append("order-1", [root, other])
+            await store.append("stock-1", [child])
+            await store.dead_letters.add(
+                DeadLetter(
+                    id="dl-1",
+                    topic="cli.trace.reserved",
+                    group="billing",
+                    payload=grandchild.to_bytes(),
+                    error="ValueError: card declined\nTraceback ...",
+                    attempts=3,
+                    failed_at=datetime.now(UTC),
+                )
+            )
+
+    asyncio.run(run())
+    return root.correlation_id
+
+
+def test_trace_prints_the_tree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'trace.db'}"
+    correlation = _fill(url)
+    assert main(["trace", correlation, "--store", url]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"correlation {correlation}: 3 stored message(s)"
+    types = [line.strip().split()[0] for line in out[1::2]]
+    depths = [len(line) - len(line.lstrip()) for line in out[1::2]]
+    assert types == ["cli.trace.ordered", "cli.trace.reserved", "cli.trace.reserved"]
+    assert depths == [2, 4, 6]  # each under its cause
+    assert "DEAD LETTER of group billing: ValueError: card declined" in out[-1]
+
+
+def test_trace_json_and_unknown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'trace.db'}"
+    correlation = _fill(url)
+    assert main(["trace", correlation, "--json", "--store", url]) == 0
+    doc = orjson.loads(capsys.readouterr().out)
+    assert len(doc["messages"]) == 3
+    assert main(["trace", "nope", "--store", url]) == 1
+    assert "no stored message" in capsys.readouterr().err
