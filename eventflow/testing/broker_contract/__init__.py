@@ -1,0 +1,53 @@
+"""The Broker port's contract suite, shared by every broker adapter.
+
+An adapter's test module subclasses :class:`BrokerContract` and provides one fixture,
+``broker_factory``: an async callable that returns a new, started broker connected to the
+same backend (another "process" of the same deployment), closing them all after the test::
+
+    class TestMemoryBroker(BrokerContract):
+        @pytest.fixture
+        async def broker_factory(self) -> AsyncIterator[BrokerFactory]:
+            name = unique_name("hub")
+            async with broker_pool(lambda: MemoryBroker(MemoryBrokerConfig(name=name))) as f:
+                yield f
+
+Every test uses fresh topic and group names, so a real server can be shared by all tests.
+Waits are bounded polls; a subclass on a slow server raises ``timeout`` (how long to wait
+for something that must happen) or ``quiet_period`` (how long to watch for something that
+must not happen).
+"""
+
+from .delivery import DeliveryContract
+from .groups import GroupContract
+from .redelivery import RedeliveryContract
+from .support import (
+    BrokerFactory,
+    Member,
+    broker_pool,
+    collect,
+    drain,
+    eventually,
+    unique_name,
+)
+
+__all__ = [
+    "BrokerContract",
+    "BrokerFactory",
+    "Member",
+    "broker_pool",
+    "collect",
+    "drain",
+    "eventually",
+    "unique_name",
+]
+
+
+# Bases in reverse: pytest runs inherited tests in reverse MRO order, so this runs the
+# delivery tests first, then groups, then settling, redelivery and lifecycle.
+class BrokerContract(RedeliveryContract, GroupContract, DeliveryContract):
+    """The guarantees of :class:`eventflow.ports.Broker`, as tests every adapter must pass.
+
+    Subclass it as ``class TestXBroker(BrokerContract)`` and provide the ``broker_factory``
+    fixture (see the module docstring). It has no ``Test`` prefix so that pytest collects it
+    only through its subclasses.
+    """

@@ -1,0 +1,175 @@
+"""What the broker contract's modules share: the ``broker_factory`` type and
+:func:`broker_pool`, the waits (:func:`eventually`, :func:`collect`, :func:`drain`), the
+:class:`Member` helper and the base class holding the timing attributes."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+
+from ...ports import Broker, Delivery, Subscription
+
+__all__ = [
+    "BrokerContractBase",
+    "BrokerFactory",
+    "Member",
+    "broker_pool",
+    "collect",
+    "drain",
+    "eventually",
+    "unique_name",
+]
+
+BrokerFactory = Callable[[], Awaitable[Broker]]
+"""Returns a new started broker on the shared backend; the fixture closes it after the test."""
+
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_QUIET_PERIOD = 0.5
+_POLL_INTERVAL = 0.02
+_FETCH_WAIT = 0.5
+
+
+def unique_name(prefix: str = "ct") -> str:
+    """A fresh name usable as a topic token, group or hub name on every broker."""
+    return f"{prefix}{uuid.uuid4().hex[:16]}"
+
+
+async def eventually(
+    condition: Callable[[], object],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    interval: float = _POLL_INTERVAL,
+    message: str = "condition",
+) -> None:
+    """Poll ``condition`` (sync, or returning an awaitable) until truthy; fail after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return
+        if loop.time() >= deadline:
+            raise AssertionError(f"{message} still false after {timeout}s")
+        await asyncio.sleep(interval)
+
+
+async def collect(
+    sub: Subscription,
+    count: int,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    ack: bool = True,
+    max_messages: int = 10,
+) -> list[Delivery]:
+    """Fetch exactly ``count`` deliveries (acking each if ``ack``); fail after ``timeout``.
+
+    Never asks for more than are still missing, so nothing extra is left in flight.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    out: list[Delivery] = []
+    while len(out) < count:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            got = [(d.topic, d.payload, d.key) for d in out]
+            raise AssertionError(f"expected {count} deliveries within {timeout}s, got {got}")
+        batch = await sub.fetch(min(max_messages, count - len(out)), min(remaining, _FETCH_WAIT))
+        for delivery in batch:
+            out.append(delivery)
+            if ack:
+                await delivery.ack()
+    return out
+
+
+async def drain(sub: Subscription, duration: float, *, ack: bool = True) -> list[Delivery]:
+    """Fetch for ``duration`` seconds and return everything that arrived (acked if ``ack``).
+
+    Used to check that something does not happen: an empty result means nothing came.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + duration
+    out: list[Delivery] = []
+    while (remaining := deadline - loop.time()) > 0:
+        batch = await sub.fetch(10, min(remaining, _FETCH_WAIT))
+        for delivery in batch:
+            out.append(delivery)
+            if ack:
+                await delivery.ack()
+    return out
+
+
+@asynccontextmanager
+async def broker_pool(make: Callable[[], Broker]) -> AsyncIterator[BrokerFactory]:
+    """Yield a :data:`BrokerFactory` that starts brokers built by ``make``; close them at exit."""
+    brokers: list[Broker] = []
+
+    async def factory() -> Broker:
+        broker = make()
+        await broker.start()
+        brokers.append(broker)
+        return broker
+
+    try:
+        yield factory
+    finally:
+        for broker in reversed(brokers):
+            await broker.close()
+
+
+class Member:
+    """A group member that fetches and acks in the background, recording what it got.
+
+    ``log`` may be shared between members to see the order in which the group received
+    messages. Run :meth:`run` as a task and cancel it to stop.
+    """
+
+    def __init__(
+        self, name: str, sub: Subscription, log: list[tuple[str, Delivery]] | None = None
+    ) -> None:
+        self.name = name
+        self.sub = sub
+        self.received: list[Delivery] = []
+        self.log = log if log is not None else []
+
+    async def run(self) -> None:
+        """Fetch, record and ack until cancelled."""
+        while True:
+            for delivery in await self.sub.fetch(10, _FETCH_WAIT):
+                self.received.append(delivery)
+                self.log.append((self.name, delivery))
+                await delivery.ack()
+
+
+async def _run_members(
+    members: Sequence[Member], done: Callable[[], bool], *, timeout: float, quiet: float
+) -> None:
+    """Run ``members`` until ``done()``, then ``quiet`` seconds more (to catch extras)."""
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(m.run()) for m in members]
+        try:
+            await eventually(done, timeout=timeout, message="members received everything")
+            await asyncio.sleep(quiet)  # a window for duplicates to show up, not a sync point
+        finally:
+            for task in tasks:
+                task.cancel()
+
+
+def _texts(deliveries: Sequence[Delivery]) -> list[str]:
+    return [d.payload.decode() for d in deliveries]
+
+
+class BrokerContractBase:
+    """What every part of :class:`~eventflow.testing.broker_contract.BrokerContract` uses:
+    the timing attributes (the adapter's test module provides ``broker_factory``)."""
+
+    timeout: float = DEFAULT_TIMEOUT
+    """Seconds to wait for something that must happen."""
+    quiet_period: float = DEFAULT_QUIET_PERIOD
+    """Seconds to watch for something that must not happen (an extra delivery)."""
+    nack_delay: float = 1.0
+    """The delay used in the ``nack(delay)`` tests."""
