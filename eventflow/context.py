@@ -30,31 +30,20 @@ class Context:
     drops the copies.
     """
 
-    __slots__ = (
-        "_app",
-        "_committed",
-        "_counts",
-        "_outbox",
-        "_tx",
-        "_tx_failed",
-        "_tx_scope",
-        "attempt",
-        "envelope",
-        "group",
-    )
+    # Class-level defaults, replaced per instance on first use: most handlings publish
+    # nothing and open no transaction, so a Context costs four attribute writes.
+    _outbox: list[tuple[str, Envelope]] | None = None
+    _counts: dict[str, int] | None = None
+    _tx: Transaction | None = None
+    _committed = False
+    _tx_failed: BaseException | None = None
+    _tx_scope: AbstractAsyncContextManager[Transaction] | None = None
 
     def __init__(self, app: App, envelope: Envelope, group: str, attempt: int) -> None:
         self._app = app
         self.envelope = envelope
         self.group = group
         self.attempt = attempt
-        # Created on first use: most handlings publish nothing and open no transaction.
-        self._outbox: list[tuple[str, Envelope]] | None = None
-        self._counts: dict[str, int] | None = None
-        self._tx: Transaction | None = None
-        self._committed = False
-        self._tx_failed: BaseException | None = None
-        self._tx_scope: AbstractAsyncContextManager[Transaction] | None = None
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """The store transaction of this handling (SQL stores: your SQL runs in it).
