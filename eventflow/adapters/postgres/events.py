@@ -180,10 +180,11 @@ class PostgresEventLog:
         else:
             sql, args = _APPEND_AT, (stream_id, ids, types, blobs, int(expected))
         try:
-            async with self.db.connection() as conn:
-                if self.db.current is not None:
-                    async with conn.transaction():  # a savepoint: a conflict must not
-                        return await conn.fetchval(sql, *args)  # type: ignore[no-any-return]
+            current = self.db.current
+            if current is not None:
+                async with current.transaction():  # a savepoint: a conflict must not abort
+                    return await current.fetchval(sql, *args)  # type: ignore[no-any-return]
+            async with self.db._pool().acquire() as conn:  # the hot path: no generator CM
                 return await conn.fetchval(sql, *args)  # type: ignore[no-any-return]
         except asyncpg.UniqueViolationError:
             return None  # a conflict or a retried append: the slow path tells which
