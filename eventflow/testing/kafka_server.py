@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import tempfile
@@ -27,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-from .services import docker_answers, service_unavailable
+from .services import docker_answers, free_port, service_unavailable, stop_process
 
 __all__ = [
     "FAST_TEST_OPTIONS",
@@ -91,12 +90,6 @@ def find_tansu() -> str:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class KafkaServer:
     """A ``tansu broker`` child process on a free port with memory storage.
 
@@ -106,7 +99,7 @@ class KafkaServer:
 
     def __init__(self, *, binary: str | None = None) -> None:
         self.binary = binary or find_tansu()
-        self.port = _free_port()
+        self.port = free_port()
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir = tempfile.mkdtemp(prefix="eventflow-tansu-")
         self.log_path = Path(self._dir) / "tansu.log"
@@ -172,13 +165,7 @@ class KafkaServer:
     def stop(self) -> None:
         """Stop the broker (SIGTERM, then SIGKILL after 10 s). Idempotent."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_process(proc)
 
     def __enter__(self) -> KafkaServer:
         self.start()

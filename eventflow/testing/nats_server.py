@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -32,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-from .services import docker_answers, service_unavailable
+from .services import docker_answers, free_port, service_unavailable, stop_process
 
 __all__ = [
     "NATS_URL_ENV",
@@ -89,12 +88,6 @@ def find_nats_server() -> str:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class NatsServer:
     """A ``nats-server -js`` child process on free ports with its own store dir.
 
@@ -104,8 +97,8 @@ class NatsServer:
 
     def __init__(self, *, store_dir: str | None = None, binary: str | None = None) -> None:
         self.binary = binary or find_nats_server()
-        self.port = _free_port()
-        self.monitor_port = _free_port()
+        self.port = free_port()
+        self.monitor_port = free_port()
         self._own_dir = store_dir is None
         self.store_dir = store_dir or tempfile.mkdtemp(prefix="eventflow-nats-")
         self._proc: subprocess.Popen[bytes] | None = None
@@ -178,13 +171,7 @@ class NatsServer:
     def terminate(self) -> None:
         """Stop the server gracefully (SIGTERM, then SIGKILL after 10 s); the store dir stays."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        stop_process(proc)
 
     def restart(self, *, crash: bool = True) -> None:
         """Stop (SIGKILL if ``crash``, else SIGTERM) and start again on the same port and dir."""

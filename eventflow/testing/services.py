@@ -4,9 +4,11 @@ when no service can be had (skip, or fail under ``CI=true``)."""
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 from typing import NoReturn
 
-__all__ = ["docker_answers", "in_ci", "service_unavailable"]
+__all__ = ["docker_answers", "free_port", "in_ci", "service_unavailable", "stop_process"]
 
 
 def in_ci() -> bool:
@@ -33,3 +35,21 @@ def service_unavailable(message: str, *, named: bool = False) -> NoReturn:
     if in_ci() or named:
         pytest.fail(f"{message} (a missing service fails the run here, it is not skipped)")
     pytest.skip(message)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
+    """Stop a server process gracefully: SIGTERM, then SIGKILL after 10 s."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)

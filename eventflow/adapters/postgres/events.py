@@ -38,6 +38,9 @@ _CONFLICT = "EF409"
 _COLUMNS = "p.position, e.stream_id, e.stream_version, e.envelope"
 
 
+_STREAM_VERSION = "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = $1"
+
+
 def _append_sql(base: str, guard: str = "") -> str:
     return (
         "WITH ins AS (INSERT INTO ef_events (event_id, stream_id, stream_version, type, "
@@ -50,9 +53,7 @@ def _append_sql(base: str, guard: str = "") -> str:
 
 
 # The fast-path appends: any version, a new stream, or at version $5 (which must exist).
-_APPEND_ANY = _append_sql(
-    "(SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = $1)"
-)
+_APPEND_ANY = _append_sql(f"({_STREAM_VERSION})")
 _APPEND_NEW = _append_sql("0")
 _APPEND_AT = _append_sql(
     "$5::bigint",
@@ -227,13 +228,9 @@ class PostgresEventLog:
                 raise StoreError(f"append to {stream_id!r} failed: {exc}") from exc
 
     async def _version_outside(self, stream_id: str) -> int:
-        async with self.db.pool.acquire() as conn:
-            return int(
-                await conn.fetchval(
-                    "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = $1",
-                    stream_id,
-                )
-            )
+        # Outside the context's transaction: after a conflict it is aborted.
+        async with self.db._pool().acquire() as conn:
+            return int(await conn.fetchval(_STREAM_VERSION, stream_id))
 
     def read_stream(
         self,
@@ -300,12 +297,7 @@ class PostgresEventLog:
     async def stream_version(self, stream_id: str) -> int:
         """0 when the stream does not exist."""
         async with self.db.connection() as conn:
-            return int(
-                await conn.fetchval(
-                    "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = $1",
-                    stream_id,
-                )
-            )
+            return int(await conn.fetchval(_STREAM_VERSION, stream_id))
 
     async def _sync(self) -> None:
         """Sequence what is committed now, so a read right after an append sees it."""
