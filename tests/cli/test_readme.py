@@ -37,3 +37,15 @@ def test_quick_start_runs_and_prints_what_the_readme_says(tmp_path: Path) -> Non
     promised = _block("text").strip().splitlines()
     assert proc.stdout.strip().splitlines() == promised
     assert (tmp_path / "shop.db").exists()  # the SQLite store it says it leaves behind
+
+
+def test_event_store_example_runs(tmp_path: Path) -> None:
+    script = tmp_path / "carts.py"
+    script.write_text(_block("python", 1))
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("1 cart-c-1 1 ")
+    assert lines[-1] == "{'sku-1': 2}"
