@@ -17,6 +17,7 @@ import socket
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from . import events as _events
 from .brokers import open_broker
 from .envelope import Envelope, new_id
 from .errors import BrokerError, ConfigurationError
@@ -191,15 +192,18 @@ class App:
                 headers=dict(headers) if headers else None,
                 correlation_id=correlation_id,
             )
-            check_outgoing(message, env.data)  # model_construct/model_copy skip validation
+            if _events.unvalidated_made:  # model_construct/model_copy skip validation
+                check_outgoing(message, env.data)
         else:
             env = _override(message, key, headers, correlation_id)
-        if topic is not None:
+        if topic is None:
+            topic = env.type
+        else:
             validate_topic(topic)
         if not self._started:
             self._not_running()
         await self.broker.publish(
-            topic or env.type, env.to_bytes(), key=env.key, headers={MESSAGE_ID_HEADER: env.id}
+            topic, env.to_bytes(), key=env.key, headers={MESSAGE_ID_HEADER: env.id}
         )
         return env
 

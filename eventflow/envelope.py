@@ -31,6 +31,7 @@ __all__ = [
     "child_traceparent",
     "derived_id",
     "new_id",
+    "new_root",
     "new_traceparent",
     "traceparent_for",
 ]
@@ -54,15 +55,31 @@ _FIELDS = (
 _rng = random.Random()
 os.register_at_fork(after_in_child=_rng.seed)
 _randbits = _rng.getrandbits
+_time_ns = _time.time_ns
+_VARIANT = 0x8000_0000_0000_0000  # RFC 9562 variant bits over 62 random bits
 _last_ms = 0
 _seq = 0
-_prefix = ""
+_prefix = ""  # "tttttttt-tttt-7": the current millisecond and the version digit
+_prefix_hex = ""  # the same without dashes (a trace id starts with it)
 
 
-def _set_prefix(ms: int) -> None:
-    global _prefix
-    h = "%012x" % ms
+def _advance() -> str:
+    """Step the clock state for one new id; return its 3-hex-digit counter."""
+    global _last_ms, _seq, _prefix, _prefix_hex
+    ms = _time_ns() // 1_000_000
+    if ms > _last_ms:
+        _last_ms = ms
+        _seq = _randbits(11)  # random start in the lower half leaves room to count up
+    else:
+        _seq += 1
+        if _seq <= 0xFFF:
+            return "%03x" % _seq
+        _last_ms += 1  # counter exhausted: borrow the next millisecond
+        _seq = 0
+    h = "%012x" % _last_ms
     _prefix = f"{h[:8]}-{h[8:]}-7"
+    _prefix_hex = f"{h}7"
+    return "%03x" % _seq
 
 
 def new_id() -> str:
@@ -71,25 +88,20 @@ def new_id() -> str:
     The 12-bit ``rand_a`` field is a counter within one millisecond (RFC 9562 method 1),
     so ids made in one process sort in creation order; 62 random bits follow.
     """
-    global _last_ms, _seq
-    rnd = _randbits(64)
-    ms = _time.time_ns() // 1_000_000
-    if ms > _last_ms:
-        _last_ms = ms
-        _seq = rnd >> 53  # random start in the lower half leaves room to count up
-        _set_prefix(ms)
-    else:
-        _seq += 1
-        if _seq > 0xFFF:  # counter exhausted: borrow the next millisecond
-            _last_ms += 1
-            _seq = 0
-            _set_prefix(_last_ms)
-    return "%s%03x-%04x-%012x" % (
-        _prefix,
-        _seq,
-        0x8000 | ((rnd >> 48) & 0x3FFF),
-        rnd & 0xFFFF_FFFF_FFFF,
-    )
+    seq = _advance()
+    tail = "%016x" % (_VARIANT | _randbits(62))
+    return f"{_prefix}{seq}-{tail[:4]}-{tail[4:]}"
+
+
+def new_root() -> tuple[str, str]:
+    """A new id (as :func:`new_id`) and the ``traceparent`` of a new trace named after it.
+
+    The same as ``traceparent_for(id, id)`` for a message that starts a correlation, made
+    from the id's parts instead of re-parsing it (``App.publish`` does this per message).
+    """
+    seq = _advance()
+    tail = "%016x" % (_VARIANT | _randbits(62))
+    return f"{_prefix}{seq}-{tail[:4]}-{tail[4:]}", f"00-{_prefix_hex}{seq}{tail}-{tail}-01"
 
 
 def derived_id(parent: Envelope, *parts: str) -> str:
@@ -318,7 +330,12 @@ class Envelope(BaseModel):
                 except ValueError:
                     return cls._checked(raw)  # reports the bad time
                 raw["time"] = stamp if stamp.tzinfo is UTC else _utc(stamp)
-                return cls._trusted(raw)
+                env = _new(cls)  # as _trusted, inlined: this runs once per consumed message
+                _setattr(env, "__dict__", raw)
+                _set_fields_set(env, _ALL_FIELDS)
+                _set_extra(env, None)
+                _set_private(env, None)
+                return env
         return cls._checked(raw)
 
     @classmethod

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .envelope import Envelope, new_id, traceparent_for
+from .envelope import Envelope, new_id, new_root, traceparent_for
 from .errors import (
     EventTypeError,
     EventValidationError,
@@ -306,11 +306,17 @@ def to_envelope(
             f"cannot publish {message!r}: pass an instance of an Event subclass declared "
             "with type=... (or an Envelope)"
         )
-    env_id = id or new_id()
-    correlation = correlation_id or env_id
-    hdrs = dict(headers) if headers else {}
-    if "traceparent" not in hdrs:
-        hdrs["traceparent"] = traceparent_for(env_id, correlation, parent_traceparent)
+    if id is None and correlation_id is None and parent_traceparent is None and not headers:
+        # A message that starts a correlation (``App.publish``'s usual case).
+        env_id, root = new_root()
+        correlation = env_id
+        hdrs = {"traceparent": root}
+    else:
+        env_id = id or new_id()
+        correlation = correlation_id or env_id
+        hdrs = dict(headers) if headers else {}
+        if "traceparent" not in hdrs:
+            hdrs["traceparent"] = traceparent_for(env_id, correlation, parent_traceparent)
     # Built directly (not via Envelope(...)): every value here is known to be valid.
     return Envelope._trusted(
         {

@@ -99,7 +99,9 @@ class Consumer:
         self._slot = asyncio.Event()
         self._active = 0
         self._failures = 0  # infrastructure failures in a row (reset by a handled message)
+        # The serial loop's fetched batch; from index _batch_from on, not yet started.
         self._batch: Sequence[Delivery] = ()
+        self._batch_from = 0
         self._started: set[Delivery] = set()
         # envelope id -> future of the handling in progress (concurrency > 1 only), so a
         # duplicate fetched while the original runs waits for its outcome.
@@ -173,7 +175,7 @@ class Consumer:
 
     async def _release_unstarted(self) -> None:
         """Give back fetched deliveries no handler saw, so they are not counted as attempts."""
-        unstarted = [d for d in self._batch if d not in self._started]
+        unstarted = [d for d in self._batch[self._batch_from :] if d not in self._started]
         for lane in self._lanes.values():
             unstarted.extend(d for d in lane if d not in self._started)
         self._batch = ()
@@ -190,19 +192,19 @@ class Consumer:
         handle = self._process
         limit = self.max_inflight
         while not self._stopping:
-            batch = await sub.fetch(limit, 1.0)
+            batch = self._batch = await sub.fetch(limit, 1.0)
             for pos, delivery in enumerate(batch):
                 if self._stopping:
-                    self._batch = batch[pos:]  # never started: released at shutdown
+                    self._batch_from = pos  # never started: released at shutdown
                     return
-                self._batch = batch[pos + 1 :]
+                self._batch_from = pos + 1
                 try:
                     await handle(delivery, task)
                 except Exception as exc:
                     # The store or broker failed around the handler: give this delivery
                     # and the rest of the batch back (keeping key order), pause, go on.
-                    rest, self._batch = self._batch, ()
-                    await self._infrastructure_failure(delivery, rest, exc)
+                    self._batch = ()
+                    await self._infrastructure_failure(delivery, batch[pos + 1 :], exc)
                     break
             self._batch = ()
 

@@ -12,11 +12,13 @@ __all__ = ["SCHEMA_SQL", "SEQUENCER_LOCK"]
 
 SEQUENCER_LOCK = 1701147505  # the advisory lock key ef_sequence() takes (keep in sync)
 
+# Identifier columns use the "C" collation: byte-order comparisons keep their unique indexes
+# cheap to maintain (a locale collation compares through strcoll), and ids need no locale.
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS ef_events (
     id bigserial PRIMARY KEY,
-    event_id text NOT NULL UNIQUE,
-    stream_id text NOT NULL,
+    event_id text COLLATE "C" NOT NULL UNIQUE,
+    stream_id text COLLATE "C" NOT NULL,
     stream_version bigint NOT NULL,
     type text NOT NULL,
     envelope bytea NOT NULL,
@@ -54,8 +56,8 @@ CREATE TABLE IF NOT EXISTS ef_outbox (
     message_id text NOT NULL
 );
 CREATE TABLE IF NOT EXISTS ef_dedup (
-    grp text NOT NULL,
-    message_id text NOT NULL,
+    grp text COLLATE "C" NOT NULL,
+    message_id text COLLATE "C" NOT NULL,
     handled_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (grp, message_id)
 );
