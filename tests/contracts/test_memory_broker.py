@@ -130,6 +130,23 @@ async def test_full_group_does_not_block_other_groups_publishes(
         assert [d.payload for d in await collect(free, 1)] == [f"m{i}".encode()]
 
 
+async def test_refused_publish_reaches_no_group(memory_broker: MemoryFactory) -> None:
+    """A message refused because one target group is full is not left in the others."""
+    broker = await _started(memory_broker(max_pending=1, publish_timeout=0.2))
+    topic = f"{unique_name()}.bp"
+    roomy, full = unique_name("g-roomy"), unique_name("g-full")
+    roomy_sub = await broker.subscribe(topic, group=roomy)
+    await broker.subscribe(topic, group=full)
+    await broker.publish(topic, b"first")
+    [got] = await collect(roomy_sub, 1)  # acked: room again in one group, not the other
+    assert got.payload == b"first"
+    with pytest.raises(BackpressureError, match=full):
+        await broker.publish(topic, b"refused")
+    sizes = broker.group_sizes()
+    assert sizes[(roomy, topic)] == 0 and sizes[(full, topic)] == 1
+    assert await roomy_sub.fetch(10, 0.05) == []
+
+
 def test_config_is_validated() -> None:
     """Partitions and max_pending below 1 are refused."""
     with pytest.raises(ConfigurationError):

@@ -369,7 +369,11 @@ class MemoryBroker:
         hdrs = _EMPTY if headers is None else dict(headers)
         for group in groups:
             if group.size >= group.capacity:
-                await self._wait_space(group, topic)
+                # All or nothing: wait until every target group has room, then hand the
+                # message to all of them at once, so a BackpressureError leaves none with it.
+                await self._wait_space(groups, topic)
+                break
+        for group in groups:
             # The group's put, inlined (once per message and group): the record goes to its
             # key's partition (keyless: round robin) and wakes the member holding it.
             offset = group.next_offset
@@ -384,27 +388,30 @@ class MemoryBroker:
             if member is not None and not member.wakeup.is_set():
                 member.wakeup.set()
 
-    async def _wait_space(self, group: _Group, topic: str) -> None:
+    async def _wait_space(self, groups: Sequence[_Group], topic: str) -> None:
+        """Wait until none of ``groups`` is full, up to ``publish_timeout`` in all."""
         # Woken at the low-water mark (one wake-up per batch of acks), or after a short
         # poll, so a group with a little room left by a slow consumer lets the publisher on.
         timeout = self.config.publish_timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while group.size >= group.capacity:
+        while True:
+            full = next((g for g in groups if g.size >= g.capacity), None)
+            if full is None:
+                return
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
             try:
                 async with asyncio.timeout(min(remaining, _SPACE_POLL)):
-                    await group.space.wait()
+                    await full.space.wait()
             except TimeoutError:
                 pass
-        else:
-            return
         raise BackpressureError(
-            f"group {group.name!r} ({group.pattern}) has {group.size} unacked messages "
-            f"(max_pending={group.capacity}) and stayed full for {timeout}s while "
-            f"publishing to {topic!r}; add consumers or slow the producer"
+            f"group {full.name!r} ({full.pattern}) has {full.size} unacked messages "
+            f"(max_pending={full.capacity}) and stayed full for {timeout}s while "
+            f"publishing to {topic!r}; no group got the message; add consumers or slow "
+            "the producer"
         )
 
     async def subscribe(self, pattern: str, *, group: str) -> _MemorySubscription:
