@@ -57,29 +57,38 @@ os.register_at_fork(after_in_child=_rng.seed)
 _randbits = _rng.getrandbits
 _time_ns = _time.time_ns
 _VARIANT = 0x8000_0000_0000_0000  # RFC 9562 variant bits over 62 random bits
+_RAND62 = (1 << 62) - 1
 _last_ms = 0
 _seq = 0
 _prefix = ""  # "tttttttt-tttt-7": the current millisecond and the version digit
 _prefix_hex = ""  # the same without dashes (a trace id starts with it)
 
 
-def _advance() -> str:
-    """Step the clock state for one new id; return its 3-hex-digit counter."""
+def _advance(start: int) -> tuple[str, str]:
+    """Step the clock state for one new id; return its first 17 hex digits with dashes
+    ("tttttttt-tttt-7sss") and without. ``start`` (11 random bits) begins a new millisecond's
+    counter.
+
+    Nothing here is a call after the clock is read, so a thread switch cannot split the
+    state update from the read (callers draw their random bits before calling).
+    """
     global _last_ms, _seq, _prefix, _prefix_hex
     ms = _time_ns() // 1_000_000
     if ms > _last_ms:
         _last_ms = ms
-        _seq = _randbits(11)  # random start in the lower half leaves room to count up
+        _seq = start  # random start in the lower half leaves room to count up
     else:
         _seq += 1
         if _seq <= 0xFFF:
-            return "%03x" % _seq
+            seq = "%03x" % _seq
+            return _prefix + seq, _prefix_hex + seq
         _last_ms += 1  # counter exhausted: borrow the next millisecond
         _seq = 0
     h = "%012x" % _last_ms
     _prefix = f"{h[:8]}-{h[8:]}-7"
     _prefix_hex = f"{h}7"
-    return "%03x" % _seq
+    seq = "%03x" % _seq
+    return _prefix + seq, _prefix_hex + seq
 
 
 def new_id() -> str:
@@ -88,9 +97,10 @@ def new_id() -> str:
     The 12-bit ``rand_a`` field is a counter within one millisecond (RFC 9562 method 1),
     so ids made in one process sort in creation order; 62 random bits follow.
     """
-    seq = _advance()
-    tail = "%016x" % (_VARIANT | _randbits(62))
-    return f"{_prefix}{seq}-{tail[:4]}-{tail[4:]}"
+    rnd = _randbits(73)
+    head, _ = _advance(rnd >> 62)
+    tail = "%016x" % (_VARIANT | (rnd & _RAND62))
+    return f"{head}-{tail[:4]}-{tail[4:]}"
 
 
 def new_root() -> tuple[str, str]:
@@ -99,9 +109,10 @@ def new_root() -> tuple[str, str]:
     The same as ``traceparent_for(id, id)`` for a message that starts a correlation, made
     from the id's parts instead of re-parsing it (``App.publish`` does this per message).
     """
-    seq = _advance()
-    tail = "%016x" % (_VARIANT | _randbits(62))
-    return f"{_prefix}{seq}-{tail[:4]}-{tail[4:]}", f"00-{_prefix_hex}{seq}{tail}-{tail}-01"
+    rnd = _randbits(73)
+    head, head_hex = _advance(rnd >> 62)
+    tail = "%016x" % (_VARIANT | (rnd & _RAND62))
+    return f"{head}-{tail[:4]}-{tail[4:]}", f"00-{head_hex}{tail}-{tail}-01"
 
 
 def derived_id(parent: Envelope, *parts: str) -> str:

@@ -1,6 +1,8 @@
 """Envelope: wire form, UUIDv7 ids, UTC time, malformed input."""
 
 import itertools
+import sys
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -11,7 +13,13 @@ import pytest
 from pydantic import ValidationError
 
 from eventflow import Envelope, MalformedMessageError
-from eventflow.envelope import child_traceparent, new_id, new_traceparent
+from eventflow.envelope import (
+    child_traceparent,
+    new_id,
+    new_root,
+    new_traceparent,
+    traceparent_for,
+)
 
 FIELDS = {
     "id",
@@ -170,6 +178,38 @@ def test_new_ids_are_unique_and_monotonic_within_a_process() -> None:
     assert ids == sorted(ids)
     as_ints = [uuid.UUID(i).int for i in ids]
     assert all(a < b for a, b in itertools.pairwise(as_ints))
+
+
+def test_ids_made_on_several_threads_stay_ordered_per_thread() -> None:
+    """A thread switch inside id generation must not mix one id's millisecond with
+    another's counter (switching as often as the interpreter allows)."""
+    per_thread: list[list[str]] = [[] for _ in range(4)]
+
+    def make(out: list[str]) -> None:
+        for _ in range(10_000):
+            out.append(new_id())
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=make, args=(out,)) for out in per_thread]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    for out in per_thread:
+        assert out == sorted(out) and len(set(out)) == len(out)
+    stamps = [i[:18] for out in per_thread for i in out]  # millisecond + counter
+    assert len(set(stamps)) == len(stamps)
+
+
+def test_new_root_matches_traceparent_for_its_id() -> None:
+    for _ in range(1000):
+        env_id, root = new_root()
+        assert uuid.UUID(env_id).version == 7 and uuid.UUID(env_id).variant == uuid.RFC_4122
+        assert root == traceparent_for(env_id, env_id)
 
 
 def test_created_envelopes_get_uuid_v7_ids_and_own_correlation() -> None:

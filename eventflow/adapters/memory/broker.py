@@ -409,9 +409,9 @@ class MemoryBroker:
                 pass
         raise BackpressureError(
             f"group {full.name!r} ({full.pattern}) has {full.size} unacked messages "
-            f"(max_pending={full.capacity}) and stayed full for {timeout}s while "
-            f"publishing to {topic!r}; no group got the message; add consumers or slow "
-            "the producer"
+            f"(max_pending={full.capacity}): publishing to {topic!r} found no moment within "
+            f"{timeout}s when all its groups had room, so no group got the message; add "
+            "consumers or slow the producer"
         )
 
     async def subscribe(self, pattern: str, *, group: str) -> _MemorySubscription:
