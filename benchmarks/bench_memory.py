@@ -9,7 +9,12 @@ floor: orjson encode + decode of the same envelope through a bounded ``asyncio.Q
     python benchmarks/bench_memory.py [--events 100000] [--keys 100] [--concurrency 1 8]
 
 Prints events/s for each and the ratio eventflow / floor. Absolute numbers vary with the
-machine's load; compare the ratio.
+machine's load; compare the ratio. On a noisy machine, instruction counts are steadier:
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        python benchmarks/bench_memory.py --only eventflow --events 20000 --rounds 1 --concurrency 1
+
+(and the same with ``--only floor``; subtract a run with ``--events 1`` from each).
 """
 
 from __future__ import annotations
@@ -119,7 +124,22 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--rounds", type=int, default=3, help="rounds (the median is reported)")
+    parser.add_argument(
+        "--only",
+        choices=["floor", "eventflow"],
+        help="run one side once per round, no ratio (for instruction counts under callgrind)",
+    )
     args = parser.parse_args()
+    if args.only:
+        for conc in args.concurrency:
+            for _ in range(args.rounds):
+                run = (
+                    bench_floor(args.events)
+                    if args.only == "floor"
+                    else bench_eventflow(args.events, args.keys, conc)
+                )
+                print(f"{args.only} concurrency={conc}: {asyncio.run(run):,.0f} events/s")
+        return
 
     # Interleaving floor and eventflow rounds exposes both to the same machine noise; the
     # median of the per-round ratios is the figure to compare.
