@@ -17,7 +17,6 @@ import socket
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from . import events as _events
 from .brokers import open_broker
 from .envelope import Envelope, new_id
 from .errors import BrokerError, ConfigurationError
@@ -192,8 +191,7 @@ class App:
                 headers=dict(headers) if headers else None,
                 correlation_id=correlation_id,
             )
-            if _events.unvalidated_made:  # model_construct/model_copy skip validation
-                check_outgoing(message, env.data)
+            check_outgoing(message, env.data)  # model_construct/model_copy skip validation
         else:
             env = _override(message, key, headers, correlation_id)
         if topic is None:

@@ -341,12 +341,7 @@ class Envelope(BaseModel):
                 except ValueError:
                     return cls._checked(raw)  # reports the bad time
                 raw["time"] = stamp if stamp.tzinfo is UTC else _utc(stamp)
-                env = _new(cls)  # as _trusted, inlined: this runs once per consumed message
-                _setattr(env, "__dict__", raw)
-                _set_fields_set(env, _ALL_FIELDS)
-                _set_extra(env, None)
-                _set_private(env, None)
-                return env
+                return cls._trusted(raw)
         return cls._checked(raw)
 
     @classmethod

@@ -113,6 +113,19 @@ class _Group:
         self.rr = itertools.cycle(range(partitions))
         self.next_offset = 0
 
+    def put(self, topic: str, payload: bytes, key: str | None, headers: Mapping[str, str]) -> None:
+        offset = self.next_offset
+        self.next_offset = offset + 1
+        parts = self.partitions
+        part = parts[hash(key) % len(parts)] if key is not None else parts[next(self.rr)]
+        part.pending.append(_Record(offset, topic, payload, key, headers))
+        self.size += 1
+        if self.size >= self.capacity:
+            self.space.clear()
+        member = part.owner or part.assigned
+        if member is not None and not member.wakeup.is_set():
+            member.wakeup.set()
+
     def settle(self, part: _Partition, record: _Record) -> bool:
         if part.inflight.pop(record.offset, None) is None:
             return False
@@ -374,19 +387,7 @@ class MemoryBroker:
                 await self._wait_space(groups, topic)
                 break
         for group in groups:
-            # The group's put, inlined (once per message and group): the record goes to its
-            # key's partition (keyless: round robin) and wakes the member holding it.
-            offset = group.next_offset
-            group.next_offset = offset + 1
-            parts = group.partitions
-            part = parts[hash(key) % len(parts)] if key is not None else parts[next(group.rr)]
-            part.pending.append(_Record(offset, topic, payload, key, hdrs))
-            size = group.size = group.size + 1
-            if size >= group.capacity:
-                group.space.clear()
-            member = part.owner or part.assigned
-            if member is not None and not member.wakeup.is_set():
-                member.wakeup.set()
+            group.put(topic, payload, key, hdrs)
 
     async def _wait_space(self, groups: Sequence[_Group], topic: str) -> None:
         """Wait until none of ``groups`` is full, up to ``publish_timeout`` in all."""
