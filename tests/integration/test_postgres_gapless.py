@@ -175,3 +175,33 @@ async def test_open_unrelated_transaction_does_not_delay_live_delivery(
     delays = [got[i] - t for i, t in sent.items() if i in got]
     assert len(delays) == len(sent), "some events never arrived while the transaction was open"
     assert max(delays) < 1.0, f"live delivery delayed up to {max(delays):.2f}s"
+
+
+async def test_a_writer_newer_than_every_finished_transaction_is_not_skipped(
+    store: PostgresStore,
+) -> None:
+    """A pass that reads past the id of a still-running writer keeps that id and numbers it
+    once the writer commits, even when the writer is the newest transaction of all (its id
+    is then at or above the pass snapshot's xmax, so that xmax cannot serve as its horizon)."""
+    cfg = store.config
+    other = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+    numbered = (
+        "SELECT e.event_id FROM ef_positions p JOIN ef_events e ON e.id = p.id ORDER BY p.position"
+    )
+    first = to_envelope(GaplessTick(writer=1, n=1), source="t", key="a")
+    late = to_envelope(GaplessTick(writer=2, n=1), source="t", key="b")
+    try:
+        await store.append("before", [first])
+        assert await store.last_position() == 1
+        await asyncio.sleep(0.1)  # the store's own sequencer has nothing left to finish
+        async with store.transaction():
+            await store.append("late", [late])
+            # A pass on another connection while the writer runs: it sees the id drawn but
+            # not the row, and no transaction has finished since the writer took its id.
+            await other.fetchval("SELECT ef_sequence(10000)")
+            assert [r[0] for r in await other.fetch(numbered)] == [first.id]
+        records = [rec async for rec in store.read_all()]
+    finally:
+        await other.close()
+    assert [rec.envelope.id for rec in records] == [first.id, late.id]
+    assert [rec.position for rec in records] == [1, 2]

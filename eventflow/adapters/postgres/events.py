@@ -1,12 +1,13 @@
 """The PostgreSQL event log: appends in one statement, positions from a sequencer.
 
-Appends insert events and queue their ids in ``ef_unsequenced``; the sequencer
-(``ef_sequence``, run by every open store, one at a time under an advisory lock) gives the
-committed queued events the next positions in ``ef_positions``, in insertion order, and
-notifies ``ef_sequenced``. Because it only ever sees committed rows, a position is never
-handed out before an earlier one is visible: readers that follow ``position > last`` never
-skip an event committed late, no lock is taken around appends, and an open unrelated
-transaction delays nothing. See docs/event-store.md.
+Appends only insert events. The sequencer (``ef_sequence``, run by every open store, one at
+a time under an advisory lock) gives the events committed since its last pass the next
+positions in ``ef_positions``, in insertion order, and notifies ``ef_sequenced``; ids it
+could not see yet (writers still running) it keeps and looks up again on later passes.
+Because it only ever numbers committed rows, a position is never handed out before an
+earlier one is visible: readers that follow ``position > last`` never skip an event
+committed late, no lock is taken around appends, and an open unrelated transaction delays
+nothing. See docs/event-store.md.
 """
 
 from __future__ import annotations
@@ -42,12 +43,13 @@ _STREAM_VERSION = "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE 
 
 
 def _append_sql(base: str, guard: str = "") -> str:
+    # The one-time filter gives the transaction its id before the first event id is drawn:
+    # ef_sequence relies on that (see schema.py). `guard` is checked once, before any row.
     return (
         "WITH ins AS (INSERT INTO ef_events (event_id, stream_id, stream_version, type, "
         f"envelope) SELECT i, $1, {base} + o, t, e FROM unnest($2::text[], $3::text[], "
-        f"$4::bytea[]) WITH ORDINALITY AS u(i, t, e, o){guard} "
-        "RETURNING id, stream_version), "
-        "queued AS (INSERT INTO ef_unsequenced (id) SELECT id FROM ins) "
+        "$4::bytea[]) WITH ORDINALITY AS u(i, t, e, o) "
+        f"WHERE pg_current_xact_id() IS NOT NULL{guard} RETURNING stream_version) "
         "SELECT MAX(stream_version) FROM ins"
     )
 
@@ -57,7 +59,7 @@ _APPEND_ANY = _append_sql(f"({_STREAM_VERSION})")
 _APPEND_NEW = _append_sql("0")
 _APPEND_AT = _append_sql(
     "$5::bigint",
-    " WHERE EXISTS (SELECT 1 FROM ef_events WHERE stream_id = $1 AND stream_version = $5)",
+    " AND EXISTS (SELECT 1 FROM ef_events WHERE stream_id = $1 AND stream_version = $5)",
 )
 
 
@@ -115,14 +117,11 @@ class PostgresEventLog:
                 async with asyncio.timeout(_SEQUENCER_POLL):
                     await self._pending.wait()
             except TimeoutError:
-                # Events appended by another process that died before sequencing them.
-                try:
-                    if not await pool.fetchval("SELECT EXISTS (SELECT 1 FROM ef_unsequenced)"):
-                        continue
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                    _log.warning("sequencer check failed (%s); retrying", exc)
-                    continue
-            await asyncio.sleep(_COALESCE)  # let concurrent appends join this pass
+                # Events other processes appended and have not numbered (they may have died),
+                # or ids still waiting for their writer: ef_sequence returns at once if none.
+                pass
+            else:
+                await asyncio.sleep(_COALESCE)  # let concurrent appends join this pass
             self._pending.clear()
             try:
                 while await pool.fetchval("SELECT ef_sequence($1)", _SEQUENCE_BATCH) >= (

@@ -1,9 +1,9 @@
 """The PostgreSQL schema of eventflow: tables, indexes and two functions.
 
 ``ef_append`` appends a batch to a stream: it checks the expected version, skips event ids
-already stored, inserts the rest and queues their ids in ``ef_unsequenced``.
-``ef_sequence`` gives the next positions to committed queued events, in ``ef_positions``
-(see ``docs/event-store.md`` for why positions are assigned after commit).
+already stored and inserts the rest. ``ef_sequence`` gives the next positions to the events
+committed since its last pass, in ``ef_positions`` (see ``docs/event-store.md`` for why
+positions are assigned after commit, and how the sequencer knows it has missed nothing).
 """
 
 from __future__ import annotations
@@ -24,18 +24,20 @@ CREATE TABLE IF NOT EXISTS ef_events (
     envelope bytea NOT NULL,
     UNIQUE (stream_id, stream_version)
 );
--- ids of committed-or-not events still waiting for a position (written by appends)
-CREATE TABLE IF NOT EXISTS ef_unsequenced (
-    id bigint PRIMARY KEY
-);
 -- the global order: narrow rows written by the sequencer, never updated
 CREATE TABLE IF NOT EXISTS ef_positions (
     position bigint PRIMARY KEY,
     id bigint NOT NULL UNIQUE
 );
+-- the sequencer's state: the last position handed out, the ef_events ids scanned so far,
+-- and the ids below that were not visible yet, each with its horizon: a transaction id
+-- above its writer's (see ef_sequence)
 CREATE TABLE IF NOT EXISTS ef_sequence (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    last bigint NOT NULL
+    last bigint NOT NULL,
+    scanned bigint NOT NULL DEFAULT 0,
+    gaps bigint[] NOT NULL DEFAULT '{}',
+    horizons xid8[] NOT NULL DEFAULT '{}'
 );
 INSERT INTO ef_sequence (singleton, last) VALUES (true, 0) ON CONFLICT DO NOTHING;
 CREATE TABLE IF NOT EXISTS ef_snapshots (
@@ -95,6 +97,7 @@ DECLARE
     cur bigint;
     fresh int[];
 BEGIN
+    PERFORM pg_current_xact_id();  -- a transaction id before any event id (see ef_sequence)
     SELECT COALESCE(MAX(stream_version), 0) INTO cur FROM ef_events WHERE stream_id = p_stream;
     SELECT array_agg(i ORDER BY i) INTO fresh
       FROM generate_subscripts(p_ids, 1) AS i
@@ -110,43 +113,119 @@ BEGIN
     IF fresh IS NULL THEN
         RETURN cur;
     END IF;
-    WITH ins AS (
-        INSERT INTO ef_events (event_id, stream_id, stream_version, type, envelope)
-        SELECT p_ids[i], p_stream, cur + ord, p_types[i], p_envelopes[i]
-          FROM unnest(fresh) WITH ORDINALITY AS f(i, ord)
-         ORDER BY ord
-        RETURNING id
-    )
-    INSERT INTO ef_unsequenced (id) SELECT id FROM ins;
+    INSERT INTO ef_events (event_id, stream_id, stream_version, type, envelope)
+    SELECT p_ids[i], p_stream, cur + ord, p_types[i], p_envelopes[i]
+      FROM unnest(fresh) WITH ORDINALITY AS f(i, ord)
+     ORDER BY ord;
     RETURN cur + cardinality(fresh);
 END
 $$;
 
+-- Number the events committed since the last pass, in id order. Every writer takes its
+-- transaction id before it draws an event id; the sequencer reads the highest id drawn
+-- (`top`), then takes its own transaction id (`own`), then the snapshot of its scan. So an
+-- id <= top that the scan cannot see belongs to a writer that rolled back or is still
+-- running, with a transaction id below `own` (the id's horizon). Such ids are kept as gaps
+-- and looked up again on every pass, until they are visible (numbered then) or a snapshot's
+-- xmin reaches their horizon: nothing below it runs any more, so the writer rolled back
+-- (dropped). A snapshot's xmax is no horizon: a running transaction may be above it.
 CREATE OR REPLACE FUNCTION ef_sequence(p_batch integer) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
+    top bigint;
+    hi bigint;
+    n bigint;
+    new_gaps bigint[];
+    new_horizons xid8[];
+    own xid8;
+BEGIN
+    SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END INTO top
+      FROM ef_events_id_seq;
+    SELECT scanned, gaps INTO s FROM ef_sequence;
+    IF top <= s.scanned AND cardinality(s.gaps) = 0 THEN
+        RETURN 0;  -- nothing new: no lock, no write
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'ef_sequence() needs a READ COMMITTED transaction'
+            USING HINT = 'call it outside any REPEATABLE READ or SERIALIZABLE transaction';
+    END IF;
+    -- One sequencer at a time (waits for the current one).
+    PERFORM pg_advisory_xact_lock(1701147505);
+    SELECT * INTO s FROM ef_sequence;
+    SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END INTO top
+      FROM ef_events_id_seq;
+    own := pg_current_xact_id();  -- after `top`, before the snapshot of the scan
+    hi := LEAST(top, s.scanned + p_batch);
+    WITH seen AS MATERIALIZED (
+        SELECT e.id FROM ef_events e WHERE e.id > s.scanned AND e.id <= hi
+        UNION ALL
+        SELECT e.id FROM ef_events e WHERE e.id = ANY (s.gaps)
+    ), snap AS MATERIALIZED (
+        SELECT pg_current_snapshot() AS sn  -- the snapshot `seen` was read with
+    ), numbered AS (
+        INSERT INTO ef_positions (position, id)
+        SELECT s.last + row_number() OVER (ORDER BY id), id FROM seen
+        RETURNING 1
+    ), missing AS (
+        SELECT g.id, g.horizon
+          FROM (SELECT i AS id, own AS horizon FROM generate_series(s.scanned + 1, hi) AS i
+                UNION ALL
+                SELECT u.id, u.horizon FROM unnest(s.gaps, s.horizons) AS u(id, horizon)) g,
+               snap
+         WHERE NOT EXISTS (SELECT 1 FROM seen WHERE seen.id = g.id)
+           AND pg_snapshot_xmin(snap.sn) < g.horizon  -- its writer may still be running
+    )
+    SELECT (SELECT count(*) FROM numbered),
+           COALESCE((SELECT array_agg(id ORDER BY id) FROM missing), '{}'),
+           COALESCE((SELECT array_agg(horizon ORDER BY id) FROM missing), '{}')
+      INTO n, new_gaps, new_horizons;
+    UPDATE ef_sequence
+       SET last = s.last + n, scanned = hi, gaps = new_gaps, horizons = new_horizons;
+    IF n > 0 THEN
+        PERFORM pg_notify('ef_sequenced', (s.last + n)::text);
+    END IF;
+    RETURN CASE WHEN hi < top THEN GREATEST(n, p_batch) ELSE n END;  -- >= p_batch: call again
+END
+$$;
+
+-- The sequencer reads the highest id handed out from the id sequence: with a per-backend
+-- cache, a backend could still draw an id below it afterwards.
+DO $$
+BEGIN
+    IF (SELECT seqcache FROM pg_sequence
+         WHERE seqrelid = 'ef_events_id_seq'::regclass) <> 1 THEN
+        RAISE EXCEPTION 'the sequence ef_events_id_seq has a CACHE above 1: the sequencer '
+            'could miss events'
+            USING HINT = 'run ALTER SEQUENCE ef_events_id_seq CACHE 1';
+    END IF;
+END
+$$;
+
+-- Upgrade from the queue-based sequencer of earlier versions (an ef_unsequenced table): number
+-- what the old queue holds, start scanning after the newest event, drop the queue. Old
+-- versions' appends fail from then on (stop them before upgrading).
+DO $$
 DECLARE
     base bigint;
     n bigint;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM ef_unsequenced) THEN
-        RETURN 0;
+    IF to_regclass('ef_unsequenced') IS NULL THEN
+        RETURN;
     END IF;
-    -- One sequencer at a time (waits for the current one): positions are handed out in
-    -- one place, to committed events only, in insertion (id) order.
-    PERFORM pg_advisory_xact_lock(1701147505);
+    PERFORM pg_advisory_xact_lock(1701147505);  -- before the table lock: old sequencers
+    LOCK TABLE ef_unsequenced IN ACCESS EXCLUSIVE MODE;  -- waits for old appends to end
+    ALTER TABLE ef_sequence
+        ADD COLUMN IF NOT EXISTS scanned bigint NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS gaps bigint[] NOT NULL DEFAULT '{}',
+        ADD COLUMN IF NOT EXISTS horizons xid8[] NOT NULL DEFAULT '{}';
     SELECT last INTO base FROM ef_sequence;
-    WITH taken AS (
-        DELETE FROM ef_unsequenced
-         WHERE id IN (SELECT id FROM ef_unsequenced ORDER BY id LIMIT p_batch)
-        RETURNING id
-    )
+    WITH taken AS (DELETE FROM ef_unsequenced RETURNING id)
     INSERT INTO ef_positions (position, id)
     SELECT base + row_number() OVER (ORDER BY id), id FROM taken;
     GET DIAGNOSTICS n = ROW_COUNT;
-    IF n > 0 THEN
-        UPDATE ef_sequence SET last = base + n;
-        PERFORM pg_notify('ef_sequenced', (base + n)::text);
-    END IF;
-    RETURN n;
+    UPDATE ef_sequence
+       SET last = base + n, scanned = (SELECT COALESCE(MAX(id), 0) FROM ef_events);
+    DROP TABLE ef_unsequenced;
 END
 $$;
 """

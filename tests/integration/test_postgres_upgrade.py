@@ -1,0 +1,101 @@
+"""Opening a PostgreSQL schema that an earlier version or a person changed.
+
+Earlier versions queued every appended event's id in ``ef_unsequenced`` for the sequencer.
+The first open by this version numbers whatever the old queue still holds, starts scanning
+after the newest event and drops the queue; nothing is lost and positions stay gapless.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from eventflow import Event
+from eventflow.adapters.postgres import PostgresStore
+from eventflow.errors import StoreError
+from eventflow.events import to_envelope
+from eventflow.stores import store_for
+from eventflow.testing.postgres import isolated_schema, postgres_url
+
+pytestmark = pytest.mark.service("postgres")
+
+# The tables of the earlier schema that the upgrade touches, as those versions made them.
+_OLD_SCHEMA = """
+CREATE TABLE ef_events (
+    id bigserial PRIMARY KEY,
+    event_id text NOT NULL UNIQUE,
+    stream_id text NOT NULL,
+    stream_version bigint NOT NULL,
+    type text NOT NULL,
+    envelope bytea NOT NULL,
+    UNIQUE (stream_id, stream_version)
+);
+CREATE TABLE ef_unsequenced (id bigint PRIMARY KEY);
+CREATE TABLE ef_positions (position bigint PRIMARY KEY, id bigint NOT NULL UNIQUE);
+CREATE TABLE ef_sequence (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    last bigint NOT NULL
+);
+"""
+
+
+class Upgraded(Event, type="it.upgrade.item"):
+    """An event appended before and after the upgrade."""
+
+    n: int
+
+
+async def test_first_open_numbers_the_old_queue_and_drops_it() -> None:
+    old = [to_envelope(Upgraded(n=n), source="t", key="s") for n in range(1, 5)]
+    async with isolated_schema(postgres_url()) as url:
+        store = store_for(url)
+        assert isinstance(store, PostgresStore)
+        cfg = store.config
+        conn = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        try:
+            await conn.execute(_OLD_SCHEMA)
+            for version, env in enumerate(old, start=1):
+                await conn.execute(
+                    "INSERT INTO ef_events (event_id, stream_id, stream_version, type, envelope)"
+                    " VALUES ($1, 's', $2, $3, $4)",
+                    env.id,
+                    version,
+                    env.type,
+                    env.to_bytes(),
+                )
+            # The old sequencer had numbered the first two; the other two were still queued.
+            await conn.execute("INSERT INTO ef_positions VALUES (1, 1), (2, 2)")
+            await conn.execute("INSERT INTO ef_sequence VALUES (true, 2)")
+            await conn.execute("INSERT INTO ef_unsequenced VALUES (3), (4)")
+
+            await store.open()
+            try:
+                new = to_envelope(Upgraded(n=5), source="t", key="s")
+                assert await store.append("s", [new], expected_version=4) == 5
+                records = [rec async for rec in store.read_all()]
+            finally:
+                await store.close()
+            queue = await conn.fetchval("SELECT to_regclass('ef_unsequenced')")
+        finally:
+            await conn.close()
+    assert [rec.envelope.id for rec in records] == [e.id for e in [*old, new]]
+    assert [rec.position for rec in records] == [1, 2, 3, 4, 5]
+    assert queue is None
+
+
+async def test_an_id_sequence_with_a_cache_is_refused() -> None:
+    """With a per-backend cache, ids could be drawn below the sequencer's `top`: refuse."""
+    async with isolated_schema(postgres_url()) as url:
+        store = store_for(url)
+        assert isinstance(store, PostgresStore)
+        await store.open()
+        await store.close()
+        cfg = store.config
+        conn = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        try:
+            await conn.execute("ALTER SEQUENCE ef_events_id_seq CACHE 20")
+            again = store_for(url)
+            with pytest.raises(StoreError, match="ALTER SEQUENCE ef_events_id_seq CACHE 1"):
+                await again.open()
+        finally:
+            await conn.close()
