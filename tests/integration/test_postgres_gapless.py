@@ -20,6 +20,7 @@ import pytest
 
 from eventflow import Event
 from eventflow.adapters.postgres import PostgresStore
+from eventflow.adapters.postgres import events as pg_events
 from eventflow.errors import ConcurrencyError
 from eventflow.events import to_envelope
 from eventflow.ports import RecordedEvent
@@ -198,10 +199,80 @@ async def test_a_writer_newer_than_every_finished_transaction_is_not_skipped(
             await store.append("late", [late])
             # A pass on another connection while the writer runs: it sees the id drawn but
             # not the row, and no transaction has finished since the writer took its id.
-            await other.fetchval("SELECT ef_sequence(10000)")
+            await other.fetchval("SELECT ef_sequence_v2(10000)")
             assert [r[0] for r in await other.fetch(numbered)] == [first.id]
         records = [rec async for rec in store.read_all()]
     finally:
         await other.close()
     assert [rec.envelope.id for rec in records] == [first.id, late.id]
     assert [rec.position for rec in records] == [1, 2]
+
+
+async def test_a_writer_that_commits_after_a_second_is_numbered_at_once(
+    store: PostgresStore,
+) -> None:
+    """Ids missed for over a second move to ef_gaps, looked up once a second; a transaction
+    of this process that committed an append makes the next read look them up at once."""
+    env = to_envelope(GaplessTick(writer=3, n=1), source="t", key="c")
+    async with store.transaction():
+        await store.append("slow", [env])
+        await asyncio.sleep(1.5)  # the sequencer keeps missing the id: it becomes an old gap
+    records = [rec async for rec in store.read_all()]
+    assert [rec.envelope.id for rec in records] == [env.id]
+
+
+async def test_rolled_back_ids_under_an_open_transaction_leave_passes_short(
+    store: PostgresStore,
+) -> None:
+    """While an old transaction holds xmin back, rolled-back ids cannot be dropped; after a
+    second they wait in ef_gaps instead of being looked up on every pass."""
+    cfg = store.config
+    blocker = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("SELECT pg_current_xact_id()")  # an open writer
+        for n in range(200):
+            with pytest.raises(_Rollback):
+                async with store.transaction():
+                    await store.append(
+                        f"rb-{n}", [to_envelope(GaplessTick(writer=4, n=n), source="t")]
+                    )
+                    raise _Rollback
+        await asyncio.sleep(1.5)  # the store's sequencer polls and ages the gaps
+        kept = await blocker.fetchrow(
+            "SELECT cardinality(gaps) AS young, (SELECT count(*) FROM ef_gaps) AS old "
+            "FROM ef_sequence"
+        )
+        env = to_envelope(GaplessTick(writer=4, n=999), source="t")
+        await store.append("after", [env])
+        assert [rec.envelope.id async for rec in store.read_all()] == [env.id]
+        await tx.rollback()
+    finally:
+        await blocker.close()
+    assert kept["young"] == 0
+    assert kept["old"] == 200
+
+
+@pytest.mark.parametrize("name", ["_APPEND_ANY", "_APPEND_NEW", "_APPEND_AT"])
+async def test_appends_take_a_transaction_id_before_drawing_event_ids(
+    store: PostgresStore, name: str
+) -> None:
+    """The sequencer's horizon rule needs every writer's transaction id to exist before its
+    first event id: the fast-path INSERT checks `pg_current_xact_id()` in a one-time filter
+    on the very plan node that draws the ids, so no row (and no id) comes before it."""
+    cfg = store.config
+    sql = getattr(pg_events, name)
+    at_version = "$5" in sql
+    types = "text, text[], text[], bytea[]" + (", bigint" if at_version else "")
+    args = "'s', '{a}', '{t}', '{\\\\x00}'" + (", 1" if at_version else "")
+    conn = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+    try:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE ef_probe ({types}) AS {sql}")
+        plan = [row[0] for row in await conn.fetch(f"EXPLAIN VERBOSE EXECUTE ef_probe({args})")]
+    finally:
+        await conn.close()
+    node = next(i for i, line in enumerate(plan) if "Output: nextval(" in line)
+    assert "One-Time Filter: (" in plan[node + 1], "\n".join(plan)
+    assert "pg_current_xact_id() IS NOT NULL" in plan[node + 1], "\n".join(plan)

@@ -1,6 +1,6 @@
 """The PostgreSQL event log: appends in one statement, positions from a sequencer.
 
-Appends only insert events. The sequencer (``ef_sequence``, run by every open store, one at
+Appends only insert events. The sequencer (``ef_sequence_v2``, run by every open store, one at
 a time under an advisory lock) gives the events committed since its last pass the next
 positions in ``ef_positions``, in insertion order, and notifies ``ef_sequenced``; ids it
 could not see yet (writers still running) it keeps and looks up again on later passes.
@@ -44,7 +44,7 @@ _STREAM_VERSION = "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE 
 
 def _append_sql(base: str, guard: str = "") -> str:
     # The one-time filter gives the transaction its id before the first event id is drawn:
-    # ef_sequence relies on that (see schema.py). `guard` is checked once, before any row.
+    # ef_sequence_v2 relies on that (see schema.py). `guard` is checked once, before any row.
     return (
         "WITH ins AS (INSERT INTO ef_events (event_id, stream_id, stream_version, type, "
         f"envelope) SELECT i, $1, {base} + o, t, e FROM unnest($2::text[], $3::text[], "
@@ -63,7 +63,9 @@ _APPEND_AT = _append_sql(
 )
 
 
-_SLOW_APPEND = "SELECT ef_append($1, $2, $3, $4, $5)"
+_SEQUENCE = "SELECT ef_sequence_v2($1)"
+_SEQUENCE_ALL = "SELECT ef_sequence_v2($1, true)"  # also looks up gaps older than a second
+_SLOW_APPEND = "SELECT ef_append_v2($1, $2, $3, $4, $5)"
 
 
 def _record(row: Any) -> RecordedEvent:
@@ -77,6 +79,9 @@ class PostgresEventLog:
 
     def _init_events(self) -> None:
         self._pending = asyncio.Event()
+        # An append of this process committed inside a longer transaction: its ids may have
+        # become old gaps, which the next pass looks up at once (not within a second).
+        self._old_due = False
         self._tick: asyncio.Future[None] | None = None
         self._listener: Any = None
         self._sequencer: asyncio.Task[None] | None = None
@@ -107,8 +112,16 @@ class PostgresEventLog:
             tick.set_result(None)
 
     def _appended(self) -> None:
-        """Wake this process's sequencer (after an append committed)."""
+        """Wake this process's sequencer (after a transaction with an append committed)."""
+        self._old_due = True
         self._pending.set()
+
+    def _pass_sql(self) -> str:
+        """The sequencer call for the next pass (looking up old gaps when they may be due)."""
+        if self._old_due:
+            self._old_due = False
+            return _SEQUENCE_ALL
+        return _SEQUENCE
 
     async def _sequence_loop(self) -> None:
         pool = self.db.pool
@@ -118,15 +131,13 @@ class PostgresEventLog:
                     await self._pending.wait()
             except TimeoutError:
                 # Events other processes appended and have not numbered (they may have died),
-                # or ids still waiting for their writer: ef_sequence returns at once if none.
+                # or ids still waiting for their writer: ef_sequence_v2 returns at once if none.
                 pass
             else:
                 await asyncio.sleep(_COALESCE)  # let concurrent appends join this pass
             self._pending.clear()
             try:
-                while await pool.fetchval("SELECT ef_sequence($1)", _SEQUENCE_BATCH) >= (
-                    _SEQUENCE_BATCH
-                ):
+                while await pool.fetchval(self._pass_sql(), _SEQUENCE_BATCH) >= _SEQUENCE_BATCH:
                     pass
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 _log.warning("sequencer pass failed (%s); retrying", exc)
@@ -144,7 +155,7 @@ class PostgresEventLog:
 
         The fast path inserts with the versions the caller expects and lets the unique
         indexes reject conflicts; anything unusual (a conflict, ids already stored, a
-        version the stream has not reached) goes through ``ef_append``, which sorts it out.
+        version the stream has not reached) goes through ``ef_append_v2``, which sorts it out.
         """
         envelopes = prepare_append(stream_id, events)
         ids = [e.id for e in envelopes]
@@ -251,8 +262,8 @@ class PostgresEventLog:
             async with self.db.connection() as conn:
                 rows: list[Any] = await conn.fetch(sql, stream_id, after, size)
                 if any(r[0] is None for r in rows) and self.db.current is None:
-                    # Just appended, not yet sequenced: sequence now so positions are real.
-                    await conn.fetchval("SELECT ef_sequence($1)", _SEQUENCE_BATCH)
+                    # Not numbered yet: number now (old gaps too) so positions are real.
+                    await conn.fetchval(_SEQUENCE_ALL, _SEQUENCE_BATCH)
                     rows = await conn.fetch(sql, stream_id, after, size)
             return rows
 
@@ -302,7 +313,7 @@ class PostgresEventLog:
         """Sequence what is committed now, so a read right after an append sees it."""
         if self.db.current is None:
             async with self.db.connection() as conn:
-                await conn.fetchval("SELECT ef_sequence($1)", _SEQUENCE_BATCH)
+                await conn.fetchval(self._pass_sql(), _SEQUENCE_BATCH)
 
     async def last_position(self) -> int:
         """The position of the newest committed event (0 when empty)."""

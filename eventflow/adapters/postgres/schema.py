@@ -1,16 +1,17 @@
-"""The PostgreSQL schema of eventflow: tables, indexes and two functions.
+"""The PostgreSQL schema of eventflow: tables, indexes, two functions, and the upgrade of
+schemas made by earlier versions.
 
-``ef_append`` appends a batch to a stream: it checks the expected version, skips event ids
-already stored and inserts the rest. ``ef_sequence`` gives the next positions to the events
-committed since its last pass, in ``ef_positions`` (see ``docs/event-store.md`` for why
-positions are assigned after commit, and how the sequencer knows it has missed nothing).
+``ef_append_v2`` appends a batch to a stream: it checks the expected version, skips event
+ids already stored and inserts the rest. ``ef_sequence_v2`` gives the next positions to the
+events committed since its last pass, in ``ef_positions`` (see ``docs/event-store.md`` for
+why positions are assigned after commit, and how the sequencer knows it has missed nothing).
 """
 
 from __future__ import annotations
 
 __all__ = ["SCHEMA_SQL", "SEQUENCER_LOCK"]
 
-SEQUENCER_LOCK = 1701147505  # the advisory lock key ef_sequence() takes (keep in sync)
+SEQUENCER_LOCK = 1701147505  # the advisory lock key ef_sequence_v2() takes (keep in sync)
 
 # Identifier columns use the "C" collation: byte-order comparisons keep their unique indexes
 # cheap to maintain (a locale collation compares through strcoll), and ids need no locale.
@@ -29,17 +30,25 @@ CREATE TABLE IF NOT EXISTS ef_positions (
     position bigint PRIMARY KEY,
     id bigint NOT NULL UNIQUE
 );
--- the sequencer's state: the last position handed out, the ef_events ids scanned so far,
--- and the ids below that were not visible yet, each with its horizon: a transaction id
--- above its writer's (see ef_sequence)
+-- the sequencer's state (see ef_sequence_v2): the last position handed out, the ef_events
+-- ids scanned so far, the ids below that it has not seen yet ("gaps") with their horizons
+-- and the time it first missed them; and when it last looked up the gaps in ef_gaps
 CREATE TABLE IF NOT EXISTS ef_sequence (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     last bigint NOT NULL,
     scanned bigint NOT NULL DEFAULT 0,
     gaps bigint[] NOT NULL DEFAULT '{}',
-    horizons xid8[] NOT NULL DEFAULT '{}'
+    horizons xid8[] NOT NULL DEFAULT '{}',
+    missed timestamptz[] NOT NULL DEFAULT '{}',
+    old_probed timestamptz NOT NULL DEFAULT '-infinity'
 );
 INSERT INTO ef_sequence (singleton, last) VALUES (true, 0) ON CONFLICT DO NOTHING;
+-- gaps older than a second (their writer runs long, or rolled back while an old transaction
+-- keeps the horizon from being reached): looked up once a second, not on every pass
+CREATE TABLE IF NOT EXISTS ef_gaps (
+    id bigint PRIMARY KEY,
+    horizon xid8 NOT NULL
+);
 CREATE TABLE IF NOT EXISTS ef_snapshots (
     stream_id text PRIMARY KEY,
     version bigint NOT NULL,
@@ -90,14 +99,14 @@ CREATE TABLE IF NOT EXISTS ef_heartbeats (
     stats jsonb NOT NULL
 );
 
-CREATE OR REPLACE FUNCTION ef_append(
+CREATE OR REPLACE FUNCTION ef_append_v2(
     p_stream text, p_expected bigint, p_ids text[], p_types text[], p_envelopes bytea[]
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     cur bigint;
     fresh int[];
 BEGIN
-    PERFORM pg_current_xact_id();  -- a transaction id before any event id (see ef_sequence)
+    PERFORM pg_current_xact_id();  -- a transaction id before any event id (see below)
     SELECT COALESCE(MAX(stream_version), 0) INTO cur FROM ef_events WHERE stream_id = p_stream;
     SELECT array_agg(i ORDER BY i) INTO fresh
       FROM generate_subscripts(p_ids, 1) AS i
@@ -126,28 +135,39 @@ $$;
 -- (`top`), then takes its own transaction id (`own`), then the snapshot of its scan. So an
 -- id <= top that the scan cannot see belongs to a writer that rolled back or is still
 -- running, with a transaction id below `own` (the id's horizon). Such ids are kept as gaps
--- and looked up again on every pass, until they are visible (numbered then) or a snapshot's
--- xmin reaches their horizon: nothing below it runs any more, so the writer rolled back
--- (dropped). A snapshot's xmax is no horizon: a running transaction may be above it.
-CREATE OR REPLACE FUNCTION ef_sequence(p_batch integer) RETURNS bigint LANGUAGE plpgsql AS $$
+-- and looked up again, until they are visible (numbered then) or a snapshot's xmin reaches
+-- their horizon: nothing below it runs any more, so the writer rolled back (dropped). A
+-- snapshot's xmax is no horizon: a running transaction may be above it. Gaps missed for
+-- over a second move to ef_gaps, looked up once a second (or when `p_old`), so that a long
+-- transaction, which holds xmin back, cannot make every pass longer.
+CREATE OR REPLACE FUNCTION ef_sequence_v2(p_batch integer, p_old boolean DEFAULT false)
+RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     s record;
     top bigint;
     hi bigint;
     n bigint;
-    new_gaps bigint[];
-    new_horizons xid8[];
     own xid8;
+    probe_old boolean;
+    young_gaps bigint[];
+    young_horizons xid8[];
+    young_missed timestamptz[];
 BEGIN
     SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END INTO top
       FROM ef_events_id_seq;
-    SELECT scanned, gaps INTO s FROM ef_sequence;
-    IF top <= s.scanned AND cardinality(s.gaps) = 0 THEN
-        RETURN 0;  -- nothing new: no lock, no write
+    SELECT * INTO s FROM ef_sequence;
+    IF top <= s.scanned AND cardinality(s.gaps) = 0
+       AND (NOT (p_old OR s.old_probed < clock_timestamp() - interval '1 second')
+            OR NOT EXISTS (SELECT 1 FROM ef_gaps)) THEN
+        RETURN 0;  -- nothing to look at: no lock, no transaction id, no write
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'ef_sequence() needs a READ COMMITTED transaction'
+        RAISE EXCEPTION 'ef_sequence_v2() needs a READ COMMITTED transaction'
             USING HINT = 'call it outside any REPEATABLE READ or SERIALIZABLE transaction';
+    END IF;
+    IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
+        RAISE EXCEPTION 'ef_sequence_v2() must start its own transaction'
+            USING HINT = 'call it alone, in autocommit mode, not after other writes';
     END IF;
     -- One sequencer at a time (waits for the current one).
     PERFORM pg_advisory_xact_lock(1701147505);
@@ -155,32 +175,48 @@ BEGIN
     SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END INTO top
       FROM ef_events_id_seq;
     own := pg_current_xact_id();  -- after `top`, before the snapshot of the scan
-    hi := LEAST(top, s.scanned + p_batch);
+    hi := GREATEST(s.scanned, LEAST(top, s.scanned + p_batch));
+    probe_old := p_old OR s.old_probed < clock_timestamp() - interval '1 second';
     WITH seen AS MATERIALIZED (
         SELECT e.id FROM ef_events e WHERE e.id > s.scanned AND e.id <= hi
         UNION ALL
         SELECT e.id FROM ef_events e WHERE e.id = ANY (s.gaps)
+        UNION ALL
+        SELECT g.id FROM ef_gaps g JOIN ef_events e ON e.id = g.id WHERE probe_old
     ), snap AS MATERIALIZED (
-        SELECT pg_current_snapshot() AS sn  -- the snapshot `seen` was read with
+        SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin  -- the snapshot of `seen`
     ), numbered AS (
         INSERT INTO ef_positions (position, id)
         SELECT s.last + row_number() OVER (ORDER BY id), id FROM seen
         RETURNING 1
     ), missing AS (
-        SELECT g.id, g.horizon
-          FROM (SELECT i AS id, own AS horizon FROM generate_series(s.scanned + 1, hi) AS i
+        -- Not seen, and the writer may still run. A horizon above `own` comes from
+        -- another cluster (a restored dump): nothing there can still run.
+        SELECT g.id, g.horizon, g.missed
+          FROM (SELECT i AS id, own AS horizon, now() AS missed
+                  FROM generate_series(s.scanned + 1, hi) AS i
                 UNION ALL
-                SELECT u.id, u.horizon FROM unnest(s.gaps, s.horizons) AS u(id, horizon)) g,
+                SELECT * FROM unnest(s.gaps, s.horizons, s.missed)) AS g (id, horizon, missed),
                snap
          WHERE NOT EXISTS (SELECT 1 FROM seen WHERE seen.id = g.id)
-           AND pg_snapshot_xmin(snap.sn) < g.horizon  -- its writer may still be running
+           AND snap.xmin < g.horizon AND g.horizon <= own
+    ), aged AS (
+        INSERT INTO ef_gaps (id, horizon)
+        SELECT id, horizon FROM missing WHERE missed < now() - interval '1 second'
+    ), settled AS (
+        DELETE FROM ef_gaps g USING snap
+         WHERE probe_old
+           AND (g.id IN (SELECT id FROM seen) OR snap.xmin >= g.horizon OR g.horizon > own)
     )
-    SELECT (SELECT count(*) FROM numbered),
-           COALESCE((SELECT array_agg(id ORDER BY id) FROM missing), '{}'),
-           COALESCE((SELECT array_agg(horizon ORDER BY id) FROM missing), '{}')
-      INTO n, new_gaps, new_horizons;
+    SELECT (SELECT count(*) FROM numbered), array_agg(id ORDER BY id),
+           array_agg(horizon ORDER BY id), array_agg(missed ORDER BY id)
+      INTO n, young_gaps, young_horizons, young_missed
+      FROM missing WHERE missed >= now() - interval '1 second';
     UPDATE ef_sequence
-       SET last = s.last + n, scanned = hi, gaps = new_gaps, horizons = new_horizons;
+       SET last = s.last + n, scanned = hi,
+           gaps = COALESCE(young_gaps, '{}'), horizons = COALESCE(young_horizons, '{}'),
+           missed = COALESCE(young_missed, '{}'),
+           old_probed = CASE WHEN probe_old THEN now() ELSE old_probed END;
     IF n > 0 THEN
         PERFORM pg_notify('ef_sequenced', (s.last + n)::text);
     END IF;
@@ -201,23 +237,27 @@ BEGIN
 END
 $$;
 
--- Upgrade from the queue-based sequencer of earlier versions (an ef_unsequenced table): number
--- what the old queue holds, start scanning after the newest event, drop the queue. Old
--- versions' appends fail from then on (stop them before upgrading).
+-- Upgrade from the queue-based sequencer of earlier versions (an ef_unsequenced table that
+-- every append wrote to): number what the queue holds, start scanning after the newest
+-- event, and replace the queue and the old functions. The table lock waits for the old
+-- appends and sequencer passes under way, and keeps new ones out (every old append and
+-- pass touches the queue first), so no old code runs while this block does.
 DO $$
 DECLARE
     base bigint;
     n bigint;
 BEGIN
-    IF to_regclass('ef_unsequenced') IS NULL THEN
-        RETURN;
+    IF (SELECT relkind FROM pg_class WHERE oid = to_regclass('ef_unsequenced'))
+       IS DISTINCT FROM 'r' THEN
+        RETURN;  -- no queue (a new schema), or already replaced by the view below
     END IF;
-    PERFORM pg_advisory_xact_lock(1701147505);  -- before the table lock: old sequencers
-    LOCK TABLE ef_unsequenced IN ACCESS EXCLUSIVE MODE;  -- waits for old appends to end
+    LOCK TABLE ef_unsequenced IN ACCESS EXCLUSIVE MODE;
     ALTER TABLE ef_sequence
         ADD COLUMN IF NOT EXISTS scanned bigint NOT NULL DEFAULT 0,
         ADD COLUMN IF NOT EXISTS gaps bigint[] NOT NULL DEFAULT '{}',
-        ADD COLUMN IF NOT EXISTS horizons xid8[] NOT NULL DEFAULT '{}';
+        ADD COLUMN IF NOT EXISTS horizons xid8[] NOT NULL DEFAULT '{}',
+        ADD COLUMN IF NOT EXISTS missed timestamptz[] NOT NULL DEFAULT '{}',
+        ADD COLUMN IF NOT EXISTS old_probed timestamptz NOT NULL DEFAULT '-infinity';
     SELECT last INTO base FROM ef_sequence;
     WITH taken AS (DELETE FROM ef_unsequenced RETURNING id)
     INSERT INTO ef_positions (position, id)
@@ -226,6 +266,21 @@ BEGIN
     UPDATE ef_sequence
        SET last = base + n, scanned = (SELECT COALESCE(MAX(id), 0) FROM ef_events);
     DROP TABLE ef_unsequenced;
+    DROP FUNCTION IF EXISTS ef_sequence(integer);
+    DROP FUNCTION IF EXISTS ef_append(text, bigint, text[], text[], bytea[]);
+END
+$$;
+
+-- A trap for earlier versions: their schema setup skips an existing ef_unsequenced, and
+-- their appends then fail on it (a view nothing can be inserted into), instead of writing
+-- events that only their own sequencer would number.
+DO $$
+BEGIN
+    IF to_regclass('ef_unsequenced') IS NULL THEN
+        CREATE VIEW ef_unsequenced AS SELECT NULL::bigint AS id WHERE false;
+        COMMENT ON VIEW ef_unsequenced IS
+            'eventflow: an earlier version tried to append here; stop it and upgrade it';
+    END IF;
 END
 $$;
 """
