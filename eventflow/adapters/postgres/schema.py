@@ -138,8 +138,9 @@ $$;
 -- and looked up again, until they are visible (numbered then) or a snapshot's xmin reaches
 -- their horizon: nothing below it runs any more, so the writer rolled back (dropped). A
 -- snapshot's xmax is no horizon: a running transaction may be above it. Gaps missed for
--- over a second move to ef_gaps, looked up once a second (or when `p_old`), so that a long
--- transaction, which holds xmin back, cannot make every pass longer.
+-- over a second (and all but the newest thousand) move to ef_gaps, looked up once a second
+-- (or when `p_old`), so that a long transaction, which holds xmin back, cannot make every
+-- pass longer.
 CREATE OR REPLACE FUNCTION ef_sequence_v2(p_batch integer, p_old boolean DEFAULT false)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -192,7 +193,9 @@ BEGIN
     ), missing AS (
         -- Not seen, and the writer may still run. A horizon above `own` comes from
         -- another cluster (a restored dump): nothing there can still run.
-        SELECT g.id, g.horizon, g.missed
+        SELECT g.id, g.horizon, g.missed,
+               missed < now() - interval '1 second'
+               OR row_number() OVER (ORDER BY g.id DESC) > 1000 AS old
           FROM (SELECT i AS id, own AS horizon, now() AS missed
                   FROM generate_series(s.scanned + 1, hi) AS i
                 UNION ALL
@@ -202,7 +205,7 @@ BEGIN
            AND snap.xmin < g.horizon AND g.horizon <= own
     ), aged AS (
         INSERT INTO ef_gaps (id, horizon)
-        SELECT id, horizon FROM missing WHERE missed < now() - interval '1 second'
+        SELECT id, horizon FROM missing WHERE old
     ), settled AS (
         DELETE FROM ef_gaps g USING snap
          WHERE probe_old
@@ -211,7 +214,7 @@ BEGIN
     SELECT (SELECT count(*) FROM numbered), array_agg(id ORDER BY id),
            array_agg(horizon ORDER BY id), array_agg(missed ORDER BY id)
       INTO n, young_gaps, young_horizons, young_missed
-      FROM missing WHERE missed >= now() - interval '1 second';
+      FROM missing WHERE NOT old;
     UPDATE ef_sequence
        SET last = s.last + n, scanned = hi,
            gaps = COALESCE(young_gaps, '{}'), horizons = COALESCE(young_horizons, '{}'),
