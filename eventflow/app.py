@@ -20,7 +20,14 @@ from typing import Any, TypeVar
 from .brokers import open_broker
 from .envelope import Envelope, new_id
 from .errors import BrokerError, ConfigurationError
-from .events import Event, EventRegistry, default_registry, to_envelope
+from .events import (
+    Event,
+    EventRegistry,
+    _envelope_fields,
+    _is_event,
+    default_registry,
+    to_envelope,
+)
 from .patterns import overlap, validate_topic
 from .ports import Broker, DedupStore, Store
 from .projections import Projection, ProjectionRunner
@@ -183,25 +190,31 @@ class App:
         Starts a new correlation (the new envelope's id) unless ``correlation_id`` is given.
         An ``Envelope`` is published keeping its id (and its fields, except those given here).
         """
-        if type(message) is not Envelope and not isinstance(message, Envelope):
-            env = to_envelope(
+        if _is_event(message):
+            fields = _envelope_fields(
                 message,
-                source=self.name,
-                key=key,
-                headers=dict(headers) if headers else None,
-                correlation_id=correlation_id,
+                self.name,
+                key,
+                dict(headers) if headers else None,
+                correlation_id,
+                None,
+                None,
+                None,
             )
-            check_outgoing(message, env.data)  # model_construct/model_copy skip validation
+            check_outgoing(message, fields["data"])  # model_construct/model_copy skip validation
+            env = Envelope._trusted(fields)
         else:
-            env = _override(message, key, headers, correlation_id)
+            # An Envelope keeps its id; to_envelope rejects anything that is neither.
+            env = _override(to_envelope(message, source=self.name), key, headers, correlation_id)
+            fields = env.__dict__
         if topic is None:
-            topic = env.type
+            topic = fields["type"]
         else:
             validate_topic(topic)
         if not self._started:
             self._not_running()
         await self.broker.publish(
-            topic, env.to_bytes(), key=env.key, headers={MESSAGE_ID_HEADER: env.id}
+            topic, env.to_bytes(), key=fields["key"], headers={MESSAGE_ID_HEADER: fields["id"]}
         )
         return env
 

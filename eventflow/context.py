@@ -15,6 +15,8 @@ from .schema.outgoing import check_outgoing
 if TYPE_CHECKING:
     from .app import App
 
+_new = object.__new__
+
 __all__ = ["Context"]
 
 
@@ -31,19 +33,50 @@ class Context:
     """
 
     # Class-level defaults, replaced per instance on first use: most handlings publish
-    # nothing and open no transaction, so a Context costs four attribute writes.
+    # nothing and open no transaction, so a Context costs a few attribute writes.
     _outbox: list[tuple[str, Envelope]] | None = None
     _counts: dict[str, int] | None = None
     _tx: Transaction | None = None
     _committed = False
     _tx_failed: BaseException | None = None
     _tx_scope: AbstractAsyncContextManager[Transaction] | None = None
+    # The consumer hands over the envelope's checked wire fields; the Envelope is built from
+    # them only if the handler reads it.
+    _envelope: Envelope | None
+    _fields: dict[str, Any]
 
     def __init__(self, app: App, envelope: Envelope, group: str, attempt: int) -> None:
         self._app = app
-        self.envelope = envelope
+        self._envelope = envelope
         self.group = group
         self.attempt = attempt
+
+    @classmethod
+    def _of_fields(
+        cls,
+        app: App,
+        fields: dict[str, Any],
+        envelope: Envelope | None,
+        group: str,
+        attempt: int,
+    ) -> Context:
+        """The consumer's context: ``envelope`` (if the consumer built it) or else one built
+        from ``fields``, the envelope's checked wire fields, when first read."""
+        ctx = _new(cls)
+        ctx._app = app
+        ctx._fields = fields
+        ctx._envelope = envelope
+        ctx.group = group
+        ctx.attempt = attempt
+        return ctx
+
+    @property
+    def envelope(self) -> Envelope:
+        """The message being handled."""
+        env = self._envelope
+        if env is None:
+            env = self._envelope = Envelope._trusted(self._fields)
+        return env
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """The store transaction of this handling (SQL stores: your SQL runs in it).

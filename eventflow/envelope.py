@@ -17,12 +17,13 @@ import hashlib
 import os
 import random
 import time as _time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import SchemaValidator, core_schema
 
 from .errors import MalformedMessageError
 
@@ -62,33 +63,9 @@ _last_ms = 0
 _seq = 0
 _prefix = ""  # "tttttttt-tttt-7": the current millisecond and the version digit
 _prefix_hex = ""  # the same without dashes (a trace id starts with it)
-
-
-def _advance(start: int) -> tuple[str, str]:
-    """Step the clock state for one new id; return its first 17 hex digits with dashes
-    ("tttttttt-tttt-7sss") and without. ``start`` (11 random bits) begins a new millisecond's
-    counter.
-
-    Nothing here is a call after the clock is read, so a thread switch cannot split the
-    state update from the read (callers draw their random bits before calling).
-    """
-    global _last_ms, _seq, _prefix, _prefix_hex
-    ms = _time_ns() // 1_000_000
-    if ms > _last_ms:
-        _last_ms = ms
-        _seq = start  # random start in the lower half leaves room to count up
-    else:
-        _seq += 1
-        if _seq <= 0xFFF:
-            seq = "%03x" % _seq
-            return _prefix + seq, _prefix_hex + seq
-        _last_ms += 1  # counter exhausted: borrow the next millisecond
-        _seq = 0
-    h = "%012x" % _last_ms
-    _prefix = f"{h[:8]}-{h[8:]}-7"
-    _prefix_hex = f"{h}7"
-    seq = "%03x" % _seq
-    return _prefix + seq, _prefix_hex + seq
+# The counter's three hex digits, looked up (4,096 short strings, about 250 kB): formatting
+# a number costs more instructions than any other step of making an id.
+_HEX3 = tuple("%03x" % i for i in range(0x1000))
 
 
 def new_id() -> str:
@@ -97,10 +74,7 @@ def new_id() -> str:
     The 12-bit ``rand_a`` field is a counter within one millisecond (RFC 9562 method 1),
     so ids made in one process sort in creation order; 62 random bits follow.
     """
-    rnd = _randbits(73)
-    head, _ = _advance(rnd >> 62)
-    tail = "%016x" % (_VARIANT | (rnd & _RAND62))
-    return f"{head}-{tail[:4]}-{tail[4:]}"
+    return new_root()[0]
 
 
 def new_root() -> tuple[str, str]:
@@ -109,10 +83,27 @@ def new_root() -> tuple[str, str]:
     The same as ``traceparent_for(id, id)`` for a message that starts a correlation, made
     from the id's parts instead of re-parsing it (``App.publish`` does this per message).
     """
+    global _last_ms, _seq, _prefix, _prefix_hex
     rnd = _randbits(73)
-    head, head_hex = _advance(rnd >> 62)
+    # Nothing from the clock read to the last use of the state below is a call, so a thread
+    # switch cannot split the state update from the read.
+    ms = _time_ns() // 1_000_000
+    if ms <= _last_ms and _seq < 0xFFF:
+        _seq += 1
+    else:
+        if ms > _last_ms:
+            _last_ms = ms
+            _seq = rnd >> 62  # random start in the lower half leaves room to count up
+        else:
+            _last_ms += 1  # counter exhausted: borrow the next millisecond
+            _seq = 0
+        h = "%012x" % _last_ms
+        _prefix = f"{h[:8]}-{h[8:]}-7"
+        _prefix_hex = f"{h}7"
+    seq = _HEX3[_seq]
+    prefix, prefix_hex = _prefix, _prefix_hex
     tail = "%016x" % (_VARIANT | (rnd & _RAND62))
-    return f"{head}-{tail[:4]}-{tail[4:]}", f"00-{head_hex}{tail}-{tail}-01"
+    return f"{prefix}{seq}-{tail[:4]}-{tail[4:]}", f"00-{prefix_hex}{seq}{tail}-{tail}-01"
 
 
 def derived_id(parent: Envelope, *parts: str) -> str:
@@ -219,12 +210,7 @@ class Envelope(BaseModel):
     @classmethod
     def _trusted(cls, fields: dict[str, Any]) -> Envelope:
         """Build from already-checked values (all ten fields), skipping pydantic validation."""
-        env = _new(cls)
-        _setattr(env, "__dict__", fields)
-        _set_fields_set(env, _ALL_FIELDS)
-        _set_extra(env, None)
-        _set_private(env, None)
-        return env
+        return _construct((fields, None, _ALL_FIELDS))  # type: ignore[no-any-return]
 
     @classmethod
     def create(
@@ -289,127 +275,191 @@ class Envelope(BaseModel):
     @classmethod
     def from_bytes(cls, payload: bytes | bytearray | memoryview | str) -> Envelope:
         """Decode the wire form; raise ``MalformedMessageError`` saying what is wrong."""
-        try:
-            raw = orjson.loads(payload)
-        except orjson.JSONDecodeError as exc:
-            raise MalformedMessageError(_not_json(payload, exc)) from exc
-        return cls.from_mapping(raw)
+        return cls._trusted(_wire_fields(payload))
 
     @classmethod
     def from_mapping(cls, raw: Any) -> Envelope:
         """Validate a decoded JSON object as an envelope (the checks ``from_bytes`` makes)."""
-        if type(raw) is not dict:
-            raise MalformedMessageError(
-                f"payload is a JSON {type(raw).__name__}, not an envelope object"
-            )
-        # Fast path: eventflow's own wire form, every field present with the right type.
-        if len(raw) == 10:
-            try:
-                env_id = raw["id"]
-                etype = raw["type"]
-                version = raw["version"]
-                source = raw["source"]
-                when = raw["time"]
-                correlation = raw["correlation_id"]
-                causation = raw["causation_id"]
-                key = raw["key"]
-                headers = raw["headers"]
-                data = raw["data"]
-            except KeyError:
-                return cls._checked(raw)
-            if (
-                type(env_id) is str
-                and env_id
-                and type(etype) is str
-                and etype
-                and type(version) is int
-                and version >= 1
-                and type(source) is str
-                and type(when) is str
-                and type(correlation) is str
-                and correlation
-                and (causation is None or type(causation) is str)
-                and (key is None or type(key) is str)
-                and type(headers) is dict
-                and type(data) is dict
-            ):
-                for value in headers.values():
-                    if type(value) is not str:
-                        return cls._checked(raw)
-                try:
-                    stamp = datetime.fromisoformat(when)
-                except ValueError:
-                    return cls._checked(raw)  # reports the bad time
-                raw["time"] = stamp if stamp.tzinfo is UTC else _utc(stamp)
-                return cls._trusted(raw)
-        return cls._checked(raw)
+        return cls._trusted(_checked_fields(raw))
 
-    @classmethod
-    def _checked(cls, raw: dict[str, Any]) -> Envelope:
-        get = raw.get
-        env_id = get("id")
-        if type(env_id) is not str or not env_id:
-            raise MalformedMessageError("envelope field 'id' must be a non-empty string")
-        etype = get("type")
-        if type(etype) is not str or not etype:
-            raise MalformedMessageError("envelope field 'type' must be a non-empty string")
-        version = get("version", 1)
-        if type(version) is not int or version < 1:
-            raise MalformedMessageError("envelope field 'version' must be an integer >= 1")
-        source = get("source", "")
-        if type(source) is not str:
-            raise MalformedMessageError("envelope field 'source' must be a string")
-        when = get("time")
-        if when is None:
-            stamp = datetime.now(UTC)
-        elif type(when) is str:
-            try:
-                stamp = _utc(datetime.fromisoformat(when))
-            except ValueError as exc:
-                raise MalformedMessageError(
-                    f"envelope field 'time' is not an ISO 8601 timestamp: {when!r}"
-                ) from exc
-        else:
-            raise MalformedMessageError("envelope field 'time' must be an ISO 8601 string")
-        correlation = get("correlation_id") or env_id
-        causation = get("causation_id")
-        key = get("key")
-        if type(correlation) is not str or (causation is not None and type(causation) is not str):
-            raise MalformedMessageError("envelope correlation/causation ids must be strings")
-        if key is not None and type(key) is not str:
-            raise MalformedMessageError("envelope field 'key' must be a string or null")
-        headers = get("headers")
-        if headers is None:
-            headers = {}
-        elif type(headers) is not dict or not all(type(v) is str for v in headers.values()):
-            raise MalformedMessageError("envelope field 'headers' must map strings to strings")
-        data = get("data")
-        if data is None:
-            data = {}
-        elif type(data) is not dict:
-            raise MalformedMessageError("envelope field 'data' must be a JSON object")
-        return cls._trusted(
-            {
-                "id": env_id,
-                "type": etype,
-                "version": version,
-                "source": source,
-                "time": stamp,
-                "correlation_id": correlation,
-                "causation_id": causation,
-                "key": key,
-                "headers": headers,
-                "data": data,
-            }
+
+def _wire_fields(payload: bytes | bytearray | memoryview | str) -> dict[str, Any]:
+    """The ten checked fields of an envelope's wire form, as ``from_bytes`` wraps them (the
+    consumer reads them before, or instead of, building the Envelope)."""
+    try:
+        raw = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedMessageError(_not_json(payload, exc)) from exc
+    return _checked_fields(raw)
+
+
+def _checked_fields(raw: Any) -> dict[str, Any]:
+    """Validate a decoded JSON object as an envelope; return its ten fields (``raw`` itself,
+    ``time`` parsed, when it is eventflow's own complete wire form)."""
+    if type(raw) is not dict:
+        raise MalformedMessageError(
+            f"payload is a JSON {type(raw).__name__}, not an envelope object"
         )
+    # Fast path: eventflow's own wire form, every field present with the right type.
+    if len(raw) == 10:
+        try:
+            env_id = raw["id"]
+            etype = raw["type"]
+            version = raw["version"]
+            source = raw["source"]
+            when = raw["time"]
+            correlation = raw["correlation_id"]
+            causation = raw["causation_id"]
+            key = raw["key"]
+            headers = raw["headers"]
+            data = raw["data"]
+        except KeyError:
+            return _filled_fields(raw)
+        if (
+            type(env_id) is str
+            and env_id
+            and type(etype) is str
+            and etype
+            and type(version) is int
+            and version >= 1
+            and type(source) is str
+            and type(when) is str
+            and type(correlation) is str
+            and correlation
+            and (causation is None or type(causation) is str)
+            and (key is None or type(key) is str)
+            and type(headers) is dict
+            and type(data) is dict
+        ):
+            for value in headers.values():
+                if type(value) is not str:
+                    return _filled_fields(raw)
+            try:
+                stamp = datetime.fromisoformat(when)
+            except ValueError:
+                return _filled_fields(raw)  # reports the bad time
+            raw["time"] = stamp if stamp.tzinfo is UTC else _utc(stamp)
+            return raw
+    return _filled_fields(raw)
+
+
+def _filled_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """The general path of ``_checked_fields``: missing fields get their defaults, extra ones
+    are dropped, and the first wrong one raises ``MalformedMessageError``."""
+    get = raw.get
+    env_id = get("id")
+    if type(env_id) is not str or not env_id:
+        raise MalformedMessageError("envelope field 'id' must be a non-empty string")
+    etype = get("type")
+    if type(etype) is not str or not etype:
+        raise MalformedMessageError("envelope field 'type' must be a non-empty string")
+    version = get("version", 1)
+    if type(version) is not int or version < 1:
+        raise MalformedMessageError("envelope field 'version' must be an integer >= 1")
+    source = get("source", "")
+    if type(source) is not str:
+        raise MalformedMessageError("envelope field 'source' must be a string")
+    when = get("time")
+    if when is None:
+        stamp = datetime.now(UTC)
+    elif type(when) is str:
+        try:
+            stamp = _utc(datetime.fromisoformat(when))
+        except ValueError as exc:
+            raise MalformedMessageError(
+                f"envelope field 'time' is not an ISO 8601 timestamp: {when!r}"
+            ) from exc
+    else:
+        raise MalformedMessageError("envelope field 'time' must be an ISO 8601 string")
+    correlation = get("correlation_id") or env_id
+    causation = get("causation_id")
+    key = get("key")
+    if type(correlation) is not str or (causation is not None and type(causation) is not str):
+        raise MalformedMessageError("envelope correlation/causation ids must be strings")
+    if key is not None and type(key) is not str:
+        raise MalformedMessageError("envelope field 'key' must be a string or null")
+    headers = get("headers")
+    if headers is None:
+        headers = {}
+    elif type(headers) is not dict or not all(type(v) is str for v in headers.values()):
+        raise MalformedMessageError("envelope field 'headers' must map strings to strings")
+    data = get("data")
+    if data is None:
+        data = {}
+    elif type(data) is not dict:
+        raise MalformedMessageError("envelope field 'data' must be a JSON object")
+    return {
+        "id": env_id,
+        "type": etype,
+        "version": version,
+        "source": source,
+        "time": stamp,
+        "correlation_id": correlation,
+        "causation_id": causation,
+        "key": key,
+        "headers": headers,
+        "data": data,
+    }
 
 
 _ALL_FIELDS = frozenset(_FIELDS)
-# What pydantic's model_construct does, minus its generic work: BaseModel keeps these three in
-# __slots__, so their descriptors set them directly (a test checks the result equals a
-# validated Envelope).
 _new = object.__new__
 _setattr = object.__setattr__
 _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
+def _slots_construct(triple: tuple[dict[str, Any], None, frozenset[str]]) -> Envelope:
+    """What pydantic's model_construct does, minus its generic work: BaseModel keeps these
+    three in ``__slots__``, so their descriptors set them directly."""
+    fields, extra, fields_set = triple
+    env: Envelope = _new(Envelope)
+    _setattr(env, "__dict__", fields)
+    _set_fields_set(env, fields_set)
+    _set_extra(env, extra)
+    _set_private(env, None)
+    return env
+
+
+def _pick_construct() -> Callable[[tuple[dict[str, Any], None, frozenset[str]]], Any]:
+    """The fastest way to build an Envelope from checked fields that this pydantic allows.
+
+    A model schema whose inner schema passes its input through takes the (fields, extra,
+    fields_set) triple that the usual fields validator would produce, so pydantic-core builds
+    the instance in one call, in Rust: half the instructions of ``_slots_construct``. That
+    input is not a documented API, so it is used only if it gives what ``_slots_construct``
+    gives (checked once, here, and by a test).
+    """
+    fast = SchemaValidator(
+        core_schema.model_schema(Envelope, core_schema.any_schema())
+    ).validate_python
+    probe = {
+        "id": "probe",
+        "type": "eventflow.probe",
+        "version": 1,
+        "source": "",
+        "time": datetime.now(UTC),
+        "correlation_id": "probe",
+        "causation_id": None,
+        "key": None,
+        "headers": {},
+        "data": {},
+    }
+    try:
+        made = fast((probe, None, _ALL_FIELDS))
+    except Exception:  # a pydantic-core that does not take the triple
+        return _slots_construct
+    expected = _slots_construct((dict(probe), None, _ALL_FIELDS))
+    if (
+        type(made) is Envelope
+        and made.__dict__ == expected.__dict__
+        and made.__pydantic_fields_set__ == _ALL_FIELDS
+        and made.__pydantic_extra__ is None
+        and made.__pydantic_private__ is None
+    ):
+        return fast
+    return _slots_construct
+
+
+_construct = _pick_construct()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ..context import Context
-from ..envelope import Envelope, new_id
+from ..envelope import Envelope, _wire_fields, new_id
 from ..errors import AlreadyHandled, DecodeError, HandlerTimeoutError, UnknownEventTypeError
 from ..events import EventRegistry
 from ..ports import DeadLetter, DeadLetterStore, DedupStore, Delivery, Subscription
@@ -111,7 +112,9 @@ class Consumer:
         self._stopped = asyncio.Event()
         self._deadlines: dict[asyncio.Task[Any], float] = {}
         self._expired: set[asyncio.Task[Any]] = set()
-        self._loop_time = asyncio.get_running_loop().time
+        # Handler deadlines are on the monotonic clock itself, not loop.time(): the same
+        # clock for the default loop, without a Python call per message.
+        self._clock = time.monotonic
         # type -> (version, validator) of the handler's event classes: the common case (the
         # message is at the class's version) validates without the registry's generic path.
         self._validators: dict[str, tuple[int, Callable[[Any], Any]]] = {
@@ -312,11 +315,10 @@ class Consumer:
         tenth of its timeout late.
         """
         tick = min(max(timeout / 10, 0.005), 1.0)
-        loop = asyncio.get_running_loop()
         deadlines, expired = self._deadlines, self._expired
         while True:
             await asyncio.sleep(tick)
-            now = loop.time()
+            now = self._clock()
             for task, deadline in list(deadlines.items()):
                 if now >= deadline and task not in expired:
                     expired.add(task)
@@ -338,10 +340,13 @@ class Consumer:
                     await delivery.ack()  # a replay meant for another group
                     return
             try:
-                env = Envelope.from_bytes(delivery.payload)
+                # The checked wire fields: the Envelope itself is built only if something
+                # reads it (most handlings never do).
+                fields = _wire_fields(delivery.payload)
             except DecodeError as exc:
                 await self._dead_letter(delivery, None, exc, attempts=0)
                 return
+            env_id: str = fields["id"]
             spec = self.spec
             group = self.group
             idempotent = spec.idempotent
@@ -349,31 +354,32 @@ class Consumer:
                 # Two copies of one message in flight at once (a republish without a key):
                 # the second waits for the first's outcome, then finds it in the dedup store.
                 handling = self._handling
-                while (busy := handling.get(env.id)) is not None:
+                while (busy := handling.get(env_id)) is not None:
                     await asyncio.shield(busy)
-                guard = handling[env.id] = asyncio.get_running_loop().create_future()
-            if idempotent and await self.dedup.seen(group, env.id):
+                guard = handling[env_id] = asyncio.get_running_loop().create_future()
+            if idempotent and await self.dedup.seen(group, env_id):
                 stats.duplicates += 1
                 await delivery.ack()
                 return
-            fast = self._validators.get(env.type)
+            fast = self._validators.get(fields["type"])
+            env: Envelope | None = None
             try:
-                if fast is not None and fast[0] == env.version:
+                if fast is not None and fast[0] == fields["version"]:
                     try:
-                        arg = fast[1](env.data)
+                        arg = fast[1](fields["data"])
                     except ValidationError:
-                        arg = self._decode(env)  # raises the descriptive EventValidationError
+                        env, arg = self._decode(fields)  # raises the descriptive error
                 else:
-                    arg = self._decode(env)
+                    env, arg = self._decode(fields)
             except Exception as exc:  # DecodeError, or a validator raising something else
-                await self._dead_letter(delivery, env, exc, attempts=0)
+                await self._dead_letter(delivery, env_id, exc, attempts=0)
                 return
             policy = spec.retry
             attempt = delivery.delivery_count - 1  # earlier deliveries each ended in an attempt
             if attempt >= policy.max_attempts:
                 await self._dead_letter(
                     delivery,
-                    env,
+                    env_id,
                     RuntimeError(
                         f"delivered {delivery.delivery_count} times without being acked "
                         f"(max_attempts={policy.max_attempts})"
@@ -387,10 +393,10 @@ class Consumer:
             deadlines, expired = self._deadlines, self._expired
             while True:
                 attempt += 1
-                ctx = Context(self.app, env, group, attempt)
+                ctx = Context._of_fields(self.app, fields, env, group, attempt)
                 error: BaseException | None = None
                 if timeout is not None:
-                    deadlines[task] = self._loop_time() + timeout
+                    deadlines[task] = self._clock() + timeout
                 try:
                     await (fn(arg, ctx) if takes_ctx else fn(arg))
                 except asyncio.CancelledError as exc:
@@ -414,7 +420,7 @@ class Consumer:
                             expired.discard(task)
                             task.uncancel()
                 if ctx._tx is not None:
-                    error = await self._settle_transaction(ctx, env, error)
+                    error = await self._settle_transaction(ctx, env_id, error)
                     if isinstance(error, AlreadyHandled):
                         stats.duplicates += 1
                         await delivery.ack()
@@ -422,14 +428,15 @@ class Consumer:
                 if error is None:
                     break
                 if attempt >= policy.max_attempts:
-                    await self._dead_letter(delivery, env, error, attempts=attempt)
+                    await self._dead_letter(delivery, env_id, error, attempts=attempt)
                     return
                 stats.retries += 1
+                env = ctx._envelope  # if this attempt built it, the next one gets the same
                 _log.info(
                     "%s: attempt %d of %s failed (%s: %s); retrying",
                     self.name,
                     attempt,
-                    env.id,
+                    env_id,
                     type(error).__name__,
                     error,
                 )
@@ -437,19 +444,19 @@ class Consumer:
             if ctx._outbox:
                 await self.app._send_all(ctx._take_outbox())
             if idempotent and not ctx._committed:
-                await self.dedup.mark(group, env.id)
+                await self.dedup.mark(group, env_id)
             stats.handled += 1
             self._failures = 0
             await delivery.ack()
         finally:
             self._active -= 1
             if guard is not None:
-                del self._handling[env.id]
+                del self._handling[env_id]
                 if not guard.done():
                     guard.set_result(None)
 
     async def _settle_transaction(
-        self, ctx: Context, env: Envelope, error: BaseException | None
+        self, ctx: Context, env_id: str, error: BaseException | None
     ) -> BaseException | None:
         """Finish the handler's store transaction: on success write the dedup entry and the
         queued messages into it and commit; on failure roll back. Returns the error, if any
@@ -468,7 +475,7 @@ class Consumer:
             tx = ctx._tx
             assert tx is not None
             if self.spec.idempotent:
-                await store.mark_handled(self.group, env.id, tx)
+                await store.mark_handled(self.group, env_id, tx)
             outbox = ctx._take_outbox()
             if outbox:
                 await store.outbox.add(outbox, tx=tx)
@@ -488,19 +495,22 @@ class Consumer:
         if self.spec.idempotent and self.dedup is not store.dedup:
             # A separate dedup store (Redis) cannot join the SQL transaction: mark it too,
             # right after the commit, so copies are skipped there as well.
-            await self.dedup.mark(self.group, env.id)
+            await self.dedup.mark(self.group, env_id)
         return None
 
-    def _decode(self, env: Envelope) -> Any:
+    def _decode(self, fields: dict[str, Any]) -> tuple[Envelope, Any]:
+        """Build the envelope from its checked wire fields and decode the handler's argument:
+        the envelope itself, or its event upcast and validated."""
+        env = Envelope._trusted(fields)
         sig = self.signature
         accepts = sig.accepts
         if accepts is None:
-            return env
+            return env, env
         cls = accepts.get(env.type)
         if cls is not None:
-            return self.registry.decode_as(env, cls)
+            return env, self.registry.decode_as(env, cls)
         if sig.any_event:
-            return self.registry.decode(env)
+            return env, self.registry.decode(env)
         known = env.type in self.registry.types()
         raise UnknownEventTypeError(
             f"handler {self.spec.name} does not accept {env.type!r}"
@@ -513,7 +523,12 @@ class Consumer:
         )
 
     async def _dead_letter(
-        self, delivery: Delivery, env: Envelope | None, error: BaseException, *, attempts: int
+        self,
+        delivery: Delivery,
+        envelope_id: str | None,
+        error: BaseException,
+        *,
+        attempts: int,
     ) -> None:
         reason = getattr(error, "reason", "handler-failed")
         text = f"{type(error).__name__}: {error}"
@@ -525,7 +540,7 @@ class Consumer:
             _log.error(
                 "%s: dropping message %s after %d attempts (dead_letter=False): %s",
                 self.name,
-                env.id if env else "?",
+                envelope_id or "?",
                 attempts,
                 text,
             )
@@ -542,7 +557,7 @@ class Consumer:
             reason=reason,
             key=delivery.key,
             headers={k: v for k, v in delivery.headers.items() if k != TARGET_GROUP_HEADER},
-            envelope_id=env.id if env else None,
+            envelope_id=envelope_id,
             source=dict(delivery.metadata),
         )
         await self.dead_letters.add(letter)
@@ -550,7 +565,7 @@ class Consumer:
         _log.warning(
             "%s: dead-lettered %s (%s) after %d attempts: %s",
             self.name,
-            env.id if env else "undecodable message",
+            envelope_id or "undecodable message",
             reason,
             attempts,
             f"{type(error).__name__}: {error}",

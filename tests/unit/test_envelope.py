@@ -441,3 +441,24 @@ def test_pydantic_construction_applies_the_same_rules() -> None:
 def test_create_rejects_an_empty_type() -> None:
     with pytest.raises(MalformedMessageError, match="type"):
         Envelope.create("", {})
+
+
+def test_trusted_envelopes_carry_the_pydantic_state_of_validated_ones() -> None:
+    env = Envelope.create("ut.env.state", {"a": 1}, key="k", headers={"h": "v"})
+    validated = Envelope.model_validate(env.to_dict())
+    assert env == validated
+    assert env.model_fields_set == validated.model_fields_set == FIELDS
+    assert env.__pydantic_extra__ is None and env.__pydantic_private__ is None
+    assert env.model_dump() == validated.model_dump()
+
+
+def test_both_ways_of_building_trusted_envelopes_agree() -> None:
+    """The pydantic-core shortcut is used only where it builds what the Python way builds."""
+    from eventflow.envelope import _ALL_FIELDS, _construct, _slots_construct
+
+    env = Envelope.create("ut.env.build", {"a": 1}, key="k", headers={"h": "v"})
+    fast = _construct((dict(env.__dict__), None, _ALL_FIELDS))
+    slow = _slots_construct((dict(env.__dict__), None, _ALL_FIELDS))
+    assert fast == slow == env
+    assert fast.model_fields_set == slow.model_fields_set == _ALL_FIELDS
+    assert fast.__pydantic_extra__ is slow.__pydantic_extra__ is None
