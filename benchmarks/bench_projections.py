@@ -166,6 +166,7 @@ async def bench_store(
                 results["rebuild"] = max(results.get("rebuild", 0.0), n / seconds)
         finally:
             if kind == "postgresql":
+                await store.close()  # stops its sequencer first (close is idempotent)
                 await _drop_schema(store.url)
     return results
 
