@@ -25,7 +25,7 @@ from eventflow.errors import ConcurrencyError
 from eventflow.events import to_envelope
 from eventflow.ports import RecordedEvent
 from eventflow.stores import store_for
-from eventflow.testing.postgres import isolated_schema, postgres_url
+from eventflow.testing.postgres import isolated_schema, postgres_url, with_schema
 
 WRITERS = 8
 DURATION = 10.0
@@ -208,17 +208,29 @@ async def test_a_writer_newer_than_every_finished_transaction_is_not_skipped(
     assert [rec.position for rec in records] == [1, 2]
 
 
-async def test_a_writer_that_commits_after_a_second_is_numbered_at_once(
-    store: PostgresStore,
-) -> None:
-    """Ids missed for over a second move to ef_gaps, looked up once a second; a transaction
-    of this process that committed an append makes the next read look them up at once."""
-    env = to_envelope(GaplessTick(writer=3, n=1), source="t", key="c")
-    async with store.transaction():
-        await store.append("slow", [env])
-        await asyncio.sleep(1.5)  # the sequencer keeps missing the id: it becomes an old gap
-    records = [rec async for rec in store.read_all()]
-    assert [rec.envelope.id for rec in records] == [env.id]
+async def test_old_gaps_keep_each_stream_in_version_order(store: PostgresStore) -> None:
+    """Ids missed for over a second, or beyond the newest thousand, wait in ef_gaps; when
+    their writer commits, they are numbered in the same pass as its younger ids, in id order,
+    and at once (another store reads, as another process would)."""
+    cfg = store.config
+    other = store_for(with_schema(postgres_url(), cfg.schema))
+    assert isinstance(other, PostgresStore)
+    await other.open()
+    first = to_envelope(GaplessTick(writer=3, n=0), source="t", key="c")
+    many = [to_envelope(GaplessTick(writer=3, n=n), source="t", key="c") for n in range(1, 1501)]
+    try:
+        async with store.transaction():
+            await store.append("slow", [first])
+            await asyncio.sleep(1.5)  # passes keep missing its id: it moves to ef_gaps
+            await store.append("slow", many)  # more ids in flight than stay young
+            await other.last_position()  # a pass that misses them all
+        # At once: before this store's own sequencer (woken by the commit) runs a pass.
+        records = [rec async for rec in other.read_all()]
+    finally:
+        await other.close()
+    assert [rec.envelope.id for rec in records] == [e.id for e in [first, *many]]
+    assert [rec.stream_version for rec in records] == list(range(1, 1502))
+    assert [rec.position for rec in records] == list(range(1, 1502))
 
 
 async def test_rolled_back_ids_under_an_open_transaction_leave_passes_short(

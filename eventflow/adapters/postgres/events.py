@@ -64,7 +64,6 @@ _APPEND_AT = _append_sql(
 
 
 _SEQUENCE = "SELECT ef_sequence_v2($1)"
-_SEQUENCE_ALL = "SELECT ef_sequence_v2($1, true)"  # also looks up gaps older than a second
 _SLOW_APPEND = "SELECT ef_append_v2($1, $2, $3, $4, $5)"
 
 
@@ -79,9 +78,6 @@ class PostgresEventLog:
 
     def _init_events(self) -> None:
         self._pending = asyncio.Event()
-        # An append of this process committed inside a longer transaction: its ids may have
-        # become old gaps, which the next pass looks up at once (not within a second).
-        self._old_due = False
         self._tick: asyncio.Future[None] | None = None
         self._listener: Any = None
         self._sequencer: asyncio.Task[None] | None = None
@@ -113,15 +109,7 @@ class PostgresEventLog:
 
     def _appended(self) -> None:
         """Wake this process's sequencer (after a transaction with an append committed)."""
-        self._old_due = True
         self._pending.set()
-
-    def _pass_sql(self) -> str:
-        """The sequencer call for the next pass (looking up old gaps when they may be due)."""
-        if self._old_due:
-            self._old_due = False
-            return _SEQUENCE_ALL
-        return _SEQUENCE
 
     async def _sequence_loop(self) -> None:
         pool = self.db.pool
@@ -137,7 +125,7 @@ class PostgresEventLog:
                 await asyncio.sleep(_COALESCE)  # let concurrent appends join this pass
             self._pending.clear()
             try:
-                while await pool.fetchval(self._pass_sql(), _SEQUENCE_BATCH) >= _SEQUENCE_BATCH:
+                while await pool.fetchval(_SEQUENCE, _SEQUENCE_BATCH) >= _SEQUENCE_BATCH:
                     pass
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 _log.warning("sequencer pass failed (%s); retrying", exc)
@@ -262,8 +250,8 @@ class PostgresEventLog:
             async with self.db.connection() as conn:
                 rows: list[Any] = await conn.fetch(sql, stream_id, after, size)
                 if any(r[0] is None for r in rows) and self.db.current is None:
-                    # Not numbered yet: number now (old gaps too) so positions are real.
-                    await conn.fetchval(_SEQUENCE_ALL, _SEQUENCE_BATCH)
+                    # Just committed, not numbered yet: number now so positions are real.
+                    await conn.fetchval(_SEQUENCE, _SEQUENCE_BATCH)
                     rows = await conn.fetch(sql, stream_id, after, size)
             return rows
 
@@ -313,7 +301,7 @@ class PostgresEventLog:
         """Sequence what is committed now, so a read right after an append sees it."""
         if self.db.current is None:
             async with self.db.connection() as conn:
-                await conn.fetchval(self._pass_sql(), _SEQUENCE_BATCH)
+                await conn.fetchval(_SEQUENCE, _SEQUENCE_BATCH)
 
     async def last_position(self) -> int:
         """The position of the newest committed event (0 when empty)."""

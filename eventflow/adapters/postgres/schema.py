@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS ef_positions (
 );
 -- the sequencer's state (see ef_sequence_v2): the last position handed out, the ef_events
 -- ids scanned so far, the ids below that it has not seen yet ("gaps") with their horizons
--- and the time it first missed them; and when it last looked up the gaps in ef_gaps
+-- and the time it first missed them, and the transactions that may still commit a gap
+-- kept in ef_gaps
 CREATE TABLE IF NOT EXISTS ef_sequence (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     last bigint NOT NULL,
@@ -40,11 +41,11 @@ CREATE TABLE IF NOT EXISTS ef_sequence (
     gaps bigint[] NOT NULL DEFAULT '{}',
     horizons xid8[] NOT NULL DEFAULT '{}',
     missed timestamptz[] NOT NULL DEFAULT '{}',
-    old_probed timestamptz NOT NULL DEFAULT '-infinity'
+    watch xid8[] NOT NULL DEFAULT '{}'
 );
 INSERT INTO ef_sequence (singleton, last) VALUES (true, 0) ON CONFLICT DO NOTHING;
--- gaps older than a second (their writer runs long, or rolled back while an old transaction
--- keeps the horizon from being reached): looked up once a second, not on every pass
+-- gaps missed for over a second, or beyond the newest thousand: looked up only when one of
+-- the transactions in ef_sequence.watch has committed
 CREATE TABLE IF NOT EXISTS ef_gaps (
     id bigint PRIMARY KEY,
     horizon xid8 NOT NULL
@@ -135,31 +136,38 @@ $$;
 -- (`top`), then takes its own transaction id (`own`), then the snapshot of its scan. So an
 -- id <= top that the scan cannot see belongs to a writer that rolled back or is still
 -- running, with a transaction id below `own` (the id's horizon). Such ids are kept as gaps
--- and looked up again, until they are visible (numbered then) or a snapshot's xmin reaches
--- their horizon: nothing below it runs any more, so the writer rolled back (dropped). A
--- snapshot's xmax is no horizon: a running transaction may be above it. Gaps missed for
--- over a second (and all but the newest thousand) move to ef_gaps, looked up once a second
--- (or when `p_old`), so that a long transaction, which holds xmin back, cannot make every
--- pass longer.
-CREATE OR REPLACE FUNCTION ef_sequence_v2(p_batch integer, p_old boolean DEFAULT false)
-RETURNS bigint LANGUAGE plpgsql AS $$
+-- until they are visible (numbered then, with the rest of the pass, in id order) or a
+-- snapshot's xmin reaches their horizon: nothing below it runs any more, so the writer
+-- rolled back (dropped). A snapshot's xmax is no horizon: a running transaction may be
+-- above it.
+--
+-- Young gaps are looked up on every pass. A gap missed for over a second, or beyond the
+-- newest thousand, moves to ef_gaps, with every transaction then running below its horizon
+-- added to `watch`: its writer, if it can still commit, is one of them. ef_gaps is looked
+-- up only in a pass whose snapshot sees a watched transaction committed, so every gap that
+-- has become visible is numbered in that pass, in id order with the rest; a watched
+-- transaction leaves `watch` once that pass has looked (or it rolled back). When none is
+-- left, what ef_gaps still holds was rolled back. So a long transaction (which keeps xmin
+-- from any horizon) costs nothing per pass while it runs.
+DROP FUNCTION IF EXISTS ef_sequence_v2(integer, boolean);
+CREATE OR REPLACE FUNCTION ef_sequence_v2(p_batch integer) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     s record;
     top bigint;
     hi bigint;
     n bigint;
     own xid8;
-    probe_old boolean;
     young_gaps bigint[];
     young_horizons xid8[];
     young_missed timestamptz[];
+    new_watch xid8[];
 BEGIN
     SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END INTO top
       FROM ef_events_id_seq;
     SELECT * INTO s FROM ef_sequence;
     IF top <= s.scanned AND cardinality(s.gaps) = 0
-       AND (NOT (p_old OR s.old_probed < clock_timestamp() - interval '1 second')
-            OR NOT EXISTS (SELECT 1 FROM ef_gaps)) THEN
+       AND NOT EXISTS (SELECT 1 FROM unnest(s.watch) AS w (x)
+                        WHERE pg_xact_status(w.x) IS DISTINCT FROM 'in progress') THEN
         RETURN 0;  -- nothing to look at: no lock, no transaction id, no write
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -177,15 +185,19 @@ BEGIN
       FROM ef_events_id_seq;
     own := pg_current_xact_id();  -- after `top`, before the snapshot of the scan
     hi := GREATEST(s.scanned, LEAST(top, s.scanned + p_batch));
-    probe_old := p_old OR s.old_probed < clock_timestamp() - interval '1 second';
-    WITH seen AS MATERIALIZED (
+    WITH snap AS MATERIALIZED (
+        SELECT pg_current_snapshot() AS sn  -- the snapshot of this whole statement
+    ), woke AS MATERIALIZED (
+        -- watched transactions this snapshot sees committed: ef_gaps is looked up
+        SELECT w.x FROM unnest(s.watch) AS w (x), snap
+         WHERE pg_visible_in_snapshot(w.x, snap.sn)
+    ), seen AS MATERIALIZED (
         SELECT e.id FROM ef_events e WHERE e.id > s.scanned AND e.id <= hi
         UNION ALL
         SELECT e.id FROM ef_events e WHERE e.id = ANY (s.gaps)
         UNION ALL
-        SELECT g.id FROM ef_gaps g JOIN ef_events e ON e.id = g.id WHERE probe_old
-    ), snap AS MATERIALIZED (
-        SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin  -- the snapshot of `seen`
+        SELECT g.id FROM ef_gaps g JOIN ef_events e ON e.id = g.id
+         WHERE EXISTS (SELECT 1 FROM woke)
     ), numbered AS (
         INSERT INTO ef_positions (position, id)
         SELECT s.last + row_number() OVER (ORDER BY id), id FROM seen
@@ -194,7 +206,7 @@ BEGIN
         -- Not seen, and the writer may still run. A horizon above `own` comes from
         -- another cluster (a restored dump): nothing there can still run.
         SELECT g.id, g.horizon, g.missed,
-               missed < now() - interval '1 second'
+               g.missed < now() - interval '1 second'
                OR row_number() OVER (ORDER BY g.id DESC) > 1000 AS old
           FROM (SELECT i AS id, own AS horizon, now() AS missed
                   FROM generate_series(s.scanned + 1, hi) AS i
@@ -202,24 +214,43 @@ BEGIN
                 SELECT * FROM unnest(s.gaps, s.horizons, s.missed)) AS g (id, horizon, missed),
                snap
          WHERE NOT EXISTS (SELECT 1 FROM seen WHERE seen.id = g.id)
-           AND snap.xmin < g.horizon AND g.horizon <= own
+           AND pg_snapshot_xmin(snap.sn) < g.horizon AND g.horizon <= own
     ), aged AS (
         INSERT INTO ef_gaps (id, horizon)
         SELECT id, horizon FROM missing WHERE old
+    ), watching AS (
+        -- Kept: watched transactions not seen committed here and not rolled back (one that
+        -- commits during this statement is seen by the next pass). Added, when gaps age
+        -- here: every transaction running at this snapshot below their newest horizon
+        -- (those in its xip list, and every one from its xmax up to `own`).
+        SELECT w.x FROM unnest(s.watch) AS w (x)
+         WHERE w.x NOT IN (SELECT x FROM woke)
+           AND pg_xact_status(w.x) IN ('in progress', 'committed')
+        UNION
+        SELECT r.x
+          FROM (SELECT pg_snapshot_xip(snap.sn) AS x FROM snap
+                UNION ALL
+                SELECT (i::text)::xid8
+                  FROM snap, generate_series(pg_snapshot_xmax(snap.sn)::text::bigint,
+                                             own::text::bigint - 1) AS i) AS r
+         WHERE r.x < (SELECT max(horizon) FROM missing WHERE old)
     ), settled AS (
         DELETE FROM ef_gaps g USING snap
-         WHERE probe_old
-           AND (g.id IN (SELECT id FROM seen) OR snap.xmin >= g.horizon OR g.horizon > own)
+         WHERE g.id IN (SELECT id FROM seen)
+            OR pg_snapshot_xmin(snap.sn) >= g.horizon
+            OR g.horizon > own
+            OR NOT EXISTS (SELECT 1 FROM watching)  -- no writer left: rolled back
     )
-    SELECT (SELECT count(*) FROM numbered), array_agg(id ORDER BY id),
-           array_agg(horizon ORDER BY id), array_agg(missed ORDER BY id)
-      INTO n, young_gaps, young_horizons, young_missed
-      FROM missing WHERE NOT old;
+    SELECT (SELECT count(*) FROM numbered),
+           (SELECT array_agg(id ORDER BY id) FROM missing WHERE NOT old),
+           (SELECT array_agg(horizon ORDER BY id) FROM missing WHERE NOT old),
+           (SELECT array_agg(missed ORDER BY id) FROM missing WHERE NOT old),
+           (SELECT array_agg(x) FROM watching)
+      INTO n, young_gaps, young_horizons, young_missed, new_watch;
     UPDATE ef_sequence
        SET last = s.last + n, scanned = hi,
            gaps = COALESCE(young_gaps, '{}'), horizons = COALESCE(young_horizons, '{}'),
-           missed = COALESCE(young_missed, '{}'),
-           old_probed = CASE WHEN probe_old THEN now() ELSE old_probed END;
+           missed = COALESCE(young_missed, '{}'), watch = COALESCE(new_watch, '{}');
     IF n > 0 THEN
         PERFORM pg_notify('ef_sequenced', (s.last + n)::text);
     END IF;
@@ -260,7 +291,7 @@ BEGIN
         ADD COLUMN IF NOT EXISTS gaps bigint[] NOT NULL DEFAULT '{}',
         ADD COLUMN IF NOT EXISTS horizons xid8[] NOT NULL DEFAULT '{}',
         ADD COLUMN IF NOT EXISTS missed timestamptz[] NOT NULL DEFAULT '{}',
-        ADD COLUMN IF NOT EXISTS old_probed timestamptz NOT NULL DEFAULT '-infinity';
+        ADD COLUMN IF NOT EXISTS watch xid8[] NOT NULL DEFAULT '{}';
     SELECT last INTO base FROM ef_sequence;
     WITH taken AS (DELETE FROM ef_unsequenced RETURNING id)
     INSERT INTO ef_positions (position, id)
