@@ -68,6 +68,11 @@ class Context:
         ctx._envelope = envelope
         ctx.group = group
         ctx.attempt = attempt
+        # The consumer reads these after every handling: as instance attributes they are
+        # read directly (a class default read through an instance takes a slower lookup).
+        ctx._tx = None
+        ctx._outbox = None
+        ctx._committed = False
         return ctx
 
     @property

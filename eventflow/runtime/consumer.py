@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 import traceback
@@ -95,15 +96,18 @@ class Consumer:
         self._sub: Subscription | None = None
         self._lanes: dict[object, deque[Delivery]] = {}
         self._ready: deque[object] = deque()
+        # Keys whose worker pauses after an infrastructure failure (their lanes hold nothing
+        # started): with `_ready`, what tells shutdown which fetched deliveries no handler saw.
+        self._pausing: set[object] = set()
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._inflight = 0
         self._slot = asyncio.Event()
+        self._fetch_idle = False  # the fetch task waits for _slot (workers set it only then)
         self._active = 0
         self._failures = 0  # infrastructure failures in a row (reset by a handled message)
         # The serial loop's fetched batch; from index _batch_from on, not yet started.
         self._batch: Sequence[Delivery] = ()
         self._batch_from = 0
-        self._started: set[Delivery] = set()
         # envelope id -> future of the handling in progress (concurrency > 1 only), so a
         # duplicate fetched while the original runs waits for its outcome.
         self._handling: dict[str, asyncio.Future[None]] = {}
@@ -178,9 +182,12 @@ class Consumer:
 
     async def _release_unstarted(self) -> None:
         """Give back fetched deliveries no handler saw, so they are not counted as attempts."""
-        unstarted = [d for d in self._batch[self._batch_from :] if d not in self._started]
-        for lane in self._lanes.values():
-            unstarted.extend(d for d in lane if d not in self._started)
+        unstarted = list(self._batch[self._batch_from :])
+        waiting = {*self._ready, *self._pausing}
+        for key, lane in self._lanes.items():
+            # A lane no worker holds is all unstarted; a held one has its head started (its
+            # worker was cancelled in the handler: that attempt counts).
+            unstarted.extend(lane if key in waiting else itertools.islice(lane, 1, None))
         self._batch = ()
         self._lanes.clear()
         for delivery in unstarted:
@@ -220,7 +227,11 @@ class Consumer:
                 # Wait until half the window is free, then fetch a batch: one wake-up per
                 # batch instead of one per settled message.
                 slot.clear()
-                await slot.wait()
+                self._fetch_idle = True
+                try:
+                    await slot.wait()
+                finally:
+                    self._fetch_idle = False
                 continue
             batch = await sub.fetch(limit - self._inflight, 1.0)
             self._inflight += len(batch)
@@ -230,23 +241,31 @@ class Consumer:
                 if lane is None:
                     lanes[key] = deque((delivery,))
                     ready.append(key)
-                    while waiters:
-                        waiter = waiters.popleft()
-                        if not waiter.done():
-                            waiter.set_result(None)
-                            break
                 else:
                     lane.append(delivery)
+            if ready and waiters:
+                self._wake_worker()
+
+    def _wake_worker(self) -> None:
+        """Wake one idle worker. One at a time: a woken worker that takes a lane wakes the
+        next if more lanes are ready, so workers join as long as handlers yield, and a
+        batch that one worker handles in one go costs one wake-up, not one per lane."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     async def _worker(self) -> None:
         # `ready` holds keys whose lane has work and no worker; it never holds more keys than
         # there are unsettled deliveries, so the fetch window bounds it.
         lanes, ready, slot, waiters = self._lanes, self._ready, self._slot, self._waiters
         refill = self.max_inflight // 2
+        wake = self._wake_worker
         task = asyncio.current_task()
         assert task is not None
         handle = self._process
-        started = self._started
         loop = asyncio.get_running_loop()
         while True:
             if not ready:
@@ -255,30 +274,33 @@ class Consumer:
                 await waiter
                 continue
             key = ready.popleft()
+            if ready and waiters:
+                wake()  # the next lane goes to another worker while this one handles
             lane = lanes[key]
             while lane and not self._stopping:
-                # Marked while running; a handler cancelled at shutdown stays marked, so its
-                # delivery is not released as unstarted (the attempt counts).
-                started.add(lane[0])
                 try:
                     await handle(lane[0], task)
                 except Exception as exc:
                     # The store or broker failed around the handler: give the lane back
                     # (this key's messages, in order), pause, go on with other keys.
                     failed = lane.popleft()
-                    started.discard(failed)
                     rest = list(lane)
                     lane.clear()
                     self._inflight -= 1 + len(rest)
                     slot.set()
-                    await self._infrastructure_failure(failed, rest, exc)
+                    self._pausing.add(key)
+                    try:
+                        await self._infrastructure_failure(failed, rest, exc)
+                    finally:
+                        self._pausing.discard(key)
                     continue
-                started.discard(lane[0])
                 lane.popleft()
                 self._inflight -= 1
-                if self._inflight <= refill:
+                if self._inflight <= refill and self._fetch_idle:
                     slot.set()
             if self._stopping:
+                if lane:
+                    ready.appendleft(key)  # not started: released as such at shutdown
                 return
             del lanes[key]
 

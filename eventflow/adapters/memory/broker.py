@@ -30,6 +30,7 @@ DEFAULT_MAX_PENDING = 10_000
 DEFAULT_PUBLISH_TIMEOUT = 5.0
 _SPACE_POLL = 0.05
 _EMPTY: Mapping[str, str] = {}
+_alloc = object.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,28 +48,14 @@ class MemoryBrokerConfig:
     publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
 
 
-class _Record:
-    __slots__ = ("count", "headers", "key", "not_before", "offset", "payload", "topic")
-
-    def __init__(
-        self, offset: int, topic: str, payload: bytes, key: str | None, headers: Mapping[str, str]
-    ) -> None:
-        self.offset = offset
-        self.topic = topic
-        self.payload = payload
-        self.key = key
-        self.headers = headers
-        self.count = 0
-        self.not_before = 0.0  # loop time before which a nacked record is not redelivered
-
-
 class _Partition:
     __slots__ = ("assigned", "index", "inflight", "owner", "pending")
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.pending: deque[_Record] = deque()
-        self.inflight: dict[int, _Record] = {}
+        self.pending: deque[_MemoryDelivery] = deque()
+        # offset -> the delivery now out for it: a superseded delivery is not in here.
+        self.inflight: dict[int, _MemoryDelivery] = {}
         self.owner: _MemorySubscription | None = None
         self.assigned: _MemorySubscription | None = None
 
@@ -78,7 +65,7 @@ class _Partition:
         if member is not None:
             member.wakeup.set()
 
-    def requeue(self, records: list[_Record]) -> None:
+    def requeue(self, records: list[_MemoryDelivery]) -> None:
         """Put records back in offset order ahead of everything not yet delivered."""
         merged = sorted([*records, *self.pending], key=lambda r: r.offset)
         self.pending = deque(merged)
@@ -118,25 +105,15 @@ class _Group:
         self.next_offset = offset + 1
         parts = self.partitions
         part = parts[hash(key) % len(parts)] if key is not None else parts[next(self.rr)]
-        part.pending.append(_Record(offset, topic, payload, key, headers))
+        part.pending.append(_new_delivery(self, part, offset, topic, payload, key, headers, 0, 0.0))
         self.size += 1
         if self.size >= self.capacity:
             self.space.clear()
         member = part.owner or part.assigned
-        if member is not None and not member.wakeup.is_set():
+        # Only a member waiting in fetch() needs the wake-up (an attribute test instead of
+        # a call to Event.is_set per message).
+        if member is not None and member.idle:
             member.wakeup.set()
-
-    def settle(self, part: _Partition, record: _Record) -> bool:
-        if part.inflight.pop(record.offset, None) is None:
-            return False
-        size = self.size = self.size - 1
-        if size <= self.low_water and not self.space.is_set():
-            self.space.set()
-        if not part.inflight and part.owner is not part.assigned:
-            part.owner = None
-            if part.assigned is not None:
-                part.assigned.wakeup.set()
-        return True
 
     def rebalance(self) -> None:
         members = self.members
@@ -167,63 +144,92 @@ _hubs: dict[str, _Hub] = {}
 
 
 class _MemoryDelivery:
+    """One delivery of a message, and until taken the record queued in its partition.
+
+    Redelivering makes a fresh copy (``_again``): a superseded delivery (nacked, released,
+    or out to a member that left) is no longer its partition's in-flight entry, so it
+    cannot settle the copy. One object per message instead of a record plus a delivery.
+    """
+
     __slots__ = (
         "_group",
         "_part",
-        "_record",
         "delivery_count",
         "headers",
         "key",
+        "not_before",
+        "offset",
         "payload",
         "topic",
     )
 
-    def __init__(self, group: _Group, part: _Partition, record: _Record) -> None:
-        self._group = group
-        self._part = part
-        self._record = record
-        self.delivery_count = record.count
-        self.topic = record.topic
-        self.payload = record.payload
-        self.key = record.key
-        self.headers = record.headers
+    _group: _Group
+    _part: _Partition
+    offset: int
+    topic: str
+    payload: bytes
+    key: str | None
+    headers: Mapping[str, str]
+    delivery_count: int  # deliveries so far; _take counts this one
+    not_before: float  # loop time before which a nacked one is not redelivered
+
+    def _again(self, delivery_count: int, not_before: float) -> _MemoryDelivery:
+        """The record of this message's next delivery."""
+        return _new_delivery(
+            self._group,
+            self._part,
+            self.offset,
+            self.topic,
+            self.payload,
+            self.key,
+            self.headers,
+            delivery_count,
+            not_before,
+        )
 
     @property
     def metadata(self) -> Mapping[str, Any]:
-        return {"partition": self._part.index, "offset": self._record.offset}
+        return {"partition": self._part.index, "offset": self.offset}
 
     async def ack(self) -> None:
+        part = self._part
+        inflight = part.inflight
         # A delivery superseded by a redelivery (its member left) no longer owns the record.
-        if self.delivery_count == self._record.count:
-            self._group.settle(self._part, self._record)
+        if inflight.get(self.offset) is not self:
+            return
+        del inflight[self.offset]
+        group = self._group
+        size = group.size = group.size - 1
+        if size <= group.low_water and not group.space.is_set():
+            group.space.set()
+        if not inflight and part.owner is not part.assigned:
+            part.owner = None
+            if part.assigned is not None:
+                part.assigned.wakeup.set()
 
     async def nack(self, delay: float = 0.0) -> None:
         if delay > 0:
             loop = asyncio.get_running_loop()
-            not_before = loop.time() + delay
-            if self._give_back(not_before):
+            if self._give_back(self.delivery_count, loop.time() + delay):
                 # Wake whoever holds the partition when the delay ends: the member that
                 # nacked may have left, and its successor may be waiting in fetch().
                 loop.call_later(delay, self._part.wake)
         else:
-            self._give_back(0.0)
+            self._give_back(self.delivery_count, 0.0)
 
     async def release(self) -> None:
-        record = self._record
-        # Only the current, unsettled delivery can be released (a second call is a no-op).
-        if self.delivery_count == record.count and record.offset in self._part.inflight:
-            record.count -= 1
-            self.delivery_count -= 1
-            self._give_back(0.0)
+        # Not counted as an attempt; only the current, unsettled delivery can be released
+        # (a second call is a no-op).
+        self._give_back(self.delivery_count - 1, 0.0)
 
-    def _give_back(self, not_before: float) -> bool:
-        """Return the record to the head of its partition (offset order), ahead of later
+    def _give_back(self, delivery_count: int, not_before: float) -> bool:
+        """Return the message to the head of its partition (offset order), ahead of later
         messages of its key, which therefore wait for it."""
-        part, record = self._part, self._record
-        if self.delivery_count != record.count or part.inflight.pop(record.offset, None) is None:
+        part = self._part
+        if part.inflight.get(self.offset) is not self:
             return False
-        record.not_before = not_before
-        part.requeue([record])
+        del part.inflight[self.offset]
+        part.requeue([self._again(delivery_count, not_before)])
         if not part.inflight and part.owner is not part.assigned:
             part.owner = None
         part.wake()
@@ -233,6 +239,32 @@ class _MemoryDelivery:
         return None
 
 
+def _new_delivery(
+    group: _Group,
+    part: _Partition,
+    offset: int,
+    topic: str,
+    payload: bytes,
+    key: str | None,
+    headers: Mapping[str, str],
+    delivery_count: int,
+    not_before: float,
+) -> _MemoryDelivery:
+    """A queued record (one per message and group). A function, not ``__init__``: calling
+    a class runs its ``__init__`` through a slower nested call, once per message."""
+    delivery = _alloc(_MemoryDelivery)
+    delivery._group = group
+    delivery._part = part
+    delivery.offset = offset
+    delivery.topic = topic
+    delivery.payload = payload
+    delivery.key = key
+    delivery.headers = headers
+    delivery.delivery_count = delivery_count
+    delivery.not_before = not_before
+    return delivery
+
+
 class _MemorySubscription:
     def __init__(self, group: _Group, owners: set[_MemorySubscription]) -> None:
         self.pattern = group.pattern
@@ -240,6 +272,7 @@ class _MemorySubscription:
         self._group = group
         self._owners = owners
         self.wakeup = asyncio.Event()
+        self.idle = False  # waiting in fetch() for wakeup
         self.closed = False
         self._now = asyncio.get_running_loop().time
 
@@ -256,11 +289,14 @@ class _MemorySubscription:
             remaining = deadline - self._now()
             if out or remaining <= 0 or self.closed:
                 return out
+            self.idle = True
             try:
                 async with asyncio.timeout(remaining):
                     await self.wakeup.wait()  # a wake-up may find nothing (another took it)
             except TimeoutError:
                 return [] if self.closed else self._take(max_messages)
+            finally:
+                self.idle = False
 
     def _take(self, limit: int) -> list[_MemoryDelivery]:
         out: list[_MemoryDelivery] = []
@@ -276,10 +312,10 @@ class _MemorySubscription:
             while pending and len(out) < limit:
                 if pending[0].not_before and pending[0].not_before > self._now():
                     break  # a nacked record waits out its delay; its partition waits too
-                record = pending.popleft()
-                record.count += 1
-                inflight[record.offset] = record
-                out.append(_MemoryDelivery(group, part, record))
+                delivery = pending.popleft()
+                delivery.delivery_count += 1
+                inflight[delivery.offset] = delivery
+                out.append(delivery)
             if len(out) >= limit:
                 break
         return out
@@ -297,7 +333,7 @@ class _MemorySubscription:
         for part in group.partitions:
             if part.owner is self:
                 if part.inflight:
-                    part.requeue(list(part.inflight.values()))
+                    part.requeue([d._again(d.delivery_count, 0.0) for d in part.inflight.values()])
                     part.inflight.clear()
                 part.owner = None
         if self in group.members:
