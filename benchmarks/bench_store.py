@@ -12,8 +12,13 @@ case, each into a schema of its own:
   writer; it takes a table lock for its notification ids).
 
     python benchmarks/bench_store.py [--url postgresql://postgres@127.0.0.1/test] [--events N]
+        [--rounds N] [--cpu]
 
-Prints events/s per case and the ratios eventflow/floor and eventflow/eventsourcing.
+Prints events/s per case and the ratios eventflow/floor and eventflow/eventsourcing. With
+``--rounds``, floor and eventflow alternate that many times per case and the median ratio is
+printed. With ``--cpu`` (Linux, server on this machine), each timed loop also reports the
+CPU it cost: this process plus every ``postgres`` process, per 10 events. On a shared
+machine the CPU ratio is steadier than the throughput ratio.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import glob
+import os
+import resource
+import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -56,6 +65,32 @@ def _envelopes(n: int, stream: str) -> list[Any]:
     ]
 
 
+def _cpu_seconds() -> float:
+    """CPU time so far of this process and of every ``postgres`` process on the machine."""
+    ticks = 0
+    for path in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(path) as f:
+                raw = f.read()
+        except OSError:
+            continue  # the process ended
+        if "(postgres)" in raw:
+            fields = raw.rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return ticks / os.sysconf("SC_CLK_TCK") + own.ru_utime + own.ru_stime
+
+
+class _CpuMeter:
+    """With ``--cpu``: the CPU seconds per event of the last timed loop."""
+
+    enabled = False
+    per_event = 0.0
+
+
+_cpu = _CpuMeter()
+
+
 async def _drive(writers: int, steps: int, step: Callable[[int, int], Awaitable[int]]) -> float:
     """Run ``steps`` transactions per writer on ``writers`` tasks; return events/s."""
     total = 0
@@ -70,11 +105,14 @@ async def _drive(writers: int, steps: int, step: Callable[[int, int], Awaitable[
     # passes from walking them during the timed loop (the same for every system).
     gc.collect()
     gc.freeze()
+    cpu = _cpu_seconds() if _cpu.enabled else 0.0
     try:
         start = time.perf_counter()
         await asyncio.gather(*(loop(w) for w in range(writers)))
         return total / (time.perf_counter() - start)
     finally:
+        if _cpu.enabled:
+            _cpu.per_event = (_cpu_seconds() - cpu) / max(total, 1)
         gc.unfreeze()
 
 
@@ -189,6 +227,10 @@ def bench_eventsourcing(url: str, writers: int, batch: int, steps: int) -> float
     return rate
 
 
+def _cpu_text() -> str:
+    return f" ({_cpu.per_event * 1e7:.0f} µs CPU/10 events)" if _cpu.enabled else ""
+
+
 def main() -> None:
     """Run every case and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -198,19 +240,39 @@ def main() -> None:
     )
     parser.add_argument("--writers", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 10])
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="floor/eventflow rounds per case (median ratio)"
+    )
+    parser.add_argument(
+        "--cpu", action="store_true", help="also report CPU per event (Linux, local server)"
+    )
     args = parser.parse_args()
+    _cpu.enabled = args.cpu
     for writers in args.writers:
         for batch in args.batch:
             steps = max(1, args.events // (writers * batch))
-            floor = asyncio.run(bench_floor(args.url, writers, batch, steps))
-            ef = asyncio.run(bench_eventflow(args.url, writers, batch, steps))
-            es = bench_eventsourcing(args.url, writers, batch, steps)
-            print(
-                f"writers={writers} events/tx={batch:>2}: floor {floor:>8,.0f}/s  "
-                f"eventflow {ef:>8,.0f}/s  eventsourcing {es:>8,.0f}/s  "
-                f"eventflow/floor {ef / floor:.0%}  eventflow/eventsourcing {ef / es:.1f}x",
-                flush=True,
-            )
+            ratios, cpu_ratios = [], []
+            for n in range(args.rounds):
+                floor = asyncio.run(bench_floor(args.url, writers, batch, steps))
+                floor_cpu, floor_text = _cpu.per_event, _cpu_text()
+                ef = asyncio.run(bench_eventflow(args.url, writers, batch, steps))
+                ratios.append(ef / floor)
+                line = (
+                    f"writers={writers} events/tx={batch:>2}: floor {floor:>8,.0f}/s{floor_text}"
+                    f"  eventflow {ef:>8,.0f}/s{_cpu_text()}  eventflow/floor {ef / floor:.0%}"
+                )
+                if args.cpu:
+                    cpu_ratios.append(floor_cpu / _cpu.per_event)
+                    line += f" (CPU {cpu_ratios[-1]:.0%})"
+                if n == args.rounds - 1:  # eventsourcing once per case: it is slow
+                    es = bench_eventsourcing(args.url, writers, batch, steps)
+                    line += f"  eventsourcing {es:>8,.0f}/s  eventflow/eventsourcing {ef / es:.1f}x"
+                print(line, flush=True)
+            if args.rounds > 1:
+                summary = f"  median eventflow/floor {statistics.median(ratios):.0%}"
+                if cpu_ratios:
+                    summary += f", by CPU {statistics.median(cpu_ratios):.0%}"
+                print(summary, flush=True)
 
 
 if __name__ == "__main__":
