@@ -210,7 +210,9 @@ class Envelope(BaseModel):
     @classmethod
     def _trusted(cls, fields: dict[str, Any]) -> Envelope:
         """Build from already-checked values (all ten fields), skipping pydantic validation."""
-        return _construct((fields, None, _ALL_FIELDS))  # type: ignore[no-any-return]
+        if cls is Envelope:
+            return _construct((fields, None, _ALL_FIELDS))  # type: ignore[no-any-return]
+        return _slots_construct((fields, None, _ALL_FIELDS), cls)  # a subclass stays one
 
     @classmethod
     def create(
@@ -410,11 +412,13 @@ _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
 _set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
-def _slots_construct(triple: tuple[dict[str, Any], None, frozenset[str]]) -> Envelope:
+def _slots_construct(
+    triple: tuple[dict[str, Any], None, frozenset[str]], cls: type[Envelope] = Envelope
+) -> Envelope:
     """What pydantic's model_construct does, minus its generic work: BaseModel keeps these
     three in ``__slots__``, so their descriptors set them directly."""
     fields, extra, fields_set = triple
-    env: Envelope = _new(Envelope)
+    env: Envelope = _new(cls)
     _setattr(env, "__dict__", fields)
     _set_fields_set(env, fields_set)
     _set_extra(env, extra)

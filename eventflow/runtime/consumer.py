@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -116,9 +115,8 @@ class Consumer:
         self._stopped = asyncio.Event()
         self._deadlines: dict[asyncio.Task[Any], float] = {}
         self._expired: set[asyncio.Task[Any]] = set()
-        # Handler deadlines are on the monotonic clock itself, not loop.time(): the same
-        # clock for the default loop, without a Python call per message.
-        self._clock = time.monotonic
+        # Handler deadlines on the loop's clock (a loop may keep its own time).
+        self._clock = asyncio.get_running_loop().time
         # type -> (version, validator) of the handler's event classes: the common case (the
         # message is at the class's version) validates without the registry's generic path.
         self._validators: dict[str, tuple[int, Callable[[Any], Any]]] = {
@@ -288,11 +286,11 @@ class Consumer:
                     lane.clear()
                     self._inflight -= 1 + len(rest)
                     slot.set()
+                    # Left marked if cancelled here: at shutdown this lane holds nothing
+                    # started (what it fetched meanwhile is released as unstarted).
                     self._pausing.add(key)
-                    try:
-                        await self._infrastructure_failure(failed, rest, exc)
-                    finally:
-                        self._pausing.discard(key)
+                    await self._infrastructure_failure(failed, rest, exc)
+                    self._pausing.discard(key)
                     continue
                 lane.popleft()
                 self._inflight -= 1

@@ -317,3 +317,42 @@ async def test_no_key_is_held_by_two_members_while_members_come_and_go(
     assert violations == []
     assert acked == {key: list(range(per_key)) for key in keys}
     assert broker.group_sizes()[(group, topic)] == 0
+
+
+async def test_a_partition_handed_to_a_new_member_wakes_that_member() -> None:
+    """After a rebalance, new messages wake the member a partition is assigned to, not the
+    member that owned it before (which would leave the new one waiting out its timeout)."""
+    broker = MemoryBroker(MemoryBrokerConfig(name="ut-stale-owner", partitions=2))
+    await broker.start()
+    try:
+        first = await broker.subscribe("so.t", group="g")
+        for key in "ab":
+            await broker.publish("so.t", b"1", key=key)
+        for delivery in await first.fetch(10, 0.1):
+            await delivery.ack()  # `first` owned both partitions
+        second = await broker.subscribe("so.t", group="g")  # one partition moves to it
+        fetches = [asyncio.create_task(m.fetch(10, 3.0)) for m in (first, second)]
+        await asyncio.sleep(0.05)
+        for key in "abcdefgh":
+            await broker.publish("so.t", b"2", key=key)
+        async with asyncio.timeout(1.0):
+            got = await asyncio.gather(*fetches)
+        assert sum(len(batch) for batch in got) == 8
+        assert all(got), "each member gets its partition's messages"
+    finally:
+        await broker.close()
+
+
+async def test_concurrent_fetches_on_one_subscription_are_each_woken() -> None:
+    """One fetch timing out must not keep another, still waiting, from being woken."""
+    broker = MemoryBroker(MemoryBrokerConfig(name="ut-two-fetches"))
+    await broker.start()
+    try:
+        sub = await broker.subscribe("tf.t", group="g")
+        long = asyncio.create_task(sub.fetch(10, 3.0))
+        assert await sub.fetch(10, 0.1) == []
+        await broker.publish("tf.t", b"1")
+        async with asyncio.timeout(1.0):
+            assert len(await long) == 1
+    finally:
+        await broker.close()

@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,3 +144,67 @@ async def test_sqlite_transaction_cancelled_while_beginning_leaves_the_store_usa
     finally:
         await store.close()
         await other.close()
+
+
+class _Paused(Event, type="it.resilience.paused"):
+    """A message of the one key whose worker pauses."""
+
+    n: int
+
+
+async def test_shutdown_during_a_pause_does_not_count_unseen_messages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker pauses after an infrastructure failure (the dedup store fails once) while its
+    key's nacked message comes back into the lane; the app stops during the pause. No
+    handler saw that message, so it is released, not counted: it is handled at attempt 2
+    (its first attempt failed), never dead-lettered as over-delivered."""
+    from eventflow.adapters.memory import broker as memory_broker
+
+    name = f"it-pause-{uuid.uuid4().hex[:6]}"
+    seen: list[tuple[int, int]] = []
+
+    @subscribe("it.resilience.paused", group="g", concurrency=2, retry=2)
+    async def handle(event: _Paused, ctx: Context) -> None:
+        seen.append((event.n, ctx.attempt))
+
+    release = memory_broker._MemoryDelivery.release
+
+    async def slow_release(self: Any) -> None:
+        await asyncio.sleep(0.03)  # a broker round trip
+        await release(self)
+
+    monkeypatch.setattr(memory_broker._MemoryDelivery, "release", slow_release)
+    keep = memory_broker.MemoryBroker(memory_broker.MemoryBrokerConfig(name=name))
+    await keep.start()  # the hub outlives the first app
+    try:
+        app = App("a", broker=f"memory://{name}", handlers=[handle], grace_period=1)
+        await app.start()
+        consumer = app.consumers[0]
+        real_seen = consumer.dedup.seen
+        failed: list[bool] = []
+
+        async def seen_once_failing(group: str, message_id: str) -> bool:
+            if not failed:
+                failed.append(True)
+                raise ConnectionError("dedup store down (once)")
+            return await real_seen(group, message_id)
+
+        monkeypatch.setattr(consumer.dedup, "seen", seen_once_failing)
+        for n in range(10):
+            await app.publish(_Paused(n=n), key="K")
+        while not failed:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.2)  # the nack delay is over; the worker still pauses
+        await app.stop()
+        again = App("a", broker=f"memory://{name}", handlers=[handle], grace_period=1)
+        async with again:
+            for _ in range(200):
+                if {n for n, _ in seen} == set(range(10)):
+                    break
+                await asyncio.sleep(0.01)
+            letters = await again.dead_letters.list()
+    finally:
+        await keep.close()
+    assert letters == []
+    assert (0, 2) in seen

@@ -462,3 +462,14 @@ def test_both_ways_of_building_trusted_envelopes_agree() -> None:
     assert fast == slow == env
     assert fast.model_fields_set == slow.model_fields_set == _ALL_FIELDS
     assert fast.__pydantic_extra__ is slow.__pydantic_extra__ is None
+
+
+def test_an_envelope_subclass_builds_its_own_class() -> None:
+    class Tagged(Envelope):
+        """A user's subclass (no new fields)."""
+
+    made = Tagged.create("ut.env.sub", {"a": 1})
+    assert type(made) is Tagged
+    assert type(Tagged.from_bytes(made.to_bytes())) is Tagged
+    assert type(made.model_copy(update={"key": "k"})) is Tagged
+    assert type(Envelope.from_bytes(made.to_bytes())) is Envelope

@@ -119,8 +119,10 @@ class _Group:
         members = self.members
         for i, part in enumerate(self.partitions):
             part.assigned = members[i % len(members)] if members else None
-            if part.owner is not None and part.owner not in members:
-                part.owner = None
+            if part.owner is not None and (
+                part.owner not in members or (part.owner is not part.assigned and not part.inflight)
+            ):
+                part.owner = None  # wake-ups go to the member the partition is assigned to
             if part.assigned is not None and part.pending:
                 part.assigned.wakeup.set()
 
@@ -272,7 +274,7 @@ class _MemorySubscription:
         self._group = group
         self._owners = owners
         self.wakeup = asyncio.Event()
-        self.idle = False  # waiting in fetch() for wakeup
+        self.idle = 0  # fetch() calls waiting for wakeup
         self.closed = False
         self._now = asyncio.get_running_loop().time
 
@@ -289,14 +291,14 @@ class _MemorySubscription:
             remaining = deadline - self._now()
             if out or remaining <= 0 or self.closed:
                 return out
-            self.idle = True
+            self.idle += 1
             try:
                 async with asyncio.timeout(remaining):
                     await self.wakeup.wait()  # a wake-up may find nothing (another took it)
             except TimeoutError:
                 return [] if self.closed else self._take(max_messages)
             finally:
-                self.idle = False
+                self.idle -= 1
 
     def _take(self, limit: int) -> list[_MemoryDelivery]:
         out: list[_MemoryDelivery] = []
