@@ -195,7 +195,7 @@ class App:
                 message,
                 self.name,
                 key,
-                dict(headers) if headers else None,
+                headers,  # copied there
                 correlation_id,
                 None,
                 None,

@@ -319,7 +319,7 @@ def _envelope_fields(
     message: Event,
     source: str,
     key: str | None,
-    headers: dict[str, str] | None,
+    headers: Mapping[str, str] | None,
     correlation_id: str | None,
     causation_id: str | None,
     parent_traceparent: str | None,
