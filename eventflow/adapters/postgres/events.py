@@ -1,8 +1,9 @@
 """The PostgreSQL event log: appends in one statement, positions from a sequencer.
 
-Appends only insert events. The sequencer (``ef_sequence_v2``, run by every open store, one at
+Appends only insert events. The sequencer (``ef_sequence_v3``, run by every open store, one at
 a time under an advisory lock) gives the events committed since its last pass the next
-positions in ``ef_positions``, in insertion order, and notifies ``ef_sequenced``; ids it
+positions, in insertion order, as runs of consecutive ids in ``ef_runs``, and notifies
+``ef_sequenced``; ids it
 could not see yet (writers still running) it keeps and looks up again on later passes.
 Because it only ever numbers committed rows, a position is never handed out before an
 earlier one is visible: readers that follow ``position > last`` never skip an event
@@ -36,7 +37,12 @@ _SEQUENCER_POLL = 0.2  # seconds between checks for events appended by other pro
 _SUBSCRIBE_POLL = 1.0  # a subscriber re-reads at least this often, notification or not
 _COALESCE = 0.01  # seconds the sequencer waits after a wake-up, to sequence in batches
 _CONFLICT = "EF409"
-_COLUMNS = "p.position, e.stream_id, e.stream_version, e.envelope"
+_COLUMNS = "e.stream_id, e.stream_version, e.envelope"
+# An event's position: from the run that holds its id (NULL while it is not numbered yet).
+_POSITION = (
+    "(SELECT CASE WHEN e.id < r.id + r.n THEN r.position + (e.id - r.id) END "
+    "FROM ef_runs r WHERE r.id <= e.id ORDER BY r.id DESC LIMIT 1)"
+)
 
 
 _STREAM_VERSION = "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = $1"
@@ -44,7 +50,7 @@ _STREAM_VERSION = "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE 
 
 def _append_sql(base: str, guard: str = "") -> str:
     # The one-time filter gives the transaction its id before the first event id is drawn:
-    # ef_sequence_v2 relies on that (see schema.py). `guard` is checked once, before any row.
+    # ef_sequence_v3 relies on that (see schema.py). `guard` is checked once, before any row.
     return (
         "WITH ins AS (INSERT INTO ef_events (event_id, stream_id, stream_version, type, "
         f"envelope) SELECT i, $1, {base} + o, t, e FROM unnest($2::text[], $3::text[], "
@@ -63,7 +69,7 @@ _APPEND_AT = _append_sql(
 )
 
 
-_SEQUENCE = "SELECT ef_sequence_v2($1)"
+_SEQUENCE = "SELECT ef_sequence_v3($1)"
 _SLOW_APPEND = "SELECT ef_append_v2($1, $2, $3, $4, $5)"
 
 
@@ -119,7 +125,7 @@ class PostgresEventLog:
                     await self._pending.wait()
             except TimeoutError:
                 # Events other processes appended and have not numbered (they may have died),
-                # or ids still waiting for their writer: ef_sequence_v2 returns at once if none.
+                # or ids still waiting for their writer: ef_sequence_v3 returns at once if none.
                 pass
             else:
                 await asyncio.sleep(_COALESCE)  # let concurrent appends join this pass
@@ -241,7 +247,7 @@ class PostgresEventLog:
         """One stream's events in version order (or reversed), read in pages."""
         cursor, cmp, order = stream_range(from_version, backwards)
         sql = (
-            f"SELECT {_COLUMNS} FROM ef_events e LEFT JOIN ef_positions p ON p.id = e.id "
+            f"SELECT {_POSITION}, {_COLUMNS} FROM ef_events e "
             f"WHERE e.stream_id = $1 AND e.stream_version {cmp} $2 "
             f"ORDER BY e.stream_version {order} LIMIT $3"
         )
@@ -262,9 +268,15 @@ class PostgresEventLog:
     ) -> AsyncIterator[RecordedEvent]:
         """Sequenced events after ``after`` in global order, read in pages."""
         await self._sync()
+        # From the run that holds position $1 + 1 on, in position order, at most a page of
+        # each run's ids (in id order, by the primary key): the incremental sort that puts
+        # each run's rows in order then never holds more than a page, however long the run.
         sql = (
-            f"SELECT {_COLUMNS} FROM ef_positions p JOIN ef_events e ON e.id = p.id "
-            "WHERE p.position > $1 ORDER BY p.position LIMIT $2"
+            f"SELECT r.position + (e.id - r.id), {_COLUMNS} FROM ef_runs r, LATERAL ("
+            "SELECT * FROM ef_events e WHERE e.id >= GREATEST(r.id, r.id + ($1 + 1 - r.position))"
+            " AND e.id < r.id + r.n ORDER BY e.id LIMIT $2) e "
+            "WHERE r.position >= COALESCE((SELECT max(position) FROM ef_runs "
+            "WHERE position <= $1 + 1), 0) ORDER BY r.position, e.id LIMIT $2"
         )
 
         async def fetch(cursor: int, size: int) -> list[Any]:

@@ -2,8 +2,8 @@
 schemas made by earlier versions.
 
 ``ef_append_v2`` appends a batch to a stream: it checks the expected version, skips event
-ids already stored and inserts the rest. ``ef_sequence_v2`` gives the next positions to the
-events committed since its last pass, in ``ef_positions`` (see ``docs/event-store.md`` for
+ids already stored and inserts the rest. ``ef_sequence_v3`` gives the next positions to the
+events committed since its last pass, as runs in ``ef_runs`` (see ``docs/event-store.md`` for
 why positions are assigned after commit, and how the sequencer knows it has missed nothing).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __all__ = ["SCHEMA_SQL", "SEQUENCER_LOCK"]
 
-SEQUENCER_LOCK = 1701147505  # the advisory lock key ef_sequence_v2() takes (keep in sync)
+SEQUENCER_LOCK = 1701147505  # the advisory lock key ef_sequence_v3() takes (keep in sync)
 
 # Identifier columns use the "C" collation: byte-order comparisons keep their unique indexes
 # cheap to maintain (a locale collation compares through strcoll), and ids need no locale.
@@ -25,12 +25,15 @@ CREATE TABLE IF NOT EXISTS ef_events (
     envelope bytea NOT NULL,
     UNIQUE (stream_id, stream_version)
 );
--- the global order: narrow rows written by the sequencer, never updated
-CREATE TABLE IF NOT EXISTS ef_positions (
+-- the global order, written by the sequencer and never updated: one row per run of events
+-- with consecutive ids numbered together (ids id .. id + n - 1 have positions position ..
+-- position + n - 1), so a pass writes a row or a few, not one per event
+CREATE TABLE IF NOT EXISTS ef_runs (
     position bigint PRIMARY KEY,
-    id bigint NOT NULL UNIQUE
+    id bigint NOT NULL UNIQUE,
+    n integer NOT NULL CHECK (n > 0)
 );
--- the sequencer's state (see ef_sequence_v2): the last position handed out, the ef_events
+-- the sequencer's state (see ef_sequence_v3): the last position handed out, the ef_events
 -- ids scanned so far, the ids below that it has not seen yet ("gaps") with their horizons
 -- and the time it first missed them, and the transactions that may still commit a gap
 -- kept in ef_gaps
@@ -149,8 +152,11 @@ $$;
 -- transaction leaves `watch` once that pass has looked (or it rolled back). When none is
 -- left, what ef_gaps still holds was rolled back. So a long transaction (which keeps xmin
 -- from any horizon) costs nothing per pass while it runs.
+--
+-- Positions are written as runs: the events of a pass are numbered in id order, so each
+-- stretch of consecutive ids gets consecutive positions and is stored as one ef_runs row.
 DROP FUNCTION IF EXISTS ef_sequence_v2(integer, boolean);
-CREATE OR REPLACE FUNCTION ef_sequence_v2(p_batch integer) RETURNS bigint LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION ef_sequence_v3(p_batch integer) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     s record;
     top bigint;
@@ -171,11 +177,11 @@ BEGIN
         RETURN 0;  -- nothing to look at: no lock, no transaction id, no write
     END IF;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'ef_sequence_v2() needs a READ COMMITTED transaction'
+        RAISE EXCEPTION 'ef_sequence_v3() needs a READ COMMITTED transaction'
             USING HINT = 'call it outside any REPEATABLE READ or SERIALIZABLE transaction';
     END IF;
     IF pg_current_xact_id_if_assigned() IS NOT NULL THEN
-        RAISE EXCEPTION 'ef_sequence_v2() must start its own transaction'
+        RAISE EXCEPTION 'ef_sequence_v3() must start its own transaction'
             USING HINT = 'call it alone, in autocommit mode, not after other writes';
     END IF;
     -- One sequencer at a time (waits for the current one).
@@ -199,9 +205,11 @@ BEGIN
         SELECT g.id FROM ef_gaps g JOIN ef_events e ON e.id = g.id
          WHERE EXISTS (SELECT 1 FROM woke)
     ), numbered AS (
-        INSERT INTO ef_positions (position, id)
-        SELECT s.last + row_number() OVER (ORDER BY id), id FROM seen
-        RETURNING 1
+        SELECT id, row_number() OVER (ORDER BY id) AS rn FROM seen
+    ), runs AS (
+        -- consecutive ids have the same id - rn: one row per stretch
+        INSERT INTO ef_runs (position, id, n)
+        SELECT s.last + min(rn), min(id), count(*) FROM numbered GROUP BY id - rn
     ), missing AS (
         -- Not seen, and the writer may still run. A horizon above `own` comes from
         -- another cluster (a restored dump): nothing there can still run.
@@ -302,6 +310,51 @@ BEGIN
     DROP TABLE ef_unsequenced;
     DROP FUNCTION IF EXISTS ef_sequence(integer);
     DROP FUNCTION IF EXISTS ef_append(text, bigint, text[], text[], bytea[]);
+END
+$$;
+
+-- Upgrade from one row per position (an ef_positions table, written by ef_sequence_v2 of
+-- earlier versions) to runs: each stretch of consecutive positions with consecutive ids
+-- becomes one ef_runs row. The table lock waits for the old passes and reads under way and
+-- keeps new ones out, then the table is replaced by the trap below.
+DO $$
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = to_regclass('ef_positions'))
+       IS DISTINCT FROM 'r' THEN
+        RETURN;  -- a new schema, or already upgraded
+    END IF;
+    LOCK TABLE ef_positions IN ACCESS EXCLUSIVE MODE;
+    INSERT INTO ef_runs (position, id, n)
+    SELECT min(position), min(id), count(*)
+      FROM (SELECT position, id,
+                   sum(CASE WHEN id = prev + 1 THEN 0 ELSE 1 END)
+                       OVER (ORDER BY position) AS run
+              FROM (SELECT position, id, lag(id) OVER (ORDER BY position) AS prev
+                      FROM ef_positions) AS p) AS r
+     GROUP BY run;
+    DROP TABLE ef_positions;
+    DROP FUNCTION IF EXISTS ef_sequence_v2(integer);
+END
+$$;
+
+-- A trap for earlier versions that numbered events into ef_positions: their schema setup
+-- skips the existing name, and their sequencer passes and reads fail on it (with the hint
+-- below), instead of numbering events that this version's readers would never see.
+CREATE OR REPLACE FUNCTION ef_positions_moved() RETURNS TABLE ("position" bigint, id bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'eventflow: positions moved from ef_positions to ef_runs; this process '
+        'runs an earlier eventflow version'
+        USING HINT = 'stop it and upgrade it to the version that opened this schema';
+END
+$$;
+DO $$
+BEGIN
+    IF to_regclass('ef_positions') IS NULL THEN
+        CREATE VIEW ef_positions AS SELECT * FROM ef_positions_moved();
+        COMMENT ON VIEW ef_positions IS
+            'eventflow: an earlier version tried to read or number positions here';
+    END IF;
 END
 $$;
 
