@@ -96,3 +96,20 @@ async def test_app_with_redis_dedup_skips_duplicates(broker_url: str) -> None:
             await asyncio.sleep(0.01)
         assert calls == [1]
         assert app.stats()["r:contract.redis.dupe"]["duplicates"] == 2
+
+
+async def test_memory_dedup_forgets_the_oldest_past_its_capacity() -> None:
+    """Bounded: past ``capacity`` pairs the oldest is forgotten, one per new pair (a
+    re-mark neither moves a pair nor counts twice), for many rounds of eviction."""
+    from eventflow.adapters.memory.store import MemoryDedupStore
+
+    dedup = MemoryDedupStore(capacity=100)
+    for n in range(100):
+        await dedup.mark("g", f"m-{n}")
+    await dedup.mark("g", "m-0")  # already there: still the oldest
+    for n in range(100, 10_100):
+        await dedup.mark("g", f"m-{n}")
+    assert len(dedup) == 100
+    assert not await dedup.seen("g", "m-0")
+    assert not await dedup.seen("g", "m-9999")
+    assert all([await dedup.seen("g", f"m-{n}") for n in range(10_000, 10_100)])

@@ -6,6 +6,7 @@ bounded where they could grow without limit.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -30,7 +31,10 @@ class MemoryDedupStore:
 
     def __init__(self, capacity: int = DEFAULT_DEDUP_CAPACITY) -> None:
         self.capacity = capacity
-        self._seen: dict[tuple[str, str], None] = {}
+        self._seen: set[tuple[str, str]] = set()
+        # Insertion order, for eviction: taking a dict's first key scans over the slots its
+        # earlier deletions left empty, which made every mark past capacity cost O(capacity).
+        self._order: deque[tuple[str, str]] = deque()
 
     async def seen(self, group: str, message_id: str) -> bool:
         """True if ``message_id`` was marked for ``group`` and not yet evicted."""
@@ -42,9 +46,14 @@ class MemoryDedupStore:
 
     def _remember(self, group: str, message_id: str) -> None:
         seen = self._seen
-        seen[(group, message_id)] = None
-        if len(seen) > self.capacity:
-            del seen[next(iter(seen))]
+        pair = (group, message_id)
+        if pair in seen:
+            return
+        seen.add(pair)
+        order = self._order
+        order.append(pair)
+        if len(order) > self.capacity:
+            seen.discard(order.popleft())
 
     async def close(self) -> None:
         """Nothing to release."""
