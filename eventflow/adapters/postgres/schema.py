@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS ef_events (
 CREATE TABLE IF NOT EXISTS ef_runs (
     position bigint PRIMARY KEY,
     id bigint NOT NULL UNIQUE,
-    n integer NOT NULL CHECK (n > 0)
+    n bigint NOT NULL CHECK (n > 0)
 );
 -- the sequencer's state (see ef_sequence_v3): the last position handed out, the ef_events
 -- ids scanned so far, the ids below that it has not seen yet ("gaps") with their horizons
@@ -333,7 +333,6 @@ BEGIN
                       FROM ef_positions) AS p) AS r
      GROUP BY run;
     DROP TABLE ef_positions;
-    DROP FUNCTION IF EXISTS ef_sequence_v2(integer);
 END
 $$;
 
@@ -348,13 +347,32 @@ BEGIN
         USING HINT = 'stop it and upgrade it to the version that opened this schema';
 END
 $$;
+CREATE OR REPLACE FUNCTION ef_positions_moved_write() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM ef_positions_moved();
+    RETURN NULL;
+END
+$$;
 DO $$
 BEGIN
     IF to_regclass('ef_positions') IS NULL THEN
         CREATE VIEW ef_positions AS SELECT * FROM ef_positions_moved();
         COMMENT ON VIEW ef_positions IS
             'eventflow: an earlier version tried to read or number positions here';
+        CREATE TRIGGER ef_positions_moved INSTEAD OF INSERT ON ef_positions
+            FOR EACH ROW EXECUTE FUNCTION ef_positions_moved_write();
     END IF;
+END
+$$;
+-- Processes of that version started before the upgrade call their sequencer by name: this
+-- stand-in tells them why it fails (one started later replaces it with its own, which then
+-- fails on the view above with the same message).
+CREATE OR REPLACE FUNCTION ef_sequence_v2(p_batch integer) RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM ef_positions_moved();
+    RETURN 0;
 END
 $$;
 
