@@ -58,20 +58,23 @@ def _append_sql(base: str, guard: str = "") -> str:
     # The one-time filter gives the transaction its id before the first event id is drawn:
     # ef_sequence_v3 relies on that (see schema.py). `guard` is checked once, before any row.
     return (
-        "WITH ins AS (INSERT INTO ef_events (event_id, stream_id, stream_version, type, "
-        f"envelope) SELECT i, $1, {base} + o, t, e FROM unnest($2::text[], $3::text[], "
-        "$4::bytea[]) WITH ORDINALITY AS u(i, t, e, o) "
-        f"WHERE pg_current_xact_id() IS NOT NULL{guard} RETURNING stream_version) "
-        "SELECT MAX(stream_version) FROM ins"
+        "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope) "
+        f"SELECT i, $1, {base} + o, e FROM unnest($2::text[], $3::bytea[]) "
+        f"WITH ORDINALITY AS u(i, e, o) WHERE pg_current_xact_id() IS NOT NULL{guard}"
     )
 
 
-# The fast-path appends: any version, a new stream, or at version $5 (which must exist).
-_APPEND_ANY = _append_sql(f"({_STREAM_VERSION})")
+# The fast-path appends. A new stream, or one at version $4 (which must exist): the caller
+# knows the new version, and reads the rows inserted from the command status (none when the
+# guard fails). Any version: the new version comes back from the statement.
 _APPEND_NEW = _append_sql("0")
 _APPEND_AT = _append_sql(
-    "$5::bigint",
-    " AND EXISTS (SELECT 1 FROM ef_events WHERE stream_id = $1 AND stream_version = $5)",
+    "$4::bigint",
+    " AND EXISTS (SELECT 1 FROM ef_events WHERE stream_id = $1 AND stream_version = $4)",
+)
+_APPEND_ANY = (
+    f"WITH ins AS ({_append_sql(f'({_STREAM_VERSION})')} RETURNING stream_version) "
+    "SELECT MAX(stream_version) FROM ins"
 )
 
 
@@ -89,7 +92,7 @@ _READ_ALL = (
 )
 
 _SEQUENCE = "SELECT ef_sequence_v3($1)"
-_SLOW_APPEND = "SELECT ef_append_v2($1, $2, $3, $4, $5)"
+_SLOW_APPEND = "SELECT ef_append_v3($1, $2, $3, $4)"
 
 
 def _record(row: Any) -> RecordedEvent:
@@ -173,18 +176,17 @@ class PostgresEventLog:
 
         The fast path inserts with the versions the caller expects and lets the unique
         indexes reject conflicts; anything unusual (a conflict, ids already stored, a
-        version the stream has not reached) goes through ``ef_append_v2``, which sorts it out.
+        version the stream has not reached) goes through ``ef_append_v3``, which sorts it out.
         """
         envelopes = prepare_append(stream_id, events)
         ids = [e.id for e in envelopes]
-        types = [e.type for e in envelopes]
         blobs = [e.to_bytes() for e in envelopes]
         ambient = self.db.current is not None
         version: int | None = None
         if envelopes:
-            version = await self._fast_append(stream_id, expected_version, ids, types, blobs)
+            version = await self._fast_append(stream_id, expected_version, ids, blobs)
         if version is None:
-            version = await self._slow_append(stream_id, expected_version, ids, types, blobs)
+            version = await self._slow_append(stream_id, expected_version, ids, blobs)
         if ambient:
             self.db.after_commit(self._appended)
         else:
@@ -196,34 +198,39 @@ class PostgresEventLog:
         stream_id: str,
         expected: int | None,
         ids: list[str],
-        types: list[str],
         blobs: list[bytes],
     ) -> int | None:
         # Constant statements (the expected version is a parameter), so asyncpg's prepared
         # statement cache serves every append after the first on a connection.
-        args: tuple[Any, ...]
-        if expected is None:
-            sql, args = _APPEND_ANY, (stream_id, ids, types, blobs)
-        elif expected == 0:
-            sql, args = _APPEND_NEW, (stream_id, ids, types, blobs)
-        else:
-            sql, args = _APPEND_AT, (stream_id, ids, types, blobs, int(expected))
+        current = self.db.current
         try:
-            current = self.db.current
+            if expected is None:
+                if current is not None:
+                    async with current.transaction():  # a savepoint: a conflict must not abort
+                        return await current.fetchval(_APPEND_ANY, stream_id, ids, blobs)  # type: ignore[no-any-return]
+                async with self.db._pool().acquire() as conn:  # the hot path: no generator CM
+                    return await conn.fetchval(_APPEND_ANY, stream_id, ids, blobs)  # type: ignore[no-any-return]
+            args: tuple[Any, ...]
+            if expected == 0:
+                sql, args = _APPEND_NEW, (stream_id, ids, blobs)
+            else:
+                sql, args = _APPEND_AT, (stream_id, ids, blobs, int(expected))
             if current is not None:
-                async with current.transaction():  # a savepoint: a conflict must not abort
-                    return await current.fetchval(sql, *args)  # type: ignore[no-any-return]
-            async with self.db._pool().acquire() as conn:  # the hot path: no generator CM
-                return await conn.fetchval(sql, *args)  # type: ignore[no-any-return]
+                async with current.transaction():
+                    status = await current.execute(sql, *args)
+            else:
+                async with self.db._pool().acquire() as conn:
+                    status = await conn.execute(sql, *args)
         except asyncpg.UniqueViolationError:
             return None  # a conflict or a retried append: the slow path tells which
+        # "INSERT 0 <rows>": no rows when the stream is not at the expected version
+        return expected + len(ids) if status == f"INSERT 0 {len(ids)}" else None
 
     async def _slow_append(
         self,
         stream_id: str,
         expected: int | None,
         ids: list[str],
-        types: list[str],
         blobs: list[bytes],
     ) -> int:
         ambient = self.db.current is not None
@@ -233,12 +240,10 @@ class PostgresEventLog:
                     if ambient:
                         async with conn.transaction():  # a savepoint: errors keep the tx usable
                             version: int = await conn.fetchval(
-                                _SLOW_APPEND, stream_id, expected, ids, types, blobs
+                                _SLOW_APPEND, stream_id, expected, ids, blobs
                             )
                     else:
-                        version = await conn.fetchval(
-                            _SLOW_APPEND, stream_id, expected, ids, types, blobs
-                        )
+                        version = await conn.fetchval(_SLOW_APPEND, stream_id, expected, ids, blobs)
                 return version
             except asyncpg.UniqueViolationError as exc:
                 # A concurrent append took the same version (or stored the same ids).

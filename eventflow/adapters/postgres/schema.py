@@ -1,7 +1,7 @@
 """The PostgreSQL schema of eventflow: tables, indexes, two functions, and the upgrade of
 schemas made by earlier versions.
 
-``ef_append_v2`` appends a batch to a stream: it checks the expected version, skips event
+``ef_append_v3`` appends a batch to a stream: it checks the expected version, skips event
 ids already stored and inserts the rest. ``ef_sequence_v3`` gives the next positions to the
 events committed since its last pass, as runs in ``ef_runs`` (see ``docs/event-store.md`` for
 why positions are assigned after commit, and how the sequencer knows it has missed nothing).
@@ -21,10 +21,21 @@ CREATE TABLE IF NOT EXISTS ef_events (
     event_id text COLLATE "C" NOT NULL UNIQUE,
     stream_id text COLLATE "C" NOT NULL,
     stream_version bigint NOT NULL,
-    type text NOT NULL,
     envelope bytea NOT NULL,
     UNIQUE (stream_id, stream_version)
 );
+-- Earlier versions also wrote each event's type into a `type` column that nothing reads:
+-- appends no longer fill it (the type is in the envelope:
+-- convert_from(envelope, 'UTF8')::jsonb ->> 'type').
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_attribute
+                WHERE attrelid = 'ef_events'::regclass AND attname = 'type'
+                  AND attnotnull AND NOT attisdropped) THEN
+        ALTER TABLE ef_events ALTER COLUMN type DROP NOT NULL;
+    END IF;
+END
+$$;
 -- the global order, written by the sequencer and never updated: one row per run of events
 -- with consecutive ids numbered together (ids id .. id + n - 1 have positions position ..
 -- position + n - 1), so a pass writes a row or a few, not one per event
@@ -103,8 +114,10 @@ CREATE TABLE IF NOT EXISTS ef_heartbeats (
     stats jsonb NOT NULL
 );
 
-CREATE OR REPLACE FUNCTION ef_append_v2(
-    p_stream text, p_expected bigint, p_ids text[], p_types text[], p_envelopes bytea[]
+-- (ef_append_v2, of earlier versions, took the types too: schemas they made keep it for
+-- them; it writes the `type` column, which only such schemas have.)
+CREATE OR REPLACE FUNCTION ef_append_v3(
+    p_stream text, p_expected bigint, p_ids text[], p_envelopes bytea[]
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     cur bigint;
@@ -126,8 +139,8 @@ BEGIN
     IF fresh IS NULL THEN
         RETURN cur;
     END IF;
-    INSERT INTO ef_events (event_id, stream_id, stream_version, type, envelope)
-    SELECT p_ids[i], p_stream, cur + ord, p_types[i], p_envelopes[i]
+    INSERT INTO ef_events (event_id, stream_id, stream_version, envelope)
+    SELECT p_ids[i], p_stream, cur + ord, p_envelopes[i]
       FROM unnest(fresh) WITH ORDINALITY AS f(i, ord)
      ORDER BY ord;
     RETURN cur + cardinality(fresh);
