@@ -26,6 +26,7 @@ __all__ = [
     "EventStore",
     "Heartbeat",
     "Heartbeats",
+    "InstantDedupStore",
     "Outbox",
     "OutboxMessage",
     "RecordedEvent",
@@ -151,6 +152,18 @@ class DedupStore(Protocol):
 
     async def close(self) -> None:
         """Release resources. Idempotent."""
+
+
+class InstantDedupStore(DedupStore, Protocol):
+    """A dedup store that answers without I/O (the memory one) may also offer these two:
+    the consumer then calls them instead of awaiting ``seen`` and ``mark``, which saves two
+    coroutines per message. Same guarantees as the awaited pair."""
+
+    def seen_nowait(self, group: str, message_id: str) -> bool:
+        """``seen``, answered at once."""
+
+    def mark_nowait(self, group: str, message_id: str) -> None:
+        """``mark``, done at once."""
 
 
 @dataclass(frozen=True, slots=True)

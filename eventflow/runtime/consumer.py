@@ -88,6 +88,9 @@ class Consumer:
         self.signature = signature
         self.registry = registry
         self.dedup = dedup
+        # A store that answers without I/O is asked without awaiting (InstantDedupStore).
+        self._seen_nowait: Callable[[str, str], bool] | None = getattr(dedup, "seen_nowait", None)
+        self._mark_nowait: Callable[[str, str], None] | None = getattr(dedup, "mark_nowait", None)
         self.dead_letters = dead_letters
         self.grace_period = grace_period
         self.max_inflight = max_inflight or max(64, spec.concurrency * 16)
@@ -377,10 +380,16 @@ class Consumer:
                 while (busy := handling.get(env_id)) is not None:
                     await asyncio.shield(busy)
                 guard = handling[env_id] = asyncio.get_running_loop().create_future()
-            if idempotent and await self.dedup.seen(group, env_id):
-                stats.duplicates += 1
-                await delivery.ack()
-                return
+            if idempotent:
+                seen_nowait = self._seen_nowait
+                if (
+                    seen_nowait(group, env_id)
+                    if seen_nowait is not None
+                    else await self.dedup.seen(group, env_id)
+                ):
+                    stats.duplicates += 1
+                    await delivery.ack()
+                    return
             fast = self._validators.get(fields["type"])
             env: Envelope | None = None
             try:
@@ -464,7 +473,11 @@ class Consumer:
             if ctx._outbox:
                 await self.app._send_all(ctx._take_outbox())
             if idempotent and not ctx._committed:
-                await self.dedup.mark(group, env_id)
+                mark_nowait = self._mark_nowait
+                if mark_nowait is not None:
+                    mark_nowait(group, env_id)
+                else:
+                    await self.dedup.mark(group, env_id)
             stats.handled += 1
             self._failures = 0
             await delivery.ack()

@@ -113,3 +113,17 @@ async def test_memory_dedup_forgets_the_oldest_past_its_capacity() -> None:
     assert not await dedup.seen("g", "m-0")
     assert not await dedup.seen("g", "m-9999")
     assert all([await dedup.seen("g", f"m-{n}") for n in range(10_000, 10_100)])
+
+
+async def test_memory_dedup_answers_without_awaiting_the_same_as_awaited() -> None:
+    """The memory store is an InstantDedupStore: what one pair of methods records, the
+    other reports, per group (the consumer uses the instant pair)."""
+    from eventflow.adapters.memory.store import MemoryDedupStore
+    from eventflow.ports import InstantDedupStore
+
+    dedup: InstantDedupStore = MemoryDedupStore()
+    dedup.mark_nowait("g1", "a")
+    await dedup.mark("g2", "b")
+    assert dedup.seen_nowait("g1", "a") and await dedup.seen("g1", "a")
+    assert dedup.seen_nowait("g2", "b") and await dedup.seen("g2", "b")
+    assert not dedup.seen_nowait("g2", "a") and not await dedup.seen("g1", "b")

@@ -27,39 +27,48 @@ DEFAULT_DEDUP_CAPACITY = 1_000_000
 
 
 class MemoryDedupStore:
-    """Remembers handled (group, id) pairs, forgetting the oldest past ``capacity`` entries."""
+    """Remembers handled (group, id) pairs: per group, the newest ``capacity`` of them (the
+    oldest is forgotten first). It answers at once, so it also offers ``seen_nowait`` and
+    ``mark_nowait``, which the consumer calls without awaiting."""
 
     def __init__(self, capacity: int = DEFAULT_DEDUP_CAPACITY) -> None:
         self.capacity = capacity
-        self._seen: set[tuple[str, str]] = set()
-        # Insertion order, for eviction: taking a dict's first key scans over the slots its
-        # earlier deletions left empty, which made every mark past capacity cost O(capacity).
-        self._order: deque[tuple[str, str]] = deque()
+        # Per group: the ids, and the same ids in marking order, for eviction (a deque: a
+        # dict's first key is found by scanning the slots its earlier deletions emptied).
+        # Plain ids, not (group, id) pairs: no tuple to build and hash per message.
+        self._groups: dict[str, tuple[set[str], deque[str]]] = {}
 
     async def seen(self, group: str, message_id: str) -> bool:
         """True if ``message_id`` was marked for ``group`` and not yet evicted."""
-        return (group, message_id) in self._seen
+        return self.seen_nowait(group, message_id)
 
     async def mark(self, group: str, message_id: str) -> None:
-        """Record the pair; evicts the oldest entry when over capacity."""
-        self._remember(group, message_id)
+        """Record the pair; evicts the group's oldest entry when over capacity."""
+        self.mark_nowait(group, message_id)
 
-    def _remember(self, group: str, message_id: str) -> None:
-        seen = self._seen
-        pair = (group, message_id)
-        if pair in seen:
+    def seen_nowait(self, group: str, message_id: str) -> bool:
+        """``seen``, answered at once."""
+        state = self._groups.get(group)
+        return state is not None and message_id in state[0]
+
+    def mark_nowait(self, group: str, message_id: str) -> None:
+        """``mark``, done at once."""
+        state = self._groups.get(group)
+        if state is None:
+            state = self._groups[group] = (set(), deque())
+        ids, order = state
+        if message_id in ids:
             return
-        seen.add(pair)
-        order = self._order
-        order.append(pair)
+        ids.add(message_id)
+        order.append(message_id)
         if len(order) > self.capacity:
-            seen.discard(order.popleft())
+            ids.discard(order.popleft())
 
     async def close(self) -> None:
         """Nothing to release."""
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return sum(len(ids) for ids, _ in self._groups.values())
 
 
 class MemoryDeadLetterStore:
@@ -150,7 +159,7 @@ class MemoryStore(MemoryEventLog):
             raise ConfigurationError("mark_handled was given another store's transaction")
         if await self.dedup.seen(group, message_id):
             raise AlreadyHandled(group, message_id)
-        tx.defer(lambda: self.dedup._remember(group, message_id))
+        tx.defer(lambda: self.dedup.mark_nowait(group, message_id))
 
     async def open(self) -> None:
         """Nothing to connect to."""
