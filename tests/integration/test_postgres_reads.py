@@ -106,9 +106,10 @@ async def test_a_page_of_a_long_run_reads_about_a_page(
 async def test_a_read_right_after_a_large_append_sees_all_of_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A sequencer pass numbers at most a batch of ids; the pass a read runs first keeps
-    going until everything committed is numbered (the store's own sequencer is held back
-    here, so the read's passes do all the work)."""
+    """A sequencer pass numbers at most a batch of ids; the passes a read runs first keep
+    going until everything committed is numbered, so ``read_stream`` never reports an event
+    at position 0 (the store's own sequencer is held back here, so the reads' passes do all
+    the work)."""
     monkeypatch.setattr(pg_events, "_SEQUENCE_BATCH", 10)
     monkeypatch.setattr(pg_events, "_COALESCE", 30.0)
     async with isolated_schema(postgres_url()) as url:
@@ -117,7 +118,9 @@ async def test_a_read_right_after_a_large_append_sees_all_of_it(
         await s.open()
         try:
             await s.append("many", [ReadItem(n=n) for n in range(25)])
-            assert await s.last_position() == 25
-            assert [rec.position async for rec in s.read_all(after=20)] == [21, 22, 23, 24, 25]
+            await s.append("one", [ReadItem(n=25)])
+            assert [rec.position async for rec in s.read_stream("one")] == [26]
+            assert await s.last_position() == 26
+            assert [rec.position async for rec in s.read_all(after=20)] == [21, 22, 23, 24, 25, 26]
         finally:
             await s.close()

@@ -191,3 +191,58 @@ async def test_an_id_sequence_with_a_cache_is_refused() -> None:
                 await again.open()
         finally:
             await conn.close()
+
+
+async def test_the_type_column_upgrade_waits_briefly_then_says_what_blocks_it() -> None:
+    """Making the old `type` column nullable locks ef_events once; behind a transaction that
+    holds the table, the open gives up after 2 s (appends would queue behind the lock) and
+    says what to do; once that transaction ends, the open upgrades the column."""
+    async with isolated_schema(postgres_url()) as url:
+        store = store_for(url)
+        assert isinstance(store, PostgresStore)
+        cfg = store.config
+        conn = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        blocker = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        try:
+            await conn.execute(_ROW_PER_POSITION_SCHEMA)
+            await conn.execute("INSERT INTO ef_sequence (last) VALUES (0)")
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.fetchval("SELECT count(*) FROM ef_events")  # a long report, say
+            with pytest.raises(StoreError, match="another transaction holds the table"):
+                await store.open()
+            await tx.rollback()
+            await store.open()
+            try:
+                await store.append("s", [Upgraded(n=1)])
+                assert [rec.position async for rec in store.read_all()] == [1]
+            finally:
+                await store.close()
+            nullable = await conn.fetchval(
+                "SELECT NOT attnotnull FROM pg_attribute "
+                "WHERE attrelid = 'ef_events'::regclass AND attname = 'type'"
+            )
+            assert nullable
+        finally:
+            await blocker.close()
+            await conn.close()
+
+
+async def test_an_open_restores_the_trap_trigger_of_an_upgraded_schema() -> None:
+    """A schema upgraded before the trap had its insert trigger gets it on the next open."""
+    async with isolated_schema(postgres_url()) as url:
+        store = store_for(url)
+        assert isinstance(store, PostgresStore)
+        await store.open()
+        await store.close()
+        cfg = store.config
+        conn = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        try:
+            await conn.execute("DROP TRIGGER ef_positions_moved ON ef_positions")
+            again = store_for(url)
+            await again.open()
+            await again.close()
+            with pytest.raises(asyncpg.PostgresError, match="earlier eventflow version"):
+                await conn.execute("INSERT INTO ef_positions (position, id) VALUES (1, 1)")
+        finally:
+            await conn.close()

@@ -114,9 +114,15 @@ class PostgresDatabase:
                 reset=reset_connection,
             )
         except (OSError, asyncpg.PostgresError) as exc:
+            # The schema's own errors carry their remedy as a hint (part of str(exc)); others
+            # are connection or permission problems.
+            advice = (
+                ""
+                if getattr(exc, "hint", None)
+                else "; check that the server runs and the URL is right"
+            )
             raise StoreError(
-                f"cannot open PostgreSQL store {cfg.dsn!r} (schema {cfg.schema!r}): {exc}; "
-                "check that the server runs and the URL is right"
+                f"cannot open PostgreSQL store {cfg.dsn!r} (schema {cfg.schema!r}): {exc}{advice}"
             ) from exc
 
     async def close(self) -> None:

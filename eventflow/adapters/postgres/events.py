@@ -37,12 +37,17 @@ _SEQUENCER_POLL = 0.2  # seconds between checks for events appended by other pro
 _SUBSCRIBE_POLL = 1.0  # a subscriber re-reads at least this often, notification or not
 _COALESCE = 0.01  # seconds the sequencer waits after a wake-up, to sequence in batches
 # A pass costs the server about the same whatever it numbers (half a millisecond of CPU,
-# mostly planning, executor start-up and its commit): while passes keep finding at least
-# _BUSY_PASS events, the wait doubles, up to _COALESCE_MAX, so a steady stream of appends is
-# numbered in fewer, larger passes; a pass that finds fewer brings it back to _COALESCE.
+# mostly planning, executor start-up and its commit): while the wait keeps gathering more
+# appends and passes keep finding at least _BUSY_PASS events, the wait doubles, up to
+# _COALESCE_MAX, so a busy store is numbered in fewer, larger passes; any other pass brings
+# it back to _COALESCE (a longer wait that gathers nothing would only add latency).
 _COALESCE_MAX = 0.05
 _BUSY_PASS = 100
 _CONFLICT = "EF409"
+# Retries of an append at any version inside the caller's transaction after concurrent
+# appends took its version: each waits for the one in its way to commit, so they make
+# progress; the bound is for REPEATABLE READ transactions, where a retry cannot succeed.
+_ANY_RETRIES = 100
 _COLUMNS = "e.stream_id, e.stream_version, e.envelope"
 # An event's position: from the run that holds its id (NULL while it is not numbered yet).
 _POSITION = (
@@ -95,6 +100,13 @@ _SEQUENCE = "SELECT ef_sequence_v3($1)"
 _SLOW_APPEND = "SELECT ef_append_v3($1, $2, $3, $4)"
 
 
+async def _number_committed(conn: Any) -> None:
+    """Run sequencer passes until every event committed now is numbered (a pass numbers at
+    most ``_SEQUENCE_BATCH`` ids, and returns at least that when there may be more)."""
+    while await conn.fetchval(_SEQUENCE, _SEQUENCE_BATCH) >= _SEQUENCE_BATCH:
+        pass
+
+
 def _record(row: Any) -> RecordedEvent:
     return RecordedEvent(row[1], row[2], row[0] or 0, Envelope.from_bytes(row[3]))
 
@@ -106,6 +118,7 @@ class PostgresEventLog:
 
     def _init_events(self) -> None:
         self._pending = asyncio.Event()
+        self._appends = 0  # appends committed by this process (the sequencer's pacing)
         self._tick: asyncio.Future[None] | None = None
         self._listener: Any = None
         self._sequencer: asyncio.Task[None] | None = None
@@ -137,12 +150,14 @@ class PostgresEventLog:
 
     def _appended(self) -> None:
         """Wake this process's sequencer (after a transaction with an append committed)."""
+        self._appends += 1
         self._pending.set()
 
     async def _sequence_loop(self) -> None:
         pool = self.db.pool
         pause = _COALESCE
         while True:
+            gathered = False
             try:
                 async with asyncio.timeout(_SEQUENCER_POLL):
                     await self._pending.wait()
@@ -151,7 +166,9 @@ class PostgresEventLog:
                 # or ids still waiting for their writer: ef_sequence_v3 returns at once if none.
                 pass
             else:
+                woke_at = self._appends
                 await asyncio.sleep(pause)  # let concurrent appends join this pass
+                gathered = self._appends > woke_at
             self._pending.clear()
             try:
                 numbered = 0
@@ -163,7 +180,8 @@ class PostgresEventLog:
                 await asyncio.sleep(_SEQUENCER_POLL)
                 self._pending.set()
                 continue
-            pause = min(pause * 2, _COALESCE_MAX) if numbered >= _BUSY_PASS else _COALESCE
+            busy = gathered and numbered >= _BUSY_PASS
+            pause = min(pause * 2, _COALESCE_MAX) if busy else _COALESCE
 
     async def append(
         self,
@@ -190,7 +208,7 @@ class PostgresEventLog:
         if ambient:
             self.db.after_commit(self._appended)
         else:
-            self._pending.set()
+            self._appended()
         return version
 
     async def _fast_append(
@@ -234,6 +252,7 @@ class PostgresEventLog:
         blobs: list[bytes],
     ) -> int:
         ambient = self.db.current is not None
+        retries = 0
         while True:
             try:
                 async with self.db.connection() as conn:
@@ -247,6 +266,11 @@ class PostgresEventLog:
                 return version
             except asyncpg.UniqueViolationError as exc:
                 # A concurrent append took the same version (or stored the same ids).
+                if ambient and expected is None and retries < _ANY_RETRIES:
+                    # Any version will do: the savepoint is gone, the transaction goes on, and
+                    # the next statement sees the other append (READ COMMITTED).
+                    retries += 1
+                    continue
                 if ambient:
                     raise ConcurrencyError(
                         stream_id, expected, await self._version_outside(stream_id)
@@ -286,7 +310,7 @@ class PostgresEventLog:
                 rows: list[Any] = await conn.fetch(sql, stream_id, after, size)
                 if any(r[0] is None for r in rows) and self.db.current is None:
                     # Just committed, not numbered yet: number now so positions are real.
-                    await conn.fetchval(_SEQUENCE, _SEQUENCE_BATCH)
+                    await _number_committed(conn)
                     rows = await conn.fetch(sql, stream_id, after, size)
             return rows
 
@@ -333,8 +357,7 @@ class PostgresEventLog:
         many passes as it takes: one numbers at most ``_SEQUENCE_BATCH`` ids)."""
         if self.db.current is None:
             async with self.db.connection() as conn:
-                while await conn.fetchval(_SEQUENCE, _SEQUENCE_BATCH) >= _SEQUENCE_BATCH:
-                    pass
+                await _number_committed(conn)
 
     async def last_position(self) -> int:
         """The position of the newest committed event (0 when empty)."""

@@ -27,13 +27,25 @@ CREATE TABLE IF NOT EXISTS ef_events (
 -- Earlier versions also wrote each event's type into a `type` column that nothing reads:
 -- appends no longer fill it (the type is in the envelope:
 -- convert_from(envelope, 'UTF8')::jsonb ->> 'type').
+-- Making it nullable locks ef_events for a moment, once; a transaction that keeps the table
+-- open (a long report, say) would make every append queue behind that lock, so it waits at
+-- most 2 s and then fails the open with what to do.
 DO $$
+DECLARE
+    prev text := current_setting('lock_timeout');
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_attribute
                 WHERE attrelid = 'ef_events'::regclass AND attname = 'type'
                   AND attnotnull AND NOT attisdropped) THEN
+        PERFORM set_config('lock_timeout', '2s', true);
         ALTER TABLE ef_events ALTER COLUMN type DROP NOT NULL;
+        PERFORM set_config('lock_timeout', prev, true);
     END IF;
+EXCEPTION WHEN lock_not_available THEN
+    RAISE EXCEPTION 'eventflow could not upgrade ef_events (make its old type column '
+        'nullable) within 2 s: another transaction holds the table'
+        USING HINT = 'open the store again once long transactions on ef_events have ended '
+                     '(see pg_stat_activity)';
 END
 $$;
 -- the global order, written by the sequencer and never updated: one row per run of events
@@ -373,6 +385,11 @@ BEGIN
         CREATE VIEW ef_positions AS SELECT * FROM ef_positions_moved();
         COMMENT ON VIEW ef_positions IS
             'eventflow: an earlier version tried to read or number positions here';
+    END IF;
+    IF (SELECT relkind FROM pg_class WHERE oid = to_regclass('ef_positions')) = 'v'
+       AND NOT EXISTS (SELECT 1 FROM pg_trigger
+                        WHERE tgrelid = to_regclass('ef_positions')
+                          AND tgname = 'ef_positions_moved') THEN
         CREATE TRIGGER ef_positions_moved INSTEAD OF INSERT ON ef_positions
             FOR EACH ROW EXECUTE FUNCTION ef_positions_moved_write();
     END IF;
