@@ -133,7 +133,8 @@ class App:
     @property
     def dedup(self) -> DedupStore:
         """The dedup store used by this app's idempotent handlers."""
-        return self._dedup_override or self.store.dedup
+        # `is None`, not `or`: a store may be falsy (an empty MemoryDedupStore has len 0).
+        return self.store.dedup if self._dedup_override is None else self._dedup_override
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -205,10 +206,12 @@ class App:
             if _events.unvalidated_made:  # model_construct/model_copy skip validation
                 check_outgoing(message, fields["data"])
             env = Envelope._trusted(fields)
+            payload = _encode_fields(fields)  # env.to_bytes(): fields is its __dict__
         else:
             # An Envelope keeps its id; to_envelope rejects anything that is neither.
             env = _override(to_envelope(message, source=self.name), key, headers, correlation_id)
             fields = env.__dict__
+            payload = env.to_bytes()  # a subclass may encode itself differently
         if topic is None:
             topic = fields["type"]
         else:
@@ -217,7 +220,7 @@ class App:
             self._not_running()
         await self.broker.publish(
             topic,
-            _encode_fields(fields),  # env.to_bytes(): fields is its __dict__
+            payload,
             key=fields["key"],
             headers={MESSAGE_ID_HEADER: fields["id"]},
         )

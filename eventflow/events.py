@@ -249,22 +249,64 @@ class Event(BaseModel):
         """pydantic's ``model_copy``; a copy with ``update`` (not validated) is validated when
         it is published."""
         copied = super().model_copy(update=update, deep=deep)
-        if update or self in UNVALIDATED:
+        if update or is_unvalidated(self):
             _mark_unvalidated(copied)
         return copied
 
+    # Copies and pickles of an unvalidated instance stay unvalidated (also in another
+    # process: the mark travels in the pickled state).
+    def __copy__(self) -> Self:
+        copied = super().__copy__()
+        if is_unvalidated(self):
+            _mark_unvalidated(copied)
+        return copied
 
-UNVALIDATED: weakref.WeakSet[Event] = weakref.WeakSet()
-"""Event instances built without validation (``model_construct``, ``model_copy(update=)``):
-publishing validates these, and only these, before sending."""
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Self:
+        copied = super().__deepcopy__(memo)
+        if is_unvalidated(self):
+            _mark_unvalidated(copied)
+        return copied
+
+    def __getstate__(self) -> dict[Any, Any]:
+        state = super().__getstate__()
+        if is_unvalidated(self):
+            state = {**state, _UNVALIDATED_STATE: True}
+        return state
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        unvalidated = _UNVALIDATED_STATE in state
+        if unvalidated:
+            state = {k: v for k, v in state.items() if k != _UNVALIDATED_STATE}
+        super().__setstate__(state)
+        if unvalidated:
+            _mark_unvalidated(self)
+
+
+# Event instances built without validation (``model_construct``, ``model_copy(update=)``),
+# by identity (an event with a list field is unhashable, and an equal validated event is not
+# the same instance): publishing validates these, and only these, before sending.
+_UNVALIDATED: dict[int, weakref.ReferenceType[Event]] = {}
+_UNVALIDATED_STATE = "__eventflow_unvalidated__"
 unvalidated_made = False
-"""True once any such instance was made (a cheap test before the set lookup)."""
+"""True once any such instance was made (a cheap test before the lookup)."""
+
+
+def is_unvalidated(instance: Event) -> bool:
+    """True if ``instance`` was built without validation (and not validated since)."""
+    ref = _UNVALIDATED.get(id(instance))
+    return ref is not None and ref() is instance
 
 
 def _mark_unvalidated(instance: Event) -> None:
     global unvalidated_made
     unvalidated_made = True
-    UNVALIDATED.add(instance)
+    key = id(instance)
+
+    def forget(ref: weakref.ReferenceType[Event]) -> None:
+        if _UNVALIDATED.get(key) is ref:  # not a newer instance's entry under a reused id
+            del _UNVALIDATED[key]
+
+    _UNVALIDATED[key] = weakref.ref(instance, forget)
 
 
 def upcaster(event_type: str, *, from_version: int) -> Callable[[F], F]:

@@ -157,7 +157,9 @@ class DedupStore(Protocol):
 class InstantDedupStore(DedupStore, Protocol):
     """A dedup store that answers without I/O (the memory one) may also offer these two:
     the consumer then calls them instead of awaiting ``seen`` and ``mark``, which saves two
-    coroutines per message. Same guarantees as the awaited pair."""
+    coroutines per message. Same guarantees as the awaited pair. They are used only when
+    the class that defines ``seen`` and ``mark`` defines them too (plain functions, not
+    coroutines), so a subclass overriding just ``seen`` is still asked through it."""
 
     def seen_nowait(self, group: str, message_id: str) -> bool:
         """``seen``, answered at once."""

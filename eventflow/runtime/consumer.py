@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import logging
 import traceback
@@ -48,6 +49,30 @@ _log = logging.getLogger("eventflow.consumer")
 _DRAIN_POLL = 0.01
 _FAILURE_BACKOFF = 0.05
 _FAILURE_BACKOFF_MAX = 5.0
+
+
+def _instant_methods(
+    store: DedupStore,
+) -> tuple[Callable[[str, str], bool] | None, Callable[[str, str], None] | None]:
+    """``store``'s ``seen_nowait``/``mark_nowait`` (InstantDedupStore) if the consumer may call
+    them instead of awaiting ``seen``/``mark``: plain methods defined by the same classes as
+    ``seen`` and ``mark`` (a subclass overriding ``seen`` alone, a wrapper forwarding through
+    ``__getattr__`` or an async mock keeps the awaited pair, so what it does is still done)."""
+    cls = type(store)
+
+    def owner(name: str) -> type | None:
+        return next((k for k in cls.__mro__ if name in k.__dict__), None)
+
+    pairs = (("seen", "seen_nowait"), ("mark", "mark_nowait"))
+    for awaited, instant in pairs:
+        method = getattr(cls, instant, None)
+        if (
+            method is None
+            or inspect.iscoroutinefunction(method)
+            or owner(awaited) is not owner(instant)
+        ):
+            return None, None
+    return store.seen_nowait, store.mark_nowait  # type: ignore[attr-defined]
 
 
 @dataclass(slots=True)
@@ -88,9 +113,6 @@ class Consumer:
         self.signature = signature
         self.registry = registry
         self.dedup = dedup
-        # A store that answers without I/O is asked without awaiting (InstantDedupStore).
-        self._seen_nowait: Callable[[str, str], bool] | None = getattr(dedup, "seen_nowait", None)
-        self._mark_nowait: Callable[[str, str], None] | None = getattr(dedup, "mark_nowait", None)
         self.dead_letters = dead_letters
         self.grace_period = grace_period
         self.max_inflight = max_inflight or max(64, spec.concurrency * 16)
@@ -180,6 +202,16 @@ class Consumer:
         finally:
             await self._release_unstarted()
             await sub.close()
+
+    @property
+    def dedup(self) -> DedupStore:
+        """The dedup store of this consumer's idempotent handling."""
+        return self._dedup
+
+    @dedup.setter
+    def dedup(self, store: DedupStore) -> None:
+        self._dedup = store
+        self._seen_nowait, self._mark_nowait = _instant_methods(store)
 
     async def _release_unstarted(self) -> None:
         """Give back fetched deliveries no handler saw, so they are not counted as attempts."""

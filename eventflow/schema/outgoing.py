@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from .. import events as _events
 from ..errors import EventValidationError
-from ..events import UNVALIDATED, Event, _summarise
+from ..events import Event, _summarise, is_unvalidated
 
 __all__ = ["check_outgoing"]
 
@@ -26,7 +26,7 @@ def check_outgoing(message: Event, data: dict[str, Any]) -> None:
 
     ``data`` is the JSON form of ``message`` as it goes into the envelope.
     """
-    if not _events.unvalidated_made or message not in UNVALIDATED:
+    if not _events.unvalidated_made or not is_unvalidated(message):
         return  # built by the constructor: pydantic validated it already
     cls = type(message)
     try:

@@ -127,3 +127,75 @@ async def test_memory_dedup_answers_without_awaiting_the_same_as_awaited() -> No
     assert dedup.seen_nowait("g1", "a") and await dedup.seen("g1", "a")
     assert dedup.seen_nowait("g2", "b") and await dedup.seen("g2", "b")
     assert not dedup.seen_nowait("g2", "a") and not await dedup.seen("g1", "b")
+
+
+class _CountingDedup:
+    """Counts the awaited calls of the store it forwards to (through ``__getattr__``)."""
+
+    def __init__(self, inner: DedupStore) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    async def seen(self, group: str, message_id: str) -> bool:
+        self.calls.append("seen")
+        return await self.inner.seen(group, message_id)
+
+    async def mark(self, group: str, message_id: str) -> None:
+        self.calls.append("mark")
+        await self.inner.mark(group, message_id)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark() -> None:
+    """The instant pair replaces ``seen``/``mark`` only when the same class defines both:
+    a subclass overriding ``seen``/``mark``, a forwarding wrapper, and a store swapped in
+    later are asked through their awaited methods; an app's own empty memory store is used
+    (it has no length yet, and is still the one given)."""
+    from eventflow.adapters.memory.store import MemoryDedupStore
+
+    class Logging(MemoryDedupStore):
+        calls: list[str]
+
+        async def seen(self, group: str, message_id: str) -> bool:
+            self.calls.append("seen")
+            return await super().seen(group, message_id)
+
+        async def mark(self, group: str, message_id: str) -> None:
+            self.calls.append("mark")
+            await super().mark(group, message_id)
+
+    @subscribe("contract.redis.dupe", group="g")
+    async def handle(event: RedisDupe) -> None:
+        pass
+
+    logging = Logging()
+    logging.calls = []
+    wrapper = _CountingDedup(MemoryDedupStore())
+    for store in (logging, wrapper):
+        async with App(
+            "a", broker=f"memory://dd-{uuid.uuid4().hex}", dedup=store, handlers=[handle]
+        ) as app:
+            assert app.dedup is store
+            await app.publish(RedisDupe(n=1))
+            for _ in range(200):
+                if app.stats()["g:contract.redis.dupe"]["handled"] == 1:
+                    break
+                await asyncio.sleep(0.01)
+        assert store.calls == ["seen", "mark"]
+
+    plain = MemoryDedupStore()
+    async with App(
+        "a", broker=f"memory://dd-{uuid.uuid4().hex}", dedup=plain, handlers=[handle]
+    ) as app:
+        assert app.dedup is plain
+        consumer = app.consumers[0]
+        swapped = _CountingDedup(MemoryDedupStore())
+        consumer.dedup = swapped
+        await app.publish(RedisDupe(n=2))
+        for _ in range(200):
+            if app.stats()["g:contract.redis.dupe"]["handled"] == 1:
+                break
+            await asyncio.sleep(0.01)
+    assert swapped.calls == ["seen", "mark"]

@@ -97,3 +97,54 @@ async def _until(condition: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.005)
     raise AssertionError("timed out")
+
+
+class Crate(Event, type="schema.test.crate"):
+    """An event with a list field (unhashable, so it cannot sit in a set)."""
+
+    items: list[int]
+
+
+async def test_unvalidated_marks_go_by_identity_and_survive_copies() -> None:
+    """Events with list fields publish fine after a model_construct elsewhere; a bad one
+    built without validation is refused, and so are its copies, deep copies and pickles
+    (even once the original is gone)."""
+    import copy
+    import gc
+    import pickle
+
+    async with App("producer", broker="memory://") as app:
+        Parcel.model_construct(parcel_id="p-0", weight=1)  # any unvalidated instance
+        await app.publish(Crate(items=[1, 2]))  # validated: not looked up by value
+        bad = Crate.model_construct(items="not a list")
+        made = [copy.copy(bad), copy.deepcopy(bad), pickle.dumps(bad)]
+        equal_but_valid = Crate(items=[3])
+        del bad
+        gc.collect()
+        for each in made[:2]:
+            with pytest.raises(EventValidationError):
+                await app.publish(each)
+        with pytest.raises(EventValidationError):
+            await app.publish(pickle.loads(made[2]))
+        await app.publish(pickle.loads(pickle.dumps(equal_but_valid)))
+
+
+class _OwnBytes(Envelope):
+    """An envelope subclass with its own wire form."""
+
+    def to_bytes(self) -> bytes:
+        return b"own:" + super().to_bytes()
+
+
+async def test_an_envelope_subclass_is_sent_in_its_own_wire_form() -> None:
+    from eventflow.adapters.memory import MemoryBroker
+    from eventflow.adapters.memory.broker import MemoryBrokerConfig
+
+    broker = MemoryBroker(MemoryBrokerConfig(name="own-bytes"))
+    async with App("producer", broker=broker) as app:
+        sub = await broker.subscribe("schema.test.own", group="raw")
+        env = _OwnBytes.create("schema.test.own", {"n": 1})
+        await app.publish(env)
+        (delivery,) = await sub.fetch(1, 1.0)
+        assert delivery.payload == env.to_bytes()
+        await delivery.ack()
