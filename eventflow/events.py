@@ -248,24 +248,19 @@ class Event(BaseModel):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """pydantic's ``model_copy``; a copy with ``update`` (not validated) is validated when
         it is published."""
+        # pydantic copies through __copy__/__deepcopy__, which carry an existing mark.
         copied = super().model_copy(update=update, deep=deep)
-        if update or is_unvalidated(self):
+        if update:
             _mark_unvalidated(copied)
         return copied
 
     # Copies and pickles of an unvalidated instance stay unvalidated (also in another
     # process: the mark travels in the pickled state).
     def __copy__(self) -> Self:
-        copied = super().__copy__()
-        if is_unvalidated(self):
-            _mark_unvalidated(copied)
-        return copied
+        return _carry_mark(self, super().__copy__())
 
     def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Self:
-        copied = super().__deepcopy__(memo)
-        if is_unvalidated(self):
-            _mark_unvalidated(copied)
-        return copied
+        return _carry_mark(self, super().__deepcopy__(memo))
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()
@@ -295,6 +290,13 @@ def is_unvalidated(instance: Event) -> bool:
     """True if ``instance`` was built without validation (and not validated since)."""
     ref = _UNVALIDATED.get(id(instance))
     return ref is not None and ref() is instance
+
+
+def _carry_mark(source: Event, copied: E) -> E:
+    """``copied``, marked unvalidated if ``source`` is."""
+    if is_unvalidated(source):
+        _mark_unvalidated(copied)
+    return copied
 
 
 def _mark_unvalidated(instance: Event) -> None:

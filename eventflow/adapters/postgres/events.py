@@ -100,11 +100,14 @@ _SEQUENCE = "SELECT ef_sequence_v3($1)"
 _SLOW_APPEND = "SELECT ef_append_v3($1, $2, $3, $4)"
 
 
-async def _number_committed(conn: Any) -> None:
-    """Run sequencer passes until every event committed now is numbered (a pass numbers at
-    most ``_SEQUENCE_BATCH`` ids, and returns at least that when there may be more)."""
-    while await conn.fetchval(_SEQUENCE, _SEQUENCE_BATCH) >= _SEQUENCE_BATCH:
-        pass
+async def _number_committed(conn: Any) -> int:
+    """Run sequencer passes (on a connection or the pool) until every event committed now
+    is numbered; return about how many were (a pass numbers at most ``_SEQUENCE_BATCH``
+    ids, and returns at least that when there may be more)."""
+    numbered = 0
+    while (n := await conn.fetchval(_SEQUENCE, _SEQUENCE_BATCH)) >= _SEQUENCE_BATCH:
+        numbered += n
+    return numbered + int(n)
 
 
 def _record(row: Any) -> RecordedEvent:
@@ -171,10 +174,7 @@ class PostgresEventLog:
                 gathered = self._appends > woke_at
             self._pending.clear()
             try:
-                numbered = 0
-                while (n := await pool.fetchval(_SEQUENCE, _SEQUENCE_BATCH)) >= _SEQUENCE_BATCH:
-                    numbered += n
-                numbered += n
+                numbered = await _number_committed(pool)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 _log.warning("sequencer pass failed (%s); retrying", exc)
                 await asyncio.sleep(_SEQUENCER_POLL)
@@ -220,29 +220,31 @@ class PostgresEventLog:
     ) -> int | None:
         # Constant statements (the expected version is a parameter), so asyncpg's prepared
         # statement cache serves every append after the first on a connection.
+        # Any version: the statement returns the new version (fetchval). Otherwise the
+        # caller knows it, and the command status says whether every row went in (execute).
+        args: tuple[Any, ...]
+        if expected is None:
+            sql, args = _APPEND_ANY, (stream_id, ids, blobs)
+        elif expected == 0:
+            sql, args = _APPEND_NEW, (stream_id, ids, blobs)
+        else:
+            sql, args = _APPEND_AT, (stream_id, ids, blobs, int(expected))
         current = self.db.current
         try:
-            if expected is None:
-                if current is not None:
-                    async with current.transaction():  # a savepoint: a conflict must not abort
-                        return await current.fetchval(_APPEND_ANY, stream_id, ids, blobs)  # type: ignore[no-any-return]
-                async with self.db._pool().acquire() as conn:  # the hot path: no generator CM
-                    return await conn.fetchval(_APPEND_ANY, stream_id, ids, blobs)  # type: ignore[no-any-return]
-            args: tuple[Any, ...]
-            if expected == 0:
-                sql, args = _APPEND_NEW, (stream_id, ids, blobs)
-            else:
-                sql, args = _APPEND_AT, (stream_id, ids, blobs, int(expected))
             if current is not None:
-                async with current.transaction():
-                    status = await current.execute(sql, *args)
+                async with current.transaction():  # a savepoint: a conflict must not abort
+                    run = current.fetchval if expected is None else current.execute
+                    result = await run(sql, *args)
             else:
-                async with self.db._pool().acquire() as conn:
-                    status = await conn.execute(sql, *args)
+                async with self.db._pool().acquire() as conn:  # the hot path: no generator CM
+                    run = conn.fetchval if expected is None else conn.execute
+                    result = await run(sql, *args)
         except asyncpg.UniqueViolationError:
             return None  # a conflict or a retried append: the slow path tells which
+        if expected is None:
+            return result  # type: ignore[no-any-return]
         # "INSERT 0 <rows>": no rows when the stream is not at the expected version
-        return expected + len(ids) if status == f"INSERT 0 {len(ids)}" else None
+        return expected + len(ids) if result == f"INSERT 0 {len(ids)}" else None
 
     async def _slow_append(
         self,
