@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,8 @@ from eventflow.ports import DedupStore, Store
 from eventflow.stores import dedup_for, store_for
 from eventflow.testing.postgres import isolated_schema, postgres_url
 from eventflow.testing.redis import redis_url
+
+Wait = Callable[..., Awaitable[None]]
 
 
 class RedisDupe(Event, type="contract.redis.dupe"):
@@ -148,7 +150,7 @@ class _CountingDedup:
         return getattr(self.inner, name)
 
 
-async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark() -> None:
+async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark(waiter: Wait) -> None:
     """The instant pair replaces ``seen``/``mark`` only when the same class defines both:
     a subclass overriding ``seen``/``mark``, a forwarding wrapper, and a store swapped in
     later are asked through their awaited methods; an app's own empty memory store is used
@@ -179,10 +181,7 @@ async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark() -> None:
         ) as app:
             assert app.dedup is store
             await app.publish(RedisDupe(n=1))
-            for _ in range(200):
-                if app.stats()["g:contract.redis.dupe"]["handled"] == 1:
-                    break
-                await asyncio.sleep(0.01)
+            await waiter(lambda: app.stats()["g:contract.redis.dupe"]["handled"] == 1)
         assert store.calls == ["seen", "mark"]
 
     plain = MemoryDedupStore()
@@ -194,8 +193,5 @@ async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark() -> None:
         swapped = _CountingDedup(MemoryDedupStore())
         consumer.dedup = swapped
         await app.publish(RedisDupe(n=2))
-        for _ in range(200):
-            if app.stats()["g:contract.redis.dupe"]["handled"] == 1:
-                break
-            await asyncio.sleep(0.01)
+        await waiter(lambda: app.stats()["g:contract.redis.dupe"]["handled"] == 1)
     assert swapped.calls == ["seen", "mark"]

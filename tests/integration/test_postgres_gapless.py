@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -25,7 +24,7 @@ from eventflow.errors import ConcurrencyError
 from eventflow.events import to_envelope
 from eventflow.ports import RecordedEvent
 from eventflow.stores import store_for
-from eventflow.testing.postgres import isolated_schema, postgres_url, with_schema
+from eventflow.testing.postgres import postgres_url, with_schema
 
 WRITERS = 8
 DURATION = 10.0
@@ -45,20 +44,12 @@ class _Rollback(Exception):
     pass
 
 
-@pytest.fixture
-async def store() -> AsyncIterator[PostgresStore]:
-    async with isolated_schema(postgres_url()) as url:
-        s = store_for(url)
-        assert isinstance(s, PostgresStore)
-        await s.open()
-        try:
-            yield s
-        finally:
-            await s.close()
-
-
 async def _writer(
-    store: PostgresStore, writer: int, deadline: float, committed: set[str], rolled: set[str]
+    postgres_store: PostgresStore,
+    writer: int,
+    deadline: float,
+    committed: set[str],
+    rolled: set[str],
 ) -> None:
     rng = random.Random(writer)
     n = 0
@@ -66,10 +57,10 @@ async def _writer(
         n += 1
         event_id = ""
         try:
-            async with store.transaction():
+            async with postgres_store.transaction():
                 env = to_envelope(GaplessTick(writer=writer, n=n), source="w", key="k")
                 event_id = env.id
-                await store.append(f"gapless-{rng.randrange(STREAMS)}", [env])
+                await postgres_store.append(f"gapless-{rng.randrange(STREAMS)}", [env])
                 await asyncio.sleep(rng.random() * MAX_COMMIT_DELAY)
                 if rng.random() < ROLLBACK_RATE:
                     raise _Rollback
@@ -98,21 +89,23 @@ async def _naive_reader(dsn: str, schema: str, stop: asyncio.Event) -> set[str]:
     return seen
 
 
-async def test_subscriber_never_skips_late_commits(store: PostgresStore) -> None:
+async def test_subscriber_never_skips_late_commits(postgres_store: PostgresStore) -> None:
     received: list[RecordedEvent] = []
     committed: set[str] = set()
     rolled: set[str] = set()
 
     async def follow() -> None:
-        async for rec in store.subscribe(after=0):
+        async for rec in postgres_store.subscribe(after=0):
             received.append(rec)
 
     stop_naive = asyncio.Event()
-    cfg = store.config
+    cfg = postgres_store.config
     naive = asyncio.create_task(_naive_reader(cfg.dsn, cfg.schema, stop_naive))
     follower = asyncio.create_task(follow())
     deadline = time.monotonic() + DURATION
-    await asyncio.gather(*(_writer(store, w, deadline, committed, rolled) for w in range(WRITERS)))
+    await asyncio.gather(
+        *(_writer(postgres_store, w, deadline, committed, rolled) for w in range(WRITERS))
+    )
     # Every committed event reaches the subscriber (bounded wait), then a short quiet
     # period catches anything extra.
     limit = time.monotonic() + 30
@@ -144,14 +137,14 @@ async def test_subscriber_never_skips_late_commits(store: PostgresStore) -> None
 
 
 async def test_open_unrelated_transaction_does_not_delay_live_delivery(
-    store: PostgresStore,
+    postgres_store: PostgresStore,
 ) -> None:
-    cfg = store.config
+    cfg = postgres_store.config
     blocker = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
     got: dict[str, float] = {}
 
     async def follow() -> None:
-        async for rec in store.subscribe(after=await store.last_position()):
+        async for rec in postgres_store.subscribe(after=await postgres_store.last_position()):
             got[rec.envelope.id] = time.monotonic()
 
     follower = asyncio.create_task(follow())
@@ -162,7 +155,7 @@ async def test_open_unrelated_transaction_does_not_delay_live_delivery(
         sent: dict[str, float] = {}
         for n in range(10):
             env = to_envelope(GaplessTick(writer=99, n=n), source="t", key="k")
-            await store.append("open-tx", [env])
+            await postgres_store.append("open-tx", [env])
             sent[env.id] = time.monotonic()
             await asyncio.sleep(0.5)  # 10 appends over 5 s with the transaction open
         deadline = time.monotonic() + 5
@@ -179,12 +172,12 @@ async def test_open_unrelated_transaction_does_not_delay_live_delivery(
 
 
 async def test_a_writer_newer_than_every_finished_transaction_is_not_skipped(
-    store: PostgresStore,
+    postgres_store: PostgresStore,
 ) -> None:
     """A pass that reads past the id of a still-running writer keeps that id and numbers it
     once the writer commits, even when the writer is the newest transaction of all (its id
     is then at or above the pass snapshot's xmax, so that xmax cannot serve as its horizon)."""
-    cfg = store.config
+    cfg = postgres_store.config
     other = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
     numbered = (
         "SELECT e.event_id FROM ef_runs r JOIN ef_events e ON e.id >= r.id "
@@ -193,37 +186,37 @@ async def test_a_writer_newer_than_every_finished_transaction_is_not_skipped(
     first = to_envelope(GaplessTick(writer=1, n=1), source="t", key="a")
     late = to_envelope(GaplessTick(writer=2, n=1), source="t", key="b")
     try:
-        await store.append("before", [first])
-        assert await store.last_position() == 1
+        await postgres_store.append("before", [first])
+        assert await postgres_store.last_position() == 1
         await asyncio.sleep(0.1)  # the store's own sequencer has nothing left to finish
-        async with store.transaction():
-            await store.append("late", [late])
+        async with postgres_store.transaction():
+            await postgres_store.append("late", [late])
             # A pass on another connection while the writer runs: it sees the id drawn but
             # not the row, and no transaction has finished since the writer took its id.
             await other.fetchval("SELECT ef_sequence_v3(10000)")
             assert [r[0] for r in await other.fetch(numbered)] == [first.id]
-        records = [rec async for rec in store.read_all()]
+        records = [rec async for rec in postgres_store.read_all()]
     finally:
         await other.close()
     assert [rec.envelope.id for rec in records] == [first.id, late.id]
     assert [rec.position for rec in records] == [1, 2]
 
 
-async def test_old_gaps_keep_each_stream_in_version_order(store: PostgresStore) -> None:
+async def test_old_gaps_keep_each_stream_in_version_order(postgres_store: PostgresStore) -> None:
     """Ids missed for over a second, or beyond the newest thousand, wait in ef_gaps; when
     their writer commits, they are numbered in the same pass as its younger ids, in id order,
     and at once (another store reads, as another process would)."""
-    cfg = store.config
+    cfg = postgres_store.config
     other = store_for(with_schema(postgres_url(), cfg.schema))
     assert isinstance(other, PostgresStore)
     await other.open()
     first = to_envelope(GaplessTick(writer=3, n=0), source="t", key="c")
     many = [to_envelope(GaplessTick(writer=3, n=n), source="t", key="c") for n in range(1, 1501)]
     try:
-        async with store.transaction():
-            await store.append("slow", [first])
+        async with postgres_store.transaction():
+            await postgres_store.append("slow", [first])
             await asyncio.sleep(1.5)  # passes keep missing its id: it moves to ef_gaps
-            await store.append("slow", many)  # more ids in flight than stay young
+            await postgres_store.append("slow", many)  # more ids in flight than stay young
             await other.last_position()  # a pass that misses them all
         # At once: before this store's own sequencer (woken by the commit) runs a pass.
         records = [rec async for rec in other.read_all()]
@@ -235,11 +228,11 @@ async def test_old_gaps_keep_each_stream_in_version_order(store: PostgresStore) 
 
 
 async def test_rolled_back_ids_under_an_open_transaction_leave_passes_short(
-    store: PostgresStore,
+    postgres_store: PostgresStore,
 ) -> None:
     """While an old transaction holds xmin back, rolled-back ids cannot be dropped; after a
     second they wait in ef_gaps instead of being looked up on every pass."""
-    cfg = store.config
+    cfg = postgres_store.config
     blocker = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
     try:
         tx = blocker.transaction()
@@ -247,8 +240,8 @@ async def test_rolled_back_ids_under_an_open_transaction_leave_passes_short(
         await blocker.execute("SELECT pg_current_xact_id()")  # an open writer
         for n in range(200):
             with pytest.raises(_Rollback):
-                async with store.transaction():
-                    await store.append(
+                async with postgres_store.transaction():
+                    await postgres_store.append(
                         f"rb-{n}", [to_envelope(GaplessTick(writer=4, n=n), source="t")]
                     )
                     raise _Rollback
@@ -258,8 +251,8 @@ async def test_rolled_back_ids_under_an_open_transaction_leave_passes_short(
             "FROM ef_sequence"
         )
         env = to_envelope(GaplessTick(writer=4, n=999), source="t")
-        await store.append("after", [env])
-        assert [rec.envelope.id async for rec in store.read_all()] == [env.id]
+        await postgres_store.append("after", [env])
+        assert [rec.envelope.id async for rec in postgres_store.read_all()] == [env.id]
         await tx.rollback()
     finally:
         await blocker.close()
@@ -269,12 +262,12 @@ async def test_rolled_back_ids_under_an_open_transaction_leave_passes_short(
 
 @pytest.mark.parametrize("name", ["_APPEND_ANY", "_APPEND_NEW", "_APPEND_AT"])
 async def test_appends_take_a_transaction_id_before_drawing_event_ids(
-    store: PostgresStore, name: str
+    postgres_store: PostgresStore, name: str
 ) -> None:
     """The sequencer's horizon rule needs every writer's transaction id to exist before its
     first event id: the fast-path INSERT checks `pg_current_xact_id()` in a one-time filter
     on the very plan node that draws the ids, so no row (and no id) comes before it."""
-    cfg = store.config
+    cfg = postgres_store.config
     sql = getattr(pg_events, name)
     at_version = "$4" in sql
     types = "text, text[], bytea[]" + (", bigint" if at_version else "")

@@ -9,7 +9,6 @@ after an append that see all of it, however many sequencer passes that takes.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -31,36 +30,24 @@ class ReadItem(Event, type="it.reads.item"):
     n: int
 
 
-@pytest.fixture
-async def store() -> AsyncIterator[PostgresStore]:
-    async with isolated_schema(postgres_url()) as url:
-        s = store_for(url)
-        assert isinstance(s, PostgresStore)
-        await s.open()
-        try:
-            yield s
-        finally:
-            await s.close()
-
-
 async def _connect(store: PostgresStore) -> Any:
     cfg = store.config
     return await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
 
 
-async def test_positions_past_the_32_bit_range_read_back(store: PostgresStore) -> None:
+async def test_positions_past_the_32_bit_range_read_back(postgres_store: PostgresStore) -> None:
     start = 2**31 - 4  # the next positions cross 2,147,483,647
-    conn = await _connect(store)
+    conn = await _connect(postgres_store)
     try:
         await conn.execute("UPDATE ef_sequence SET last = $1", start)
     finally:
         await conn.close()
-    await store.append("big", [ReadItem(n=n) for n in range(6)])
-    every = [rec.position for rec in [rec async for rec in store.read_all()]]
+    await postgres_store.append("big", [ReadItem(n=n) for n in range(6)])
+    every = [rec.position for rec in [rec async for rec in postgres_store.read_all()]]
     assert every == [start + n for n in range(1, 7)]
-    page = [rec.position async for rec in store.read_all(after=2**31 - 1, limit=2)]
+    page = [rec.position async for rec in postgres_store.read_all(after=2**31 - 1, limit=2)]
     assert page == [2**31, 2**31 + 1]
-    assert [rec.position async for rec in store.read_stream("big", from_version=5)] == [
+    assert [rec.position async for rec in postgres_store.read_stream("big", from_version=5)] == [
         start + 5,
         start + 6,
     ]
@@ -78,15 +65,17 @@ def _rows_read(plan: dict[str, Any], table: str) -> int:
 
 @pytest.mark.parametrize("analyzed", [False, True], ids=["no-statistics", "analyzed"])
 async def test_a_page_of_a_long_run_reads_about_a_page(
-    store: PostgresStore, analyzed: bool
+    postgres_store: PostgresStore, analyzed: bool
 ) -> None:
     """One append of 3,000 events is one run; a 100-event page from its middle reads about
     100 events, not the rest of the run (right after a bulk append the planner has no
     statistics, and a plan that scanned the run's whole remaining id range made replay
     quadratic)."""
-    await store.append("bulk", [to_envelope(ReadItem(n=n), source="t") for n in range(3000)])
-    assert await store.last_position() == 3000
-    conn = await _connect(store)
+    await postgres_store.append(
+        "bulk", [to_envelope(ReadItem(n=n), source="t") for n in range(3000)]
+    )
+    assert await postgres_store.last_position() == 3000
+    conn = await _connect(postgres_store)
     try:
         if analyzed:
             await conn.execute("ANALYZE ef_events; ANALYZE ef_runs")

@@ -107,8 +107,8 @@ class Crate(Event, type="schema.test.crate"):
 
 async def test_unvalidated_marks_go_by_identity_and_survive_copies() -> None:
     """Events with list fields publish fine after a model_construct elsewhere; a bad one
-    built without validation is refused, and so are its copies, deep copies and pickles
-    (even once the original is gone)."""
+    built without validation is refused, and so are its copies, deep copies, model copies
+    and pickles (even once the original is gone)."""
     import copy
     import gc
     import pickle
@@ -117,15 +117,15 @@ async def test_unvalidated_marks_go_by_identity_and_survive_copies() -> None:
         Parcel.model_construct(parcel_id="p-0", weight=1)  # any unvalidated instance
         await app.publish(Crate(items=[1, 2]))  # validated: not looked up by value
         bad = Crate.model_construct(items="not a list")
-        made = [copy.copy(bad), copy.deepcopy(bad), pickle.dumps(bad)]
+        made = [copy.copy(bad), copy.deepcopy(bad), bad.model_copy(), pickle.dumps(bad)]
         equal_but_valid = Crate(items=[3])
         del bad
         gc.collect()
-        for each in made[:2]:
+        for each in made[:3]:
             with pytest.raises(EventValidationError):
                 await app.publish(each)
         with pytest.raises(EventValidationError):
-            await app.publish(pickle.loads(made[2]))
+            await app.publish(pickle.loads(made[3]))
         await app.publish(pickle.loads(pickle.dumps(equal_but_valid)))
 
 
