@@ -49,11 +49,18 @@ class MemoryBrokerConfig:
 
 
 class _Partition:
-    __slots__ = ("assigned", "index", "inflight", "owner", "pending")
+    __slots__ = ("assigned", "headers", "index", "inflight", "owner", "pending", "retry")
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.pending: deque[_MemoryDelivery] = deque()
+        # Records never delivered, in offset order, as tuples of plain values (offset, topic,
+        # payload, key) with their headers alongside: the garbage collector untracks such
+        # tuples, so a long backlog is not traversed and promoted by every collection.
+        self.pending: deque[tuple[int, str, bytes, str | None]] = deque()
+        self.headers: deque[Mapping[str, str]] = deque()
+        # Records to deliver again (nacked, released, or out to a member that left), in
+        # offset order. Each was delivered before anything in `pending`, so all go first.
+        self.retry: deque[_MemoryDelivery] = deque()
         # offset -> the delivery now out for it: a superseded delivery is not in here.
         self.inflight: dict[int, _MemoryDelivery] = {}
         self.owner: _MemorySubscription | None = None
@@ -67,8 +74,7 @@ class _Partition:
 
     def requeue(self, records: list[_MemoryDelivery]) -> None:
         """Put records back in offset order ahead of everything not yet delivered."""
-        merged = sorted([*records, *self.pending], key=lambda r: r.offset)
-        self.pending = deque(merged)
+        self.retry = deque(sorted([*records, *self.retry], key=lambda r: r.offset))
 
 
 class _Group:
@@ -105,7 +111,8 @@ class _Group:
         self.next_offset = offset + 1
         parts = self.partitions
         part = parts[hash(key) % len(parts)] if key is not None else parts[next(self.rr)]
-        part.pending.append(_new_delivery(self, part, offset, topic, payload, key, headers, 0, 0.0))
+        part.pending.append((offset, topic, payload, key))
+        part.headers.append(headers)
         self.size += 1
         if self.size >= self.capacity:
             self.space.clear()
@@ -123,7 +130,7 @@ class _Group:
                 part.owner not in members or (part.owner is not part.assigned and not part.inflight)
             ):
                 part.owner = None  # wake-ups go to the member the partition is assigned to
-            if part.assigned is not None and part.pending:
+            if part.assigned is not None and (part.pending or part.retry):
                 part.assigned.wakeup.set()
 
 
@@ -146,11 +153,12 @@ _hubs: dict[str, _Hub] = {}
 
 
 class _MemoryDelivery:
-    """One delivery of a message, and until taken the record queued in its partition.
+    """One delivery of a message: made when a member takes the record (a plain tuple until
+    then), and while queued for redelivery the record itself.
 
     Redelivering makes a fresh copy (``_again``): a superseded delivery (nacked, released,
     or out to a member that left) is no longer its partition's in-flight entry, so it
-    cannot settle the copy. One object per message instead of a record plus a delivery.
+    cannot settle the copy.
     """
 
     __slots__ = (
@@ -304,19 +312,33 @@ class _MemorySubscription:
         out: list[_MemoryDelivery] = []
         group = self._group
         for part in group.partitions:
-            if part.assigned is not self or not part.pending:
+            pending, retry = part.pending, part.retry
+            if part.assigned is not self or not (pending or retry):
                 continue
             if part.owner is not self:
                 if part.inflight:
                     continue  # the previous owner is still settling this partition
                 part.owner = self
-            pending, inflight = part.pending, part.inflight
-            while pending and len(out) < limit:
-                if pending[0].not_before and pending[0].not_before > self._now():
+            inflight = part.inflight
+            while retry and len(out) < limit:
+                delivery = retry[0]
+                if delivery.not_before and delivery.not_before > self._now():
                     break  # a nacked record waits out its delay; its partition waits too
-                delivery = pending.popleft()
+                retry.popleft()
                 delivery.delivery_count += 1
                 inflight[delivery.offset] = delivery
+                out.append(delivery)
+            if retry:
+                if len(out) >= limit:
+                    break
+                continue
+            headers = part.headers
+            for _ in range(min(limit - len(out), len(pending))):
+                offset, topic, payload, key = pending.popleft()
+                delivery = _new_delivery(
+                    group, part, offset, topic, payload, key, headers.popleft(), 1, 0.0
+                )
+                inflight[offset] = delivery
                 out.append(delivery)
             if len(out) >= limit:
                 break
