@@ -28,11 +28,19 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from orjson import JSONDecodeError
+from orjson import loads as _loads
 from pydantic import ValidationError
 
 from ..context import Context
-from ..envelope import Envelope, _wire_fields, new_id
-from ..errors import AlreadyHandled, DecodeError, HandlerTimeoutError, UnknownEventTypeError
+from ..envelope import Envelope, _checked_fields, _not_json, new_id
+from ..errors import (
+    AlreadyHandled,
+    DecodeError,
+    HandlerTimeoutError,
+    MalformedMessageError,
+    UnknownEventTypeError,
+)
 from ..events import EventRegistry
 from ..ports import DeadLetter, DeadLetterStore, DedupStore, Delivery, Subscription
 from ..subscribe import HandlerSpec, Signature
@@ -73,6 +81,24 @@ def _instant_methods(
         ):
             return None, None
     return store.seen_nowait, store.mark_nowait  # type: ignore[attr-defined]
+
+
+class _Watch:
+    """What the watchdog knows of one worker task: the handler call it is in, if any.
+
+    ``calls`` goes up by one as a handler call starts and by one as it ends (odd: in a
+    handler), so a worker marks its calls with two increments and no clock read; the
+    watchdog times a call from the tick that first sees it.
+    """
+
+    __slots__ = ("calls", "expired", "seen", "seen_at", "task")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.calls = 0
+        self.expired = False  # the watchdog cancelled the current call
+        self.seen = 0  # the call the watchdog is timing (0: none)
+        self.seen_at = 0.0
 
 
 @dataclass(slots=True)
@@ -132,22 +158,34 @@ class Consumer:
         # The serial loop's fetched batch; from index _batch_from on, not yet started.
         self._batch: Sequence[Delivery] = ()
         self._batch_from = 0
-        # envelope id -> future of the handling in progress (concurrency > 1 only), so a
-        # duplicate fetched while the original runs waits for its outcome.
-        self._handling: dict[str, asyncio.Future[None]] = {}
+        # envelope id -> the handling in progress (concurrency > 1 only), so a duplicate
+        # fetched while the original runs waits for its outcome: None until a duplicate
+        # arrives and makes the future it waits on (one future per duplicate, not per message).
+        self._handling: dict[str, asyncio.Future[None] | None] = {}
         self._guard_ids = spec.idempotent and spec.concurrency > 1
         self._stopping = False
         self._stopped = asyncio.Event()
-        self._deadlines: dict[asyncio.Task[Any], float] = {}
-        self._expired: set[asyncio.Task[Any]] = set()
-        # Handler deadlines on the loop's clock (a loop may keep its own time).
-        self._clock = asyncio.get_running_loop().time
+        self._watches: list[_Watch] = []  # one per worker task
         # type -> (version, validator) of the handler's event classes: the common case (the
         # message is at the class's version) validates without the registry's generic path.
         self._validators: dict[str, tuple[int, Callable[[Any], Any]]] = {
             t: (cls.event_version, cls.__pydantic_validator__.validate_python)
             for t, cls in (signature.accepts or {}).items()
         }
+        # What handling reads per message and never changes, unpacked in one step.
+        self._hot = (
+            self.stats,
+            spec,
+            group,
+            spec.idempotent,
+            self._guard_ids,
+            self._validators,
+            spec.retry,
+            spec.fn,
+            spec.timeout,
+            signature.takes_context,
+            app,
+        )
 
     @property
     def name(self) -> str:
@@ -229,9 +267,16 @@ class Consumer:
             except Exception as exc:  # the broker redelivers it anyway, counted
                 _log.warning("%s: could not release a delivery: %s", self.name, exc)
 
-    async def _serial_loop(self, sub: Subscription) -> None:
+    def _watch(self) -> _Watch:
+        """The current worker task's watch, known to the watchdog."""
         task = asyncio.current_task()
         assert task is not None
+        watch = _Watch(task)
+        self._watches.append(watch)
+        return watch
+
+    async def _serial_loop(self, sub: Subscription) -> None:
+        watch = self._watch()
         handle = self._process
         limit = self.max_inflight
         while not self._stopping:
@@ -242,7 +287,7 @@ class Consumer:
                     return
                 self._batch_from = pos + 1
                 try:
-                    await handle(delivery, task)
+                    await handle(delivery, watch)
                 except Exception as exc:
                     # The store or broker failed around the handler: give this delivery
                     # and the rest of the batch back (keeping key order), pause, go on.
@@ -296,8 +341,7 @@ class Consumer:
         lanes, ready, slot, waiters = self._lanes, self._ready, self._slot, self._waiters
         refill = self.max_inflight // 2
         wake = self._wake_worker
-        task = asyncio.current_task()
-        assert task is not None
+        watch = self._watch()
         handle = self._process
         loop = asyncio.get_running_loop()
         while True:
@@ -312,7 +356,7 @@ class Consumer:
             lane = lanes[key]
             while lane and not self._stopping:
                 try:
-                    await handle(lane[0], task)
+                    await handle(lane[0], watch)
                 except Exception as exc:
                     # The store or broker failed around the handler: give the lane back
                     # (this key's messages, in order), pause, go on with other keys.
@@ -366,52 +410,76 @@ class Consumer:
     async def _watchdog(self, timeout: float) -> None:
         """Cancel handlers that run past ``timeout``: one timer per consumer, not per message.
 
-        Checked every ``timeout / 10`` (5 ms to 1 s), so a handler is cancelled at most a
-        tenth of its timeout late.
+        Checked every ``timeout / 20`` (5 ms to 1 s). A call is timed from the first tick
+        that sees it, at most one tick after it started, so it is cancelled after
+        ``timeout`` and at most two ticks late: a tenth of a timeout of 0.1 s or more.
         """
-        tick = min(max(timeout / 10, 0.005), 1.0)
-        deadlines, expired = self._deadlines, self._expired
+        tick = min(max(timeout / 20, 0.005), 1.0)
+        clock = asyncio.get_running_loop().time  # a loop may keep its own time
+        watches = self._watches
         while True:
             await asyncio.sleep(tick)
-            now = self._clock()
-            for task, deadline in list(deadlines.items()):
-                if now >= deadline and task not in expired:
-                    expired.add(task)
-                    task.cancel()
+            now = clock()
+            for watch in watches:
+                calls = watch.calls
+                if not calls & 1:
+                    continue  # not in a handler
+                if calls != watch.seen:
+                    watch.seen, watch.seen_at = calls, now
+                elif now - watch.seen_at >= timeout and not watch.expired:
+                    watch.expired = True
+                    watch.task.cancel()
 
     # -- one delivery ------------------------------------------------------------------------
 
-    async def _process(self, delivery: Delivery, task: asyncio.Task[Any]) -> None:
+    async def _process(self, delivery: Delivery, watch: _Watch) -> None:
         # `_active` counts running handlers so shutdown can wait for them to finish.
         self._active += 1
-        guard: asyncio.Future[None] | None = None
+        guarded = False
         try:
-            stats = self.stats
+            (
+                stats,
+                spec,
+                group,
+                idempotent,
+                guard_ids,
+                validators,
+                policy,
+                fn,
+                timeout,
+                takes_ctx,
+                app,
+            ) = self._hot
             stats.received += 1
             headers = delivery.headers
             if headers:
                 target = headers.get(TARGET_GROUP_HEADER)
-                if target is not None and target != self.group:
+                if target is not None and target != group:
                     await delivery.ack()  # a replay meant for another group
                     return
+            # The checked wire fields: the Envelope itself is built only if something
+            # reads it (most handlings never do).
             try:
-                # The checked wire fields: the Envelope itself is built only if something
-                # reads it (most handlings never do).
-                fields = _wire_fields(delivery.payload)
+                fields = _checked_fields(_loads(delivery.payload))
+            except JSONDecodeError as exc:
+                bad = MalformedMessageError(_not_json(delivery.payload, exc))
+                await self._dead_letter(delivery, None, bad, attempts=0)
+                return
             except DecodeError as exc:
                 await self._dead_letter(delivery, None, exc, attempts=0)
                 return
             env_id: str = fields["id"]
-            spec = self.spec
-            group = self.group
-            idempotent = spec.idempotent
-            if self._guard_ids:
+            if guard_ids:
                 # Two copies of one message in flight at once (a republish without a key):
                 # the second waits for the first's outcome, then finds it in the dedup store.
                 handling = self._handling
-                while (busy := handling.get(env_id)) is not None:
+                while env_id in handling:
+                    busy = handling[env_id]
+                    if busy is None:
+                        busy = handling[env_id] = asyncio.get_running_loop().create_future()
                     await asyncio.shield(busy)
-                guard = handling[env_id] = asyncio.get_running_loop().create_future()
+                handling[env_id] = None
+                guarded = True
             if idempotent:
                 seen_nowait = self._seen_nowait
                 if (
@@ -422,7 +490,7 @@ class Consumer:
                     stats.duplicates += 1
                     await delivery.ack()
                     return
-            fast = self._validators.get(fields["type"])
+            fast = validators.get(fields["type"])
             env: Envelope | None = None
             try:
                 if fast is not None and fast[0] == fields["version"]:
@@ -435,7 +503,6 @@ class Consumer:
             except Exception as exc:  # DecodeError, or a validator raising something else
                 await self._dead_letter(delivery, env_id, exc, attempts=0)
                 return
-            policy = spec.retry
             attempt = delivery.delivery_count - 1  # earlier deliveries each ended in an attempt
             if attempt >= policy.max_attempts:
                 await self._dead_letter(
@@ -448,22 +515,18 @@ class Consumer:
                     attempts=attempt,
                 )
                 return
-            fn = spec.fn
-            timeout = spec.timeout
-            takes_ctx = self.signature.takes_context
-            deadlines, expired = self._deadlines, self._expired
             while True:
                 attempt += 1
-                ctx = Context._of_fields(self.app, fields, env, group, attempt)
+                ctx = Context._of_fields(app, fields, env, group, attempt)
                 error: BaseException | None = None
                 if timeout is not None:
-                    deadlines[task] = self._clock() + timeout
+                    watch.calls += 1  # odd: in a handler
                 try:
                     await (fn(arg, ctx) if takes_ctx else fn(arg))
                 except asyncio.CancelledError as exc:
                     # Ours (the watchdog's) only if taking its request back leaves none:
                     # a shutdown cancel arriving at the same time must still stop us.
-                    timed_out = task in expired and task.cancelling() <= 1
+                    timed_out = watch.expired and watch.task.cancelling() <= 1
                     if not timed_out:
                         if ctx._tx is not None:
                             with contextlib.suppress(BaseException):
@@ -476,10 +539,10 @@ class Consumer:
                     error = exc
                 finally:
                     if timeout is not None:
-                        del deadlines[task]
-                        if task in expired:  # the watchdog fired; take its cancel request back
-                            expired.discard(task)
-                            task.uncancel()
+                        watch.calls += 1
+                        if watch.expired:  # the watchdog fired; take its cancel request back
+                            watch.expired = False
+                            watch.task.uncancel()
                 if ctx._tx is not None:
                     error = await self._settle_transaction(ctx, env_id, error)
                     if isinstance(error, AlreadyHandled):
@@ -503,7 +566,7 @@ class Consumer:
                 )
                 await asyncio.sleep(policy.delay(attempt))
             if ctx._outbox:
-                await self.app._send_all(ctx._take_outbox())
+                await app._send_all(ctx._take_outbox())
             if idempotent and not ctx._committed:
                 mark_nowait = self._mark_nowait
                 if mark_nowait is not None:
@@ -515,10 +578,10 @@ class Consumer:
             await delivery.ack()
         finally:
             self._active -= 1
-            if guard is not None:
-                del self._handling[env_id]
-                if not guard.done():
-                    guard.set_result(None)
+            if guarded:
+                busy = self._handling.pop(env_id)
+                if busy is not None and not busy.done():
+                    busy.set_result(None)
 
     async def _settle_transaction(
         self, ctx: Context, env_id: str, error: BaseException | None

@@ -351,6 +351,27 @@ async def test_timeout_none_never_cancels(broker_url: str, waiter: Wait) -> None
         await waiter(lambda: done == [3])
 
 
+async def test_timeout_applies_to_each_call_not_to_a_run_of_calls(
+    broker_url: str, waiter: Wait
+) -> None:
+    # One worker handles ten messages of one key back to back, each well within the
+    # timeout but all together three times longer: the watchdog times each call apart.
+    done: list[int] = []
+
+    @subscribe("it.proc.work", group="steady", timeout=0.1, retry=fast_retry(1))
+    async def handle(event: Work) -> None:
+        await asyncio.sleep(0.03)
+        done.append(event.n)
+
+    async with App("it-proc-steady", broker=broker_url, handlers=[handle]) as app:
+        for n in range(10):
+            await app.publish(Work(n=n), key="one-key")
+        await waiter(lambda: len(done) == 10)
+        stats = app.stats()["steady:it.proc.work"]
+        assert (stats["retries"], stats["dead_lettered"]) == (0, 0)
+    assert done == list(range(10))
+
+
 # -- (f) ctx.publish: correlation, causation, outbox -------------------------------------------
 
 
