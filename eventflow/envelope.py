@@ -17,9 +17,10 @@ import functools
 import hashlib
 import os
 import random
+import re
 import time as _time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -60,18 +61,49 @@ _FIELDS = (
 # A private generator, reseeded from os.urandom after fork so child processes diverge.
 # Ids need uniqueness, not secrecy: 62 random bits per id on top of the time and counter.
 _rng = random.Random()
-os.register_at_fork(after_in_child=_rng.seed)
 _randbits = _rng.getrandbits
 _time_ns = _time.time_ns
-_VARIANT = 0x8000_0000_0000_0000  # RFC 9562 variant bits over 62 random bits
-_RAND62 = (1 << 62) - 1
 _last_ms = 0
 _seq = 0
 _prefix = ""  # "tttttttt-tttt-7": the current millisecond and the version digit
-_prefix_hex = ""  # the same without dashes (a trace id starts with it)
+_trace_head = ""  # "00-" and the same without dashes (a root's trace id starts with it)
+_next_start = 0  # the counter's first value in the next millisecond
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# A millisecond and its UTC datetime: the time of the root messages whose ids carry it.
+_stamp: tuple[int, datetime] = (0, _EPOCH)
 # The counter's three hex digits, looked up (4,096 short strings, about 250 kB): formatting
 # a number costs more instructions than any other step of making an id.
 _HEX3 = tuple("%03x" % i for i in range(0x1000))
+
+# The random ends of ids, made in batches: a few C calls make the hex digits of 128 ids
+# (formatting numbers one id at a time costs more than anything else in making an id).
+# Per id: a group of 4 hex digits (the variant bits and 14 random bits) and one of 12 (48
+# random bits), taken from the ends of two lists.
+_PER_DRAW = 128
+_VARIANT_LANES = sum(0x8000 << (16 * i) for i in range(_PER_DRAW))
+_RANDOM14_LANES = sum(0x3FFF << (16 * i) for i in range(_PER_DRAW))
+_GROUPS_OF_4 = re.compile("....").findall
+_GROUPS_OF_12 = re.compile("............").findall
+_variant_groups: list[str] = []
+_random_groups: list[str] = []
+
+
+def _draw_groups() -> None:
+    """Add 128 random digit groups of each kind."""
+    n = _PER_DRAW
+    bits = (_randbits(16 * n) & _RANDOM14_LANES) | _VARIANT_LANES
+    _variant_groups.extend(_GROUPS_OF_4("%0*x" % (4 * n, bits)))
+    _random_groups.extend(_GROUPS_OF_12("%0*x" % (12 * n, _randbits(48 * n))))
+
+
+def _after_fork() -> None:
+    # A child must not hand out the parent's unused random digits, nor draw the same ones.
+    _rng.seed()
+    _variant_groups.clear()
+    _random_groups.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def new_id() -> str:
@@ -80,36 +112,53 @@ def new_id() -> str:
     The 12-bit ``rand_a`` field is a counter within one millisecond (RFC 9562 method 1),
     so ids made in one process sort in creation order; 62 random bits follow.
     """
-    return new_root()[0]
+    return _new_root()[0]
 
 
 def new_root() -> tuple[str, str]:
     """A new id (as :func:`new_id`) and the ``traceparent`` of a new trace named after it.
 
     The same as ``traceparent_for(id, id)`` for a message that starts a correlation, made
-    from the id's parts instead of re-parsing it (``App.publish`` does this per message).
+    from the id's parts instead of re-parsing it.
     """
-    global _last_ms, _seq, _prefix, _prefix_hex
-    rnd = _randbits(73)
-    # Nothing from the clock read to the last use of the state below is a call, so a thread
-    # switch cannot split the state update from the read.
+    env_id, traceparent, _ = _new_root()
+    return env_id, traceparent
+
+
+def _new_root() -> tuple[str, str, datetime]:
+    """:func:`new_root` and the id's millisecond as a UTC datetime (``App.publish`` per
+    message: the envelope's time is the one its id carries, read from one clock reading)."""
+    global _last_ms, _seq, _prefix, _trace_head, _stamp, _next_start
     ms = _time_ns() // 1_000_000
+    # From here to the copies into locals nothing is a call (after which the interpreter
+    # may switch threads), so no other thread's update can come between a read of this
+    # state and the write that depends on it.
     if ms <= _last_ms and _seq < 0xFFF:
         _seq += 1
     else:
         if ms > _last_ms:
             _last_ms = ms
-            _seq = rnd >> 62  # random start in the lower half leaves room to count up
+            _seq = _next_start  # a random start in the lower half leaves room to count up
         else:
             _last_ms += 1  # counter exhausted: borrow the next millisecond
             _seq = 0
         h = "%012x" % _last_ms
         _prefix = f"{h[:8]}-{h[8:]}-7"
-        _prefix_hex = f"{h}7"
+        _trace_head = f"00-{h}7"
     seq = _HEX3[_seq]
-    prefix, prefix_hex = _prefix, _prefix_hex
-    tail = "%016x" % (_VARIANT | (rnd & _RAND62))
-    return f"{prefix}{seq}-{tail[:4]}-{tail[4:]}", f"00-{prefix_hex}{seq}{tail}-{tail}-01"
+    prefix, trace_head, id_ms, stamp = _prefix, _trace_head, _last_ms, _stamp
+    if stamp[0] != id_ms:  # the first id of its millisecond (in this thread, at least)
+        stamp = _stamp = (id_ms, _EPOCH + timedelta(milliseconds=id_ms))
+        _next_start = _randbits(11)
+    while True:
+        try:
+            a, b = _variant_groups.pop(), _random_groups.pop()
+            break
+        except IndexError:
+            # Out of digits (threads taking the last ones may leave one list a group
+            # longer, or empty both again before this one pops): draw more.
+            _draw_groups()
+    return f"{prefix}{seq}-{a}-{b}", f"{trace_head}{seq}{a}{b}-{a}{b}-01", stamp[1]
 
 
 def derived_id(parent: Envelope, *parts: str) -> str:

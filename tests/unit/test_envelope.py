@@ -1,6 +1,7 @@
 """Envelope: wire form, UUIDv7 ids, UTC time, malformed input."""
 
 import itertools
+import os
 import sys
 import threading
 import time
@@ -473,3 +474,22 @@ def test_an_envelope_subclass_builds_its_own_class() -> None:
     assert type(Tagged.from_bytes(made.to_bytes())) is Tagged
     assert type(made.model_copy(update={"key": "k"})) is Tagged
     assert type(Envelope.from_bytes(made.to_bytes())) is Envelope
+
+
+def test_a_forked_child_makes_other_ids_than_its_parent() -> None:
+    new_id()  # the parent holds random digits drawn in advance
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its ids, then exit without running pytest's teardown
+        try:
+            os.write(write_end, "\n".join(new_id() for _ in range(200)).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        child = pipe.read().split("\n")
+    os.waitpid(pid, 0)
+    parent = [new_id() for _ in range(200)]
+    assert len(child) == 200
+    # The random 62 bits (the last two groups) must differ, not just the counter.
+    assert not {i[19:] for i in child} & {i[19:] for i in parent}

@@ -1,9 +1,19 @@
 """Event classes, the type registry, upcasters and typed decoding."""
 
+import enum
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from pydantic import ValidationError
+from pydantic import (
+    ConfigDict,
+    Field,
+    ValidationError,
+    computed_field,
+    field_serializer,
+    field_validator,
+    model_serializer,
+)
 
 from eventflow import (
     DecodeError,
@@ -312,3 +322,148 @@ def test_to_envelope_keeps_an_existing_traceparent_and_passes_envelopes_through(
 def test_to_envelope_rejects_non_events() -> None:
     with pytest.raises(EventTypeError, match="Event subclass"):
         to_envelope({"a": 1}, source="s")  # type: ignore[arg-type]
+
+
+# -- publishing copies plain data instead of serializing it -----------------------------------
+
+
+class _Status(enum.StrEnum):
+    OPEN = "open"
+
+
+class PlainAll(Event, type="ut.events.plain"):
+    name: str
+    count: int = Field(ge=0)
+    flag: bool = False
+    note: str | None = None
+
+
+class WithDatetime(Event, type="ut.events.notplain.time"):
+    at: datetime
+
+
+class WithEnum(Event, type="ut.events.notplain.enum"):
+    status: _Status
+
+
+class WithExcluded(Event, type="ut.events.notplain.excluded"):
+    name: str
+    secret: str = Field(default="s", exclude=True)
+
+
+class WithSerializer(Event, type="ut.events.notplain.serializer"):
+    name: str
+
+    @field_serializer("name")
+    def _upper(self, value: str) -> str:
+        return value.upper()
+
+
+class WithModelSerializer(Event, type="ut.events.notplain.model_serializer"):
+    name: str
+
+    @model_serializer
+    def _whole(self) -> dict[str, str]:
+        return {"renamed": self.name}
+
+
+class WithComputed(Event, type="ut.events.notplain.computed"):
+    name: str
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def size(self) -> int:
+        return len(self.name)
+
+
+class WithExtra(Event, type="ut.events.notplain.extra"):
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+
+class WithNested(Event, type="ut.events.notplain.nested"):
+    tags: list[str]
+
+
+class WithValidator(Event, type="ut.events.notplain.validator"):
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _strip(cls, value: str) -> str:
+        return value.strip()
+
+
+class PlainChild(PlainAll, type="ut.events.plain.child"):
+    extra_note: str = ""
+
+
+class NotPlainChild(PlainAll, type="ut.events.notplain.child"):
+    at: datetime | None = None
+
+
+@pytest.mark.parametrize(
+    ("cls", "plain"),
+    [
+        (PlainAll, True),
+        (PlainChild, True),
+        (Placed, True),
+        (WithDatetime, False),
+        (WithEnum, False),
+        (WithExcluded, False),
+        (WithSerializer, False),
+        (WithModelSerializer, False),
+        (WithComputed, False),
+        (WithExtra, False),
+        (WithNested, False),
+        (WithValidator, False),
+        (NotPlainChild, False),
+        (Event, False),
+    ],
+)
+def test_only_events_of_plain_json_fields_copy_their_dict(cls: type[Event], plain: bool) -> None:
+    assert cls._plain_data is plain
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        PlainAll(name="n", count=3, flag=True),
+        PlainChild(name="n", count=0, note="x", extra_note="e"),
+        WithDatetime(at=datetime(2024, 5, 1, 12, tzinfo=UTC)),
+        WithEnum(status=_Status.OPEN),
+        WithExcluded(name="n", secret="hidden"),
+        WithSerializer(name="n"),
+        WithModelSerializer(name="n"),
+        WithComputed(name="abc"),
+        WithExtra(name="n", more=1),  # type: ignore[call-arg]
+        WithNested(tags=["a"]),
+        WithValidator(name=" n "),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_published_data_is_pydantics_json_form(event: Event) -> None:
+    expected = event.model_dump(mode="json")
+    out = to_envelope(event, source="s")
+    assert out.data == expected
+    assert [type(v) for v in out.data.values()] == [type(v) for v in expected.values()]
+    assert out.data is not event.__dict__  # a copy: the envelope never aliases the event
+
+
+def test_an_unvalidated_plain_event_goes_through_pydantics_serializer() -> None:
+    # model_construct may put anything in the fields: the JSON form comes from pydantic (and
+    # App.publish then validates it), never from a copy of whatever the instance holds.
+    odd = PlainAll.model_construct(name=_Status.OPEN, count=1)  # type: ignore[arg-type]
+    out = to_envelope(odd, source="s")
+    assert out.data["name"] == "open" and type(out.data["name"]) is str
+
+
+def test_a_root_envelope_time_is_the_millisecond_its_id_carries() -> None:
+    before = datetime.now(UTC) - timedelta(milliseconds=1)
+    envs = [to_envelope(PlainAll(name="n", count=i), source="s") for i in range(2000)]
+    after = datetime.now(UTC) + timedelta(milliseconds=10)  # the counter may borrow a few ms
+    for out in envs:
+        id_ms = int(out.id.replace("-", "")[:12], 16)
+        assert out.time == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=id_ms)
+        assert out.time.tzinfo is UTC
+        assert before <= out.time <= after
