@@ -35,7 +35,7 @@ from .projections import Projection, ProjectionRunner
 from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
-from .runtime.relay import EventRelay, OutboxRelay
+from .runtime.relay import EventRelay, OutboxRelay, _id_headers
 from .schema.outgoing import check_outgoing
 from .sourcing.aggregate import Aggregate
 from .sourcing.repository import Repository
@@ -46,7 +46,8 @@ __all__ = ["DEFAULT_GRACE_PERIOD", "MESSAGE_ID_HEADER", "App"]
 
 DEFAULT_GRACE_PERIOD = 10.0
 MESSAGE_ID_HEADER = "eventflow-id"
-"""Broker header carrying the envelope id (brokers use it for server-side dedup)."""
+"""Broker header carrying the envelope id (brokers use it for server-side dedup); not sent
+to a broker whose class sets ``wants_message_id = False`` (see :class:`~eventflow.ports.Broker`)."""
 _log = logging.getLogger("eventflow.app")
 _A = TypeVar("_A", bound=Aggregate)
 
@@ -81,6 +82,9 @@ class App:
             raise ConfigurationError(f"app name {name!r} must be non-empty without spaces")
         self.name = name
         self.broker: Broker = open_broker(broker)
+        self._id_header = (
+            MESSAGE_ID_HEADER if getattr(self.broker, "wants_message_id", True) else None
+        )
         self.store: Store = store_for(store)
         self.registry = registry or default_registry
         self.grace_period = grace_period
@@ -222,7 +226,7 @@ class App:
             topic,
             payload,
             key=fields["key"],
-            headers={MESSAGE_ID_HEADER: fields["id"]},
+            headers=None if self._id_header is None else {self._id_header: fields["id"]},
         )
         return env
 
@@ -236,7 +240,7 @@ class App:
         if not self._started:
             self._not_running()
         await self.broker.publish(
-            topic, env.to_bytes(), key=env.key, headers={MESSAGE_ID_HEADER: env.id}
+            topic, env.to_bytes(), key=env.key, headers=_id_headers(self._id_header, env.id)
         )
 
     async def _send_all(self, outbox: list[tuple[str, Envelope]]) -> None:
@@ -287,9 +291,9 @@ class App:
                     runner = ProjectionRunner(projection, self.store, registry=self.registry)
                     self._projection_runners.append(runner)
                     tg.create_task(runner.run(), name=f"eventflow:projection:{projection.name}")
-                self._relays.append(OutboxRelay(self.store, self.broker, MESSAGE_ID_HEADER))
+                self._relays.append(OutboxRelay(self.store, self.broker, self._id_header))
                 if self.relay_events:
-                    self._relays.append(EventRelay(self.store, self.broker, MESSAGE_ID_HEADER))
+                    self._relays.append(EventRelay(self.store, self.broker, self._id_header))
                 for relay in self._relays:
                     self._background.append(
                         tg.create_task(relay.run(), name=f"eventflow:{type(relay).__name__}")

@@ -31,8 +31,17 @@ _RETRY = 0.1
 _log = logging.getLogger("eventflow.relay")
 
 
+def _id_headers(id_header: str | None, message_id: str) -> dict[str, str] | None:
+    """The broker headers of a relayed message: its id, if the broker wants it."""
+    return None if id_header is None else {id_header: message_id}
+
+
 async def _publish(
-    broker: Broker, topic: str, payload: bytes, key: str | None, headers: Mapping[str, str]
+    broker: Broker,
+    topic: str,
+    payload: bytes,
+    key: str | None,
+    headers: Mapping[str, str] | None,
 ) -> None:
     delay = 0.05
     while True:
@@ -48,7 +57,7 @@ async def _publish(
 class OutboxRelay:
     """Sends ``store.outbox`` messages to the broker, oldest first."""
 
-    def __init__(self, store: Store, broker: Broker, id_header: str) -> None:
+    def __init__(self, store: Store, broker: Broker, id_header: str | None) -> None:
         self.store = store
         self.broker = broker
         self.id_header = id_header
@@ -71,7 +80,7 @@ class OutboxRelay:
                             msg.topic,
                             msg.payload,
                             msg.key,
-                            {self.id_header: msg.message_id},
+                            _id_headers(self.id_header, msg.message_id),
                         )
                     if batch:
                         await outbox.remove([m.seq for m in batch])
@@ -101,7 +110,7 @@ class EventRelay:
         self,
         store: Store,
         broker: Broker,
-        id_header: str,
+        id_header: str | None,
         checkpoint: str = EVENT_RELAY_CHECKPOINT,
         checkpoint_every: int = _BATCH,
     ) -> None:
@@ -133,7 +142,11 @@ class EventRelay:
             async for rec in store.subscribe(after=position):
                 env = rec.envelope
                 await _publish(
-                    self.broker, env.type, env.to_bytes(), rec.stream_id, {self.id_header: env.id}
+                    self.broker,
+                    env.type,
+                    env.to_bytes(),
+                    rec.stream_id,
+                    _id_headers(self.id_header, env.id),
                 )
                 position = rec.position
                 self.sent += 1

@@ -509,6 +509,7 @@ class RecordingBroker(MemoryBroker):
     def __init__(self, name: str) -> None:
         super().__init__(MemoryBrokerConfig(name=name))
         self.sent: list[tuple[str, str | None]] = []
+        self.headers: list[Mapping[str, str] | None] = []
 
     async def publish(
         self,
@@ -519,6 +520,7 @@ class RecordingBroker(MemoryBroker):
         headers: Mapping[str, str] | None = None,
     ) -> None:
         self.sent.append((topic, key))
+        self.headers.append(headers)
         await super().publish(topic, payload, key=key, headers=headers)
 
 
@@ -534,6 +536,30 @@ async def test_publish_uses_the_key_and_topic(broker_name: str) -> None:
         ("it.proc.elsewhere", None),
         ("it.proc.other", "k-env"),
     ]
+
+
+class IdHeaderBroker(RecordingBroker):
+    """A broker that reads the envelope id header, as the NATS broker does."""
+
+    wants_message_id = True
+
+
+@pytest.mark.parametrize(("cls", "wants"), [(RecordingBroker, False), (IdHeaderBroker, True)])
+async def test_the_id_header_goes_only_to_brokers_that_want_it(
+    broker_name: str, waiter: Wait, cls: type[RecordingBroker], wants: bool
+) -> None:
+    broker = cls(broker_name)
+    sent: list[Envelope] = []
+
+    @subscribe("it.proc.cause", group="ids")
+    async def handle(event: Cause, ctx: Context) -> None:
+        sent.append(await ctx.publish(Effect(n=event.n)))
+
+    async with App("it-proc-ids", broker=broker, handlers=[handle]) as app:
+        env = await app.publish(Cause(n=1))
+        await waiter(lambda: len(broker.headers) == 2)
+    expected = [{"eventflow-id": e.id} if wants else None for e in (env, *sent)]
+    assert broker.headers == expected
 
 
 async def test_publish_envelope_with_key_is_not_silently_ignored(broker_name: str) -> None:

@@ -373,6 +373,10 @@ class MemoryBroker:
     (or ``open_broker("memory://x")``) joins hub ``x``.
     """
 
+    wants_message_id = False
+    """No ``eventflow-id`` header from ``App`` (see :class:`~eventflow.ports.Broker`): nothing
+    here reads it, and the envelope in the payload carries the id."""
+
     def __init__(self, config: MemoryBrokerConfig | None = None) -> None:
         self.config = config or MemoryBrokerConfig()
         if self.config.partitions < 1 or self.config.max_pending < 1:
