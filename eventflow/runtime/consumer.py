@@ -144,7 +144,9 @@ class Consumer:
         self.max_inflight = max_inflight or max(64, spec.concurrency * 16)
         self.stats = ConsumerStats()
         self._sub: Subscription | None = None
-        self._lanes: dict[object, deque[Delivery]] = {}
+        # A lane is a list, not a deque: most hold a message or two (a deque allocates a
+        # 64-slot block for each), and none holds more than the fetch window.
+        self._lanes: dict[object, list[Delivery]] = {}
         self._ready: deque[object] = deque()
         # Keys whose worker pauses after an infrastructure failure (their lanes hold nothing
         # started): with `_ready`, what tells shutdown which fetched deliveries no handler saw.
@@ -317,7 +319,7 @@ class Consumer:
                 key: object = delivery.key if delivery.key is not None else delivery
                 lane = lanes.get(key)
                 if lane is None:
-                    lanes[key] = deque((delivery,))
+                    lanes[key] = [delivery]
                     ready.append(key)
                 else:
                     lane.append(delivery)
@@ -360,8 +362,7 @@ class Consumer:
                 except Exception as exc:
                     # The store or broker failed around the handler: give the lane back
                     # (this key's messages, in order), pause, go on with other keys.
-                    failed = lane.popleft()
-                    rest = list(lane)
+                    failed, *rest = lane
                     lane.clear()
                     self._inflight -= 1 + len(rest)
                     slot.set()
@@ -371,7 +372,7 @@ class Consumer:
                     await self._infrastructure_failure(failed, rest, exc)
                     self._pausing.discard(key)
                     continue
-                lane.popleft()
+                del lane[0]
                 self._inflight -= 1
                 if self._inflight <= refill and self._fetch_idle:
                     slot.set()
