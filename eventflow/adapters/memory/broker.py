@@ -8,7 +8,8 @@ Each (group, pattern) pair is a durable consumer group created by its first ``su
 Its messages are spread over ``partitions`` by key hash (keyless messages round-robin), and
 partitions are shared among the group's live members. A partition changes owner only once
 its in-flight messages are settled, so one key is never handled by two members at once.
-Messages not acked when a member leaves go back to the front of their partition.
+Messages not acked when a member leaves go back to the front of their partition. A
+delivery's ``metadata`` is its partition and its offset in that partition, as in Kafka.
 """
 
 from __future__ import annotations
@@ -49,15 +50,16 @@ class MemoryBrokerConfig:
 
 
 class _Partition:
-    __slots__ = ("assigned", "headers", "index", "inflight", "owner", "pending", "retry")
+    __slots__ = ("assigned", "index", "inflight", "next_offset", "owner", "pending", "retry")
 
     def __init__(self, index: int) -> None:
         self.index = index
-        # Records never delivered, in offset order, as tuples of plain values (offset, topic,
-        # payload, key) with their headers alongside: the garbage collector untracks such
-        # tuples, so a long backlog is not traversed and promoted by every collection.
-        self.pending: deque[tuple[int, str, bytes, str | None]] = deque()
-        self.headers: deque[Mapping[str, str]] = deque()
+        # Records never delivered, in publish order, as tuples of plain values (topic,
+        # payload, key, headers or None): the garbage collector untracks such tuples (those
+        # without headers), so a long backlog is not traversed and promoted by every
+        # collection. A record gets its offset in the partition when it is first taken.
+        self.pending: deque[tuple[str, bytes, str | None, Mapping[str, str] | None]] = deque()
+        self.next_offset = 0
         # Records to deliver again (nacked, released, or out to a member that left), in
         # offset order. Each was delivered before anything in `pending`, so all go first.
         self.retry: deque[_MemoryDelivery] = deque()
@@ -83,7 +85,6 @@ class _Group:
         "low_water",
         "members",
         "name",
-        "next_offset",
         "partitions",
         "pattern",
         "rr",
@@ -104,15 +105,13 @@ class _Group:
         self.space = asyncio.Event()
         self.space.set()
         self.rr = itertools.cycle(range(partitions))
-        self.next_offset = 0
 
-    def put(self, topic: str, payload: bytes, key: str | None, headers: Mapping[str, str]) -> None:
-        offset = self.next_offset
-        self.next_offset = offset + 1
+    def put(
+        self, topic: str, payload: bytes, key: str | None, headers: Mapping[str, str] | None
+    ) -> None:
         parts = self.partitions
         part = parts[hash(key) % len(parts)] if key is not None else parts[next(self.rr)]
-        part.pending.append((offset, topic, payload, key))
-        part.headers.append(headers)
+        part.pending.append((topic, payload, key, headers))
         self.size += 1
         if self.size >= self.capacity:
             self.space.clear()
@@ -332,14 +331,16 @@ class _MemorySubscription:
                 if len(out) >= limit:
                     break
                 continue
-            headers = part.headers
+            offset = part.next_offset
             for _ in range(min(limit - len(out), len(pending))):
-                offset, topic, payload, key = pending.popleft()
+                topic, payload, key, headers = pending.popleft()
                 delivery = _new_delivery(
-                    group, part, offset, topic, payload, key, headers.popleft(), 1, 0.0
+                    group, part, offset, topic, payload, key, headers or _EMPTY, 1, 0.0
                 )
                 inflight[offset] = delivery
                 out.append(delivery)
+                offset += 1
+            part.next_offset = offset
             if len(out) >= limit:
                 break
         return out
@@ -443,7 +444,7 @@ class MemoryBroker:
         if groups is None:
             validate_topic(topic)
             groups = hub.route(topic)
-        hdrs = _EMPTY if headers is None else dict(headers)
+        hdrs = dict(headers) if headers else None
         for group in groups:
             if group.size >= group.capacity:
                 # All or nothing: wait until every target group has room, then hand the
