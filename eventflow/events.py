@@ -239,7 +239,8 @@ class Event(BaseModel):
     event_compatibility: ClassVar[str] = "backward"
     """Schema compatibility mode checked by ``eventflow schema check``: ``backward``
     (default), ``forward``, ``full`` or ``none``; set with ``compatibility=...``."""
-    _plain_data: ClassVar[bool] = False  # see _is_plain(); set for each class
+    # The number of fields if the class's data is plain (see _is_plain), else -1; per class.
+    _plain_data: ClassVar[int] = -1
 
     def __init_subclass__(
         cls,
@@ -279,7 +280,7 @@ class Event(BaseModel):
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         # Runs once pydantic has built the model, so the class is complete when registered.
         super().__pydantic_init_subclass__(**kwargs)
-        cls._plain_data = _is_plain(cls)
+        cls._plain_data = len(cls.model_fields) if _is_plain(cls) else -1
         if cls.event_type and "event_type" in cls.__dict__:
             default_registry.register(cls)
 
@@ -447,10 +448,11 @@ def _envelope_fields(
         "key": key,
         "headers": hdrs,
         "data": (
-            dict(message.__dict__)
+            dict(values)
             # An unvalidated instance may hold anything: pydantic's serializer, then the
-            # publisher validates what it gives.
-            if message._plain_data and not unvalidated_made
+            # publisher validates what it gives. So does an instance holding more than its
+            # fields (a cached_property that was read, say).
+            if len(values := message.__dict__) == message._plain_data and not unvalidated_made
             else message.__pydantic_serializer__.to_python(message, mode="json", warnings=False)
         ),
     }

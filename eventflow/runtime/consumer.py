@@ -412,8 +412,8 @@ class Consumer:
         """Cancel handlers that run past ``timeout``: one timer per consumer, not per message.
 
         Checked every ``timeout / 20`` (5 ms to 1 s). A call is timed from the first tick
-        that sees it, at most one tick after it started, so it is cancelled after
-        ``timeout`` and at most two ticks late: a tenth of a timeout of 0.1 s or more.
+        that sees it, so it is never cancelled early, and while ticks come on time (nothing
+        blocks the loop) at most two ticks late: a tenth of a timeout of 0.1 s or more.
         """
         tick = min(max(timeout / 20, 0.005), 1.0)
         clock = asyncio.get_running_loop().time  # a loop may keep its own time

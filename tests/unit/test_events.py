@@ -1,6 +1,7 @@
 """Event classes, the type registry, upcasters and typed decoding."""
 
 import enum
+import functools
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -394,6 +395,21 @@ class WithValidator(Event, type="ut.events.notplain.validator"):
         return value.strip()
 
 
+class WithCachedProperty(Event, type="ut.events.plain.cached"):
+    price: str
+
+    @functools.cached_property
+    def amount(self) -> float:
+        return float(self.price)
+
+
+class OnlyComputed(Event, type="ut.events.notplain.only_computed"):
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def constant(self) -> int:
+        return 1
+
+
 class PlainChild(PlainAll, type="ut.events.plain.child"):
     extra_note: str = ""
 
@@ -418,11 +434,13 @@ class NotPlainChild(PlainAll, type="ut.events.notplain.child"):
         (WithNested, False),
         (WithValidator, False),
         (NotPlainChild, False),
+        (WithCachedProperty, True),
+        (OnlyComputed, False),
         (Event, False),
     ],
 )
 def test_only_events_of_plain_json_fields_copy_their_dict(cls: type[Event], plain: bool) -> None:
-    assert cls._plain_data is plain
+    assert cls._plain_data == (len(cls.model_fields) if plain else -1)
 
 
 @pytest.mark.parametrize(
@@ -448,6 +466,13 @@ def test_published_data_is_pydantics_json_form(event: Event) -> None:
     assert out.data == expected
     assert [type(v) for v in out.data.values()] == [type(v) for v in expected.values()]
     assert out.data is not event.__dict__  # a copy: the envelope never aliases the event
+
+
+def test_a_plain_event_holding_more_than_its_fields_publishes_only_its_fields() -> None:
+    event = WithCachedProperty(price="1.5")
+    assert event.amount == 1.5  # cached in the instance's __dict__
+    assert to_envelope(event, source="s").data == {"price": "1.5"}
+    assert to_envelope(OnlyComputed(), source="s").data == {"constant": 1}
 
 
 def test_an_unvalidated_plain_event_goes_through_pydantics_serializer() -> None:

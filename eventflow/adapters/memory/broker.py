@@ -259,8 +259,9 @@ def _new_delivery(
     delivery_count: int,
     not_before: float,
 ) -> _MemoryDelivery:
-    """A queued record (one per message and group). A function, not ``__init__``: calling
-    a class runs its ``__init__`` through a slower nested call, once per message."""
+    """A delivery, made when a member takes a record (once per message and group). A
+    function, not ``__init__``: calling a class runs its ``__init__`` through a slower
+    nested call, once per message."""
     delivery = _alloc(_MemoryDelivery)
     delivery._group = group
     delivery._part = part
