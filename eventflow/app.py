@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from . import events as _events
 from .brokers import open_broker
-from .envelope import _ALL_FIELDS, Envelope, _construct, _encode_fields, new_id
+from .envelope import Envelope, _encode_fields, _trusted_envelope, new_id
 from .errors import BrokerError, ConfigurationError
 from .events import (
     Event,
@@ -209,7 +209,7 @@ class App:
             )
             if _events.unvalidated_made:  # model_construct/model_copy skip validation
                 check_outgoing(message, fields["data"])
-            env: Envelope = _construct((fields, None, _ALL_FIELDS))  # Envelope._trusted(fields)
+            env = _trusted_envelope(fields)
             payload = _encode_fields(fields)  # env.to_bytes(): fields is its __dict__
         else:
             # An Envelope keeps its id; to_envelope rejects anything that is neither.
@@ -226,7 +226,7 @@ class App:
             topic,
             payload,
             key=fields["key"],
-            headers=None if self._id_header is None else {self._id_header: fields["id"]},
+            headers=_id_headers(self._id_header, fields["id"]),
         )
         return env
 

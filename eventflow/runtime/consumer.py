@@ -28,19 +28,11 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from orjson import JSONDecodeError
-from orjson import loads as _loads
 from pydantic import ValidationError
 
 from ..context import Context
-from ..envelope import Envelope, _checked_fields, _not_json, new_id
-from ..errors import (
-    AlreadyHandled,
-    DecodeError,
-    HandlerTimeoutError,
-    MalformedMessageError,
-    UnknownEventTypeError,
-)
+from ..envelope import Envelope, _wire_fields, new_id
+from ..errors import AlreadyHandled, DecodeError, HandlerTimeoutError, UnknownEventTypeError
 from ..events import EventRegistry
 from ..ports import DeadLetter, DeadLetterStore, DedupStore, Delivery, Subscription
 from ..subscribe import HandlerSpec, Signature
@@ -461,11 +453,7 @@ class Consumer:
             # The checked wire fields: the Envelope itself is built only if something
             # reads it (most handlings never do).
             try:
-                fields = _checked_fields(_loads(delivery.payload))
-            except JSONDecodeError as exc:
-                bad = MalformedMessageError(_not_json(delivery.payload, exc))
-                await self._dead_letter(delivery, None, bad, attempts=0)
-                return
+                fields = _wire_fields(delivery.payload)
             except DecodeError as exc:
                 await self._dead_letter(delivery, None, exc, attempts=0)
                 return
