@@ -48,13 +48,32 @@ class Upgraded(Event, type="it.upgrade.item"):
     n: int
 
 
+def _store(url: str) -> PostgresStore:
+    store = store_for(url)
+    assert isinstance(store, PostgresStore)
+    return store
+
+
+async def _current_schema(url: str) -> PostgresStore:
+    """A store whose schema this version made (opened once and closed)."""
+    store = _store(url)
+    await store.open()
+    await store.close()
+    return store
+
+
+async def _connect(store: PostgresStore) -> asyncpg.Connection:
+    """A plain connection to the store's schema, to change it as an earlier version or a
+    person would."""
+    cfg = store.config
+    return await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+
+
 async def test_first_open_numbers_the_old_queue_and_drops_it() -> None:
     old = [to_envelope(Upgraded(n=n), source="t", key="s") for n in range(1, 5)]
     async with isolated_schema(postgres_url()) as url:
-        store = store_for(url)
-        assert isinstance(store, PostgresStore)
-        cfg = store.config
-        conn = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        store = _store(url)
+        conn = await _connect(store)
         try:
             await conn.execute(_OLD_SCHEMA)
             for version, env in enumerate(old, start=1):
@@ -118,10 +137,8 @@ async def test_first_open_turns_position_rows_into_runs() -> None:
     (4,3,1), (5,5,2); every position reads back the same, and the old table is a trap."""
     envs = [to_envelope(Upgraded(n=n), source="t", key=f"s{n}") for n in range(1, 7)]
     async with isolated_schema(postgres_url()) as url:
-        store = store_for(url)
-        assert isinstance(store, PostgresStore)
-        cfg = store.config
-        conn = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        store = _store(url)
+        conn = await _connect(store)
         try:
             await conn.execute(_ROW_PER_POSITION_SCHEMA)
             for env in envs:
@@ -178,12 +195,7 @@ async def test_first_open_turns_position_rows_into_runs() -> None:
 async def test_an_id_sequence_with_a_cache_is_refused() -> None:
     """With a per-backend cache, ids could be drawn below the sequencer's `top`: refuse."""
     async with isolated_schema(postgres_url()) as url:
-        store = store_for(url)
-        assert isinstance(store, PostgresStore)
-        await store.open()
-        await store.close()
-        cfg = store.config
-        conn = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        conn = await _connect(await _current_schema(url))
         try:
             await conn.execute("ALTER SEQUENCE ef_events_id_seq CACHE 20")
             again = store_for(url)
@@ -198,11 +210,9 @@ async def test_the_type_column_upgrade_waits_briefly_then_says_what_blocks_it() 
     holds the table, the open gives up after 2 s (appends would queue behind the lock) and
     says what to do; once that transaction ends, the open upgrades the column."""
     async with isolated_schema(postgres_url()) as url:
-        store = store_for(url)
-        assert isinstance(store, PostgresStore)
-        cfg = store.config
-        conn = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
-        blocker = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        store = _store(url)
+        conn = await _connect(store)
+        blocker = await _connect(store)
         try:
             await conn.execute(_ROW_PER_POSITION_SCHEMA)
             await conn.execute("INSERT INTO ef_sequence (last) VALUES (0)")
@@ -231,12 +241,7 @@ async def test_the_type_column_upgrade_waits_briefly_then_says_what_blocks_it() 
 async def test_an_open_restores_the_trap_trigger_of_an_upgraded_schema() -> None:
     """A schema upgraded before the trap had its insert trigger gets it on the next open."""
     async with isolated_schema(postgres_url()) as url:
-        store = store_for(url)
-        assert isinstance(store, PostgresStore)
-        await store.open()
-        await store.close()
-        cfg = store.config
-        conn = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        conn = await _connect(await _current_schema(url))
         try:
             await conn.execute("DROP TRIGGER ef_positions_moved ON ef_positions")
             again = store_for(url)
