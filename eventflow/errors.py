@@ -15,11 +15,14 @@
     ├── BackpressureError           a bounded queue stayed full past the publish timeout
     ├── HandlerTimeoutError         a handler ran past its soft timeout
     ├── BrokerError                 the broker failed or was used after close
+    │   └── MessageRefusedError     the broker refused a message for good (too large, ...)
+    ├── ComponentFailedError        a background component failed and could not recover
     ├── ProjectionError             a projection cannot run, reset or rebuild
     │   ├── ProjectionHandlerError  a handler raised on an event: the batch rolled back
     │   └── ProjectionLockedError   another instance holds the projection's lock
     ├── StoreError                  the store failed or was used after close
     │   ├── AlreadyHandled          a dedup entry already exists (a concurrent copy committed)
+    │   ├── LeaseLostError          a lease expired or was taken over; its writes are refused
     │   ├── ConcurrencyError        optimistic concurrency conflict on append
     │   └── AggregateNotFound       no stream for the aggregate id
     └── DeadLetterNotFound          a dead-letter id that does not exist
@@ -34,6 +37,7 @@ __all__ = [
     "AlreadyHandled",
     "BackpressureError",
     "BrokerError",
+    "ComponentFailedError",
     "ConcurrencyError",
     "ConfigurationError",
     "DeadLetterNotFound",
@@ -43,7 +47,9 @@ __all__ = [
     "EventflowError",
     "FutureVersionError",
     "HandlerTimeoutError",
+    "LeaseLostError",
     "MalformedMessageError",
+    "MessageRefusedError",
     "MissingDependencyError",
     "StoreError",
     "UnknownEventTypeError",
@@ -126,6 +132,26 @@ class BrokerError(EventflowError):
     """The broker failed, or was used before start or after close."""
 
 
+class MessageRefusedError(BrokerError):
+    """The broker refused a message for good: it is too large, the client may not publish
+    to its topic, or the topic is invalid. Sending it again changes nothing: a consumer
+    dead-letters the message whose handler published it (reason ``publish-refused``) and the
+    outbox relay parks the row in the dead-letter queue."""
+
+    reason = "publish-refused"
+
+
+class ComponentFailedError(EventflowError):
+    """A background component of an app (a consumer, a relay, a projection runner, an
+    adapter's own loop) failed and could not recover: its error is not transient, or it
+    kept failing past the restart policy's ``give_up_after``. ``component`` names it and
+    ``__cause__`` is its last error. Fix the cause and start the app again."""
+
+    def __init__(self, component: str, message: str) -> None:
+        super().__init__(message)
+        self.component = component
+
+
 class StoreError(EventflowError):
     """The store failed, or was used before open or after close."""
 
@@ -141,6 +167,19 @@ class AlreadyHandled(StoreError):
         )
         self.group = group
         self.message_id = message_id
+
+
+class LeaseLostError(StoreError):
+    """A lease was lost: it expired before its holder renewed it, or another instance took
+    it over. The block holding it is cancelled and ends with this error, and the store
+    refuses every write made with the lost lease's epoch (a fencing token), so a paused or
+    partitioned former holder cannot commit. Holders such as projection runners and relays
+    wait for the lease again."""
+
+    def __init__(self, name: str, epoch: int, why: str) -> None:
+        super().__init__(f"lease {name!r} (epoch {epoch}) was lost: {why}")
+        self.name = name
+        self.epoch = epoch
 
 
 class ConcurrencyError(StoreError):

@@ -11,12 +11,18 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .envelope import Envelope
 from .events import Event, default_registry
 
+if TYPE_CHECKING:
+    from .leases import Lease
+    from .supervision import Supervisor
+
 __all__ = [
+    "AttemptRecord",
+    "Attempts",
     "Broker",
     "Checkpoints",
     "DeadLetter",
@@ -27,6 +33,7 @@ __all__ = [
     "Heartbeat",
     "Heartbeats",
     "InstantDedupStore",
+    "Leases",
     "Outbox",
     "OutboxMessage",
     "RecordedEvent",
@@ -110,6 +117,9 @@ class Broker(Protocol):
     Guarantees: at-least-once delivery to every group subscribed to a matching pattern when
     the message was published; per-key order within a group; competing consumers within a
     group; bounded buffers, a full publisher waits and then raises ``BackpressureError``.
+    ``publish`` raises ``MessageRefusedError`` for a message the broker refuses for good
+    (too large, not authorised, an invalid topic) and another ``BrokerError`` for a failure
+    that may pass (the broker is down).
 
     ``App`` sends each envelope's id in the ``eventflow-id`` header (NATS turns it into
     ``Nats-Msg-Id`` for the server's duplicate window). A broker with no use for it says so
@@ -121,8 +131,11 @@ class Broker(Protocol):
     def url(self) -> str:
         """A URL naming this broker (without credentials)."""
 
-    async def start(self) -> None:
-        """Connect. Idempotent."""
+    async def start(self, supervisor: Supervisor | None = None) -> None:
+        """Connect, failing within the adapter's connect timeout with a ``BrokerError`` that
+        names the URL. Background work (pumps, group coordination) runs as components of
+        ``supervisor`` (the app's), or of a supervisor of the broker's own when None, and
+        is stopped by ``close``. Idempotent."""
 
     async def close(self) -> None:
         """Disconnect, closing every subscription. Idempotent."""
@@ -213,7 +226,11 @@ class DeadLetterStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """A running app instance's liveness record."""
+    """A running app instance's liveness record.
+
+    ``health`` is ``ok``, ``degraded`` (a component is failing and being restarted) or
+    ``failed`` (one cannot recover); ``problems`` has a line per such component.
+    """
 
     app: str
     instance: str
@@ -223,6 +240,8 @@ class Heartbeat:
     last_seen: datetime
     subscriptions: tuple[str, ...] = ()
     stats: Mapping[str, int] = field(default_factory=dict)
+    health: str = "ok"
+    problems: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -371,14 +390,25 @@ class Checkpoints(Protocol):
     async def get(self, name: str) -> int:
         """The position ``name`` has processed up to (0 if never set)."""
 
-    async def set(self, name: str, position: int, *, tx: Transaction | None = None) -> None:
-        """Record ``position`` for ``name``; inside ``tx`` it commits with ``tx``."""
+    async def set(
+        self,
+        name: str,
+        position: int,
+        *,
+        tx: Transaction | None = None,
+        lease: Lease | None = None,
+    ) -> None:
+        """Record ``position`` for ``name``; inside ``tx`` it commits with ``tx``. With
+        ``lease`` (the holder's fencing token) it raises ``LeaseLostError`` and writes
+        nothing unless the lease still has that epoch."""
 
     async def list(self) -> dict[str, int]:
         """Every checkpoint."""
 
-    async def delete(self, name: str, *, tx: Transaction | None = None) -> None:
-        """Forget ``name`` (a rebuild starts from 0)."""
+    async def delete(
+        self, name: str, *, tx: Transaction | None = None, lease: Lease | None = None
+    ) -> None:
+        """Forget ``name`` (a rebuild starts from 0); ``lease`` fences it as in ``set``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,8 +438,58 @@ class Outbox(Protocol):
     async def pending(self, limit: int = 100) -> list[OutboxMessage]:
         """The oldest queued messages."""
 
-    async def remove(self, seqs: Sequence[int]) -> None:
-        """Delete sent messages."""
+    async def remove(self, seqs: Sequence[int], *, lease: Lease | None = None) -> None:
+        """Delete sent messages; with ``lease`` (the relay's) it raises ``LeaseLostError``
+        and deletes nothing unless the lease still has that epoch."""
+
+
+@runtime_checkable
+class Leases(Protocol):
+    """Named leases shared by every process using the store: one holder at a time, each
+    holding with a new epoch (a fencing token). See :mod:`eventflow.leases` for the bound
+    within which a holder learns that its lease is lost."""
+
+    @property
+    def ttl(self) -> float:
+        """Seconds a lease outlives its holder's last renewal."""
+
+    def hold(self, name: str) -> AbstractAsyncContextManager[Lease]:
+        """Wait for the lease on ``name`` and keep it renewed for the block. If it is lost,
+        the block is cancelled and ends with ``LeaseLostError``."""
+
+    async def holder(self, name: str) -> str | None:
+        """The owner holding ``name`` now, or None when it is free or expired."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """What earlier deliveries of one message to one group left on record."""
+
+    failures: int = 0
+    """Handler attempts that failed (the next attempt is number ``failures + 1``)."""
+    starts: int = 0
+    """Redeliveries (deliveries after the first) on which a handler was started."""
+
+
+@runtime_checkable
+class Attempts(Protocol):
+    """The attempts of messages that were not handled at their first delivery, kept where
+    the next delivery reads them: handler failures count towards ``retry``, redeliveries
+    whose handler started count towards ``max_deliveries`` (a crash loop). Nothing is
+    written for a message handled at its first delivery."""
+
+    @property
+    def durable(self) -> bool:
+        """True if records survive the process (a SQL store), so they count across a crash."""
+
+    async def started(self, group: str, message_id: str) -> AttemptRecord:
+        """Count a redelivery whose handler starts now; return the record as it was."""
+
+    async def failed(self, group: str, message_id: str, error: str) -> None:
+        """Count a failed handler attempt."""
+
+    async def clear(self, group: str, message_id: str) -> None:
+        """Forget the message (it was handled or dead-lettered)."""
 
 
 @runtime_checkable
@@ -441,18 +521,25 @@ class Store(EventStore, Protocol):
     def outbox(self) -> Outbox:
         """Messages waiting to be relayed to the broker."""
 
+    @property
+    def leases(self) -> Leases:
+        """Named leases across processes (projection runners, relays)."""
+
+    @property
+    def attempts(self) -> Attempts:
+        """Attempts of messages not handled at their first delivery."""
+
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """Begin a transaction; commits when the block exits normally, else rolls back."""
-
-    def lock(self, name: str) -> AbstractAsyncContextManager[None]:
-        """Hold an exclusive lock on ``name`` across processes until the block exits (or the
-        holder dies); waits while another holder has it."""
 
     async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
         """Record a dedup entry inside ``tx`` (the transactional inbox)."""
 
-    async def open(self) -> None:
-        """Connect and create the schema if needed. Idempotent."""
+    async def open(self, supervisor: Supervisor | None = None) -> None:
+        """Connect (within the adapter's connect timeout, else a ``StoreError`` naming the
+        URL) and create the schema if needed. Background work (the PostgreSQL sequencer)
+        runs as components of ``supervisor`` (the app's), or of the store's own when None,
+        and is stopped by ``close``. Idempotent."""
 
     async def close(self) -> None:
         """Disconnect. Idempotent."""

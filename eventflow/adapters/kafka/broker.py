@@ -10,7 +10,7 @@ import asyncio
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -20,6 +20,9 @@ from ...errors import BackpressureError, BrokerError, ConfigurationError
 from ...patterns import is_wildcard, validate_pattern
 from .config import KafkaBrokerConfig, kafka_topic, pattern_regex
 from .subscription import KafkaSubscription, attempts_group
+
+if TYPE_CHECKING:
+    from ...supervision import Supervisor
 
 __all__ = ["KafkaBroker"]
 
@@ -60,7 +63,7 @@ class KafkaBroker:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, supervisor: Supervisor | None = None) -> None:
         """Connect the producer and the admin client. Idempotent."""
         async with self._lock:
             if self._producer is not None:

@@ -19,10 +19,13 @@ import itertools
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import BackpressureError, BrokerError, ConfigurationError
 from ...patterns import matches, validate_pattern, validate_topic
+
+if TYPE_CHECKING:
+    from ...supervision import Supervisor
 
 __all__ = ["MemoryBroker", "MemoryBrokerConfig"]
 
@@ -391,7 +394,7 @@ class MemoryBroker:
         """The URL that opens a broker on the same hub."""
         return f"memory://{self.config.name}"
 
-    async def start(self) -> None:
+    async def start(self, supervisor: Supervisor | None = None) -> None:
         """Attach to the hub. Idempotent."""
         if self._hub is not None:
             return

@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from ...errors import AlreadyHandled, ConfigurationError
 from ...ports import DeadLetter, Heartbeat, Transaction
@@ -20,6 +21,9 @@ from .events import (
     MemoryOutbox,
     MemoryTransaction,
 )
+
+if TYPE_CHECKING:
+    from ...supervision import Supervisor
 
 __all__ = ["MemoryDeadLetterStore", "MemoryDedupStore", "MemoryHeartbeats", "MemoryStore"]
 
@@ -161,7 +165,7 @@ class MemoryStore(MemoryEventLog):
             raise AlreadyHandled(group, message_id)
         tx.defer(lambda: self.dedup.mark_nowait(group, message_id))
 
-    async def open(self) -> None:
+    async def open(self, supervisor: Supervisor | None = None) -> None:
         """Nothing to connect to."""
 
     async def close(self) -> None:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import BackpressureError, BrokerError, ConfigurationError, MissingDependencyError
 from ...patterns import validate_pattern, validate_topic
@@ -43,6 +43,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise MissingDependencyError("nats-py", "nats") from exc
 
 from .subscription import KEY_HEADER, MSG_ID_HEADER, NatsSubscription
+
+if TYPE_CHECKING:
+    from ...supervision import Supervisor
 
 __all__ = ["NatsBroker"]
 
@@ -94,7 +97,7 @@ class NatsBroker:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, supervisor: Supervisor | None = None) -> None:
         """Connect and create or check the stream and KV buckets. Idempotent."""
         async with self._lock:
             if self._nc is not None:

@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import orjson
@@ -19,6 +19,9 @@ from ...ports import DeadLetter, Heartbeat, OutboxMessage, Transaction
 from .db import PostgresConfig, PostgresDatabase, PostgresTransaction
 from .events import PostgresEventLog
 from .schema import SCHEMA_SQL
+
+if TYPE_CHECKING:
+    from ...supervision import Supervisor
 
 __all__ = ["PostgresStore"]
 
@@ -305,7 +308,7 @@ class PostgresStore(PostgresEventLog):
         """Build an unopened store from a ``postgresql://`` URL."""
         return cls(PostgresConfig.from_url(url), url=url)
 
-    async def open(self) -> None:
+    async def open(self, supervisor: Supervisor | None = None) -> None:
         """Connect, create the schema if needed and start the sequencer. Idempotent."""
         if self._opened:
             return

@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 import orjson
@@ -21,6 +22,9 @@ from .events import (
     SqliteLeases,
     SqliteOutbox,
 )
+
+if TYPE_CHECKING:
+    from ...supervision import Supervisor
 
 __all__ = ["SqliteDeadLetterStore", "SqliteDedupStore", "SqliteHeartbeats", "SqliteStore"]
 
@@ -316,7 +320,7 @@ class SqliteStore(SqliteEventLog):
             raise ConfigurationError(f"SQLite URL {url!r} names no file: use sqlite:///app.db")
         return cls(path, url=url)
 
-    async def open(self) -> None:
+    async def open(self, supervisor: Supervisor | None = None) -> None:
         """Open the file and create the tables if needed. Idempotent."""
         await self.db.open(SCHEMA + EVENTS_SCHEMA)
 
