@@ -9,7 +9,6 @@ within ``grace_period`` and closes the subscriptions so unacked messages are red
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -17,10 +16,10 @@ import socket
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from . import events as _events
+from ._logging import Throttled
 from .brokers import open_broker
 from .envelope import Envelope, _encode_fields, _trusted_envelope, new_id
-from .errors import BrokerError, ConfigurationError
+from .errors import BrokerError, ComponentFailedError, ConfigurationError, MessageRefusedError
 from .events import (
     Event,
     EventRegistry,
@@ -41,6 +40,7 @@ from .sourcing.aggregate import Aggregate
 from .sourcing.repository import Repository
 from .stores import dedup_for, store_for
 from .subscribe import HandlerSpec, collect_handlers, inspect_handler
+from .supervision import Component, Health, RestartPolicy, Supervisor
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "MESSAGE_ID_HEADER", "App"]
 
@@ -49,6 +49,9 @@ MESSAGE_ID_HEADER = "eventflow-id"
 """Broker header carrying the envelope id (brokers use it for server-side dedup); not sent
 to a broker whose class sets ``wants_message_id = False`` (see :class:`~eventflow.ports.Broker`)."""
 _log = logging.getLogger("eventflow.app")
+_DRAIN_MARGIN = 1.0  # seconds past the grace period a draining consumer gets to close
+_SEND_RETRY = 0.05
+_SEND_RETRY_MAX = 5.0
 _A = TypeVar("_A", bound=Aggregate)
 
 
@@ -62,6 +65,8 @@ class App:
     across processes. The app relays the store's outbox (messages published inside
     ``ctx.transaction()``) to the broker; with ``relay_events=True`` it also publishes every
     event appended to the store (topic = type, key = stream id), in order per stream.
+    ``restart_policy`` says how its components are restarted after transient failures and
+    when one has failed for good (see :class:`~eventflow.supervision.RestartPolicy`).
     """
 
     def __init__(
@@ -77,6 +82,7 @@ class App:
         registry: EventRegistry | None = None,
         grace_period: float = DEFAULT_GRACE_PERIOD,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        restart_policy: RestartPolicy | None = None,
     ) -> None:
         if not name or any(c in name for c in " \t\n"):
             raise ConfigurationError(f"app name {name!r} must be non-empty without spaces")
@@ -110,14 +116,17 @@ class App:
                 "checkpoints, give each projection its own name="
             )
         self.relay_events = relay_events
+        self.restart_policy = restart_policy or RestartPolicy()
         self._projection_runners: list[ProjectionRunner] = []
         self._relays: list[OutboxRelay | EventRelay] = []
-        self._background: list[asyncio.Task[None]] = []
         self._consumers: list[Consumer] = []
-        self._tg: asyncio.TaskGroup | None = None
+        self._draining: list[Component] = []  # the consumers' components
+        self._supervisor: Supervisor | None = None
+        self._failure: ComponentFailedError | None = None
         self._heartbeater: Heartbeater | None = None
         self._started = False
         self._lock = asyncio.Lock()
+        self._log = Throttled(_log)
 
     def _check_groups(self) -> None:
         seen: list[tuple[str, HandlerSpec]] = []
@@ -207,13 +216,14 @@ class App:
                 None,
                 None,
             )
-            if _events.unvalidated_made:  # model_construct/model_copy skip validation
-                check_outgoing(message, fields["data"])
+            check_outgoing(message, fields["data"])  # model_construct/model_copy skip validation
             env = _trusted_envelope(fields)
             payload = _encode_fields(fields)  # env.to_bytes(): fields is its __dict__
         else:
             # An Envelope keeps its id; to_envelope rejects anything that is neither.
-            env = _override(to_envelope(message, source=self.name), key, headers, correlation_id)
+            env = to_envelope(message, source=self.name).overridden(
+                key=key, headers=headers, correlation_id=correlation_id
+            )
             fields = env.__dict__
             payload = env.to_bytes()  # a subclass may encode itself differently
         if topic is None:
@@ -244,33 +254,64 @@ class App:
         )
 
     async def _send_all(self, outbox: list[tuple[str, Envelope]]) -> None:
-        """Send what a handler published; retry with backoff until sent (ids are fixed)."""
-        delay = 0.05
+        """Send what a handler published, in order; retry a send that may pass (the broker
+        is down) with backoff until it goes (ids are fixed, so a copy sent twice is dropped
+        downstream). A message the broker refuses for good raises ``MessageRefusedError``."""
+        delay = _SEND_RETRY
         for topic, env in outbox:
             while True:
                 try:
                     await self._send(topic, env)
                     break
-                except ConfigurationError:
+                except (ConfigurationError, MessageRefusedError):
                     raise
                 except Exception as exc:
-                    _log.warning("publishing %s to %s failed (%s); retrying", env.id, topic, exc)
+                    self._log.warning(
+                        f"send:{topic}",
+                        "publishing %s to %s failed (%s); retrying until it goes",
+                        env.id,
+                        topic,
+                        exc,
+                    )
                     await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
+                    delay = min(delay * 2, _SEND_RETRY_MAX)
+
+    # -- health ------------------------------------------------------------------------------
+
+    def health(self) -> Health:
+        """``ok``, ``degraded`` (a component is failing and being restarted), ``failed`` (one
+        cannot recover: see ``failure``) or ``stopped``, with a line per component not well."""
+        supervisor = self._supervisor
+        if supervisor is None:
+            return Health("stopped")
+        return supervisor.health()
+
+    @property
+    def failure(self) -> ComponentFailedError | None:
+        """The first component failure of the current (or last) run, if one happened."""
+        return self._failure
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the broker and store, join every subscription, start consumers. Idempotent."""
+        """Start the broker and store, join every subscription, start consumers. Idempotent.
+
+        Bounded: each adapter fails its first connection within its connect timeout. The
+        consumers, relays, projection runners and heartbeat then run as components of the
+        app's supervisor: restarted after transient failures, and a component that cannot
+        recover fails the app (``failure``; ``serve``/``run`` stop and raise it, ``async
+        with app`` raises it on exit) without cancelling any task of the caller's.
+        """
         async with self._lock:
             if self._started:
                 return
-            await self.broker.start()
+            self._failure = None
+            supervisor = self._supervisor = Supervisor(
+                f"app {self.name}", self.restart_policy, on_failure=self._component_failed
+            )
             try:
-                await self.store.open()
-                tg = asyncio.TaskGroup()
-                await tg.__aenter__()
-                self._tg = tg
+                await self.broker.start(supervisor)
+                await self.store.open(supervisor)
                 for spec, group, signature in self._bindings:
                     consumer = Consumer(
                         self,
@@ -280,24 +321,27 @@ class App:
                         self.registry,
                         self.dedup,
                         self.store.dead_letters,
+                        self.store.attempts,
                         grace_period=self.grace_period,
                     )
                     await consumer.subscribe()
                     self._consumers.append(consumer)
                 self._started = True
                 for consumer in self._consumers:
-                    tg.create_task(consumer.run(), name=f"eventflow:{consumer.name}")
+                    self._draining.append(
+                        supervisor.spawn(f"consumer {consumer.name}", consumer.run)
+                    )
                 for projection in self.projections:
                     runner = ProjectionRunner(projection, self.store, registry=self.registry)
                     self._projection_runners.append(runner)
-                    tg.create_task(runner.run(), name=f"eventflow:projection:{projection.name}")
-                self._relays.append(OutboxRelay(self.store, self.broker, self._id_header))
+                    supervisor.spawn(f"projection {projection.name}", runner.run)
+                outbox = OutboxRelay(self.store, self.broker, self._id_header)
+                self._relays.append(outbox)
+                supervisor.spawn("outbox relay", outbox.run)
                 if self.relay_events:
-                    self._relays.append(EventRelay(self.store, self.broker, self._id_header))
-                for relay in self._relays:
-                    self._background.append(
-                        tg.create_task(relay.run(), name=f"eventflow:{type(relay).__name__}")
-                    )
+                    events = EventRelay(self.store, self.broker, self._id_header)
+                    self._relays.append(events)
+                    supervisor.spawn("event relay", events.run)
                 hb = Heartbeater(
                     self.store.heartbeats,
                     self.name,
@@ -305,13 +349,18 @@ class App:
                     tuple(c.name for c in self._consumers),
                     self._totals,
                     self.heartbeat_interval,
+                    health=self.health,
                 )
                 self._heartbeater = hb
                 await hb.beat()
-                self._hb_task = tg.create_task(hb.run(), name="eventflow:heartbeat")
+                supervisor.spawn("heartbeat", hb.run)
             except BaseException:
                 await self._teardown()
                 raise
+
+    def _component_failed(self, failure: ComponentFailedError) -> None:
+        if self._failure is None:
+            self._failure = failure
 
     def _totals(self) -> dict[str, int]:
         totals: dict[str, int] = {}
@@ -327,50 +376,70 @@ class App:
                 return
             await self._teardown()
 
-    async def _teardown(self, exc: BaseException | None = None) -> None:
+    async def _teardown(self) -> None:
         for consumer in self._consumers:
             consumer.stop()
         for runner in self._projection_runners:
             runner.stop()
-        for task in self._background:
-            task.cancel()
-        hb_task = getattr(self, "_hb_task", None)
-        if hb_task is not None:
-            hb_task.cancel()
-        tg, self._tg = self._tg, None
+        supervisor, self._supervisor = self._supervisor, None
         try:
-            if tg is not None:
-                await tg.__aexit__(
-                    type(exc) if exc else None, exc, exc.__traceback__ if exc else None
+            if self._draining:
+                # Consumers drain within the grace period (then cancel their handlers); one
+                # waiting for its restart is cancelled with the rest below.
+                await asyncio.wait(
+                    [asyncio.ensure_future(c.wait()) for c in self._draining],
+                    timeout=self.grace_period + _DRAIN_MARGIN,
                 )
+            if supervisor is not None:
+                await supervisor.close()
         finally:
             self._started = False
             self._consumers = []
+            self._draining = []
             self._projection_runners = []
             self._relays = []
-            self._background = []
-            if self._heartbeater is not None:
-                with contextlib.suppress(Exception):
-                    await self.store.heartbeats.remove(self.instance)
-                self._heartbeater = None
-            if self._dedup_override is not None:
-                await self._dedup_override.close()
-            await self.store.close()
-            await self.broker.close()
+            try:
+                await self._leave_heartbeat(supervisor)
+            finally:
+                try:
+                    if self._dedup_override is not None:
+                        await self._dedup_override.close()
+                    await self.store.close()
+                finally:
+                    await self.broker.close()
+
+    async def _leave_heartbeat(self, supervisor: Supervisor | None) -> None:
+        """Remove this instance's heartbeat on a clean stop; after a component failure, leave
+        a last one saying so (``eventflow status`` shows it until it is pruned)."""
+        hb, self._heartbeater = self._heartbeater, None
+        if hb is None:
+            return
+        try:
+            if self._failure is not None and supervisor is not None:
+                await hb.beat(supervisor.health())
+            else:
+                await self.store.heartbeats.remove(self.instance)
+        except Exception as exc:  # the store is down: the record goes stale by itself
+            _log.warning("could not update the heartbeat of %s on stop: %s", self.instance, exc)
 
     async def __aenter__(self) -> App:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> None:
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         await self.stop()
+        if self._failure is not None and exc is None:
+            raise self._failure
 
     async def serve(
         self, stop: asyncio.Event | None = None, *, handle_signals: bool = True
     ) -> None:
         """Run until ``stop`` is set or SIGINT/SIGTERM arrives, then shut down gracefully.
 
-        With ``handle_signals=False`` the caller owns the signals (several apps in one loop).
+        A signal (or ``stop``) during start-up ends it at once: ``serve`` returns without
+        having served. A component that cannot recover stops the app and raises its
+        ``ComponentFailedError``. With ``handle_signals=False`` the caller owns the signals
+        (several apps in one loop).
         """
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -382,31 +451,45 @@ class App:
             except (NotImplementedError, RuntimeError, ValueError):
                 pass  # not the main thread or no signal support: rely on `stop`
         try:
-            async with self:
-                _log.info("app %s running (%d subscriptions)", self.name, len(self._consumers))
-                await stop.wait()
-                _log.info("app %s stopping", self.name)
+            await self._serve(stop)
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
 
+    async def _serve(self, stop: asyncio.Event) -> None:
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            starting = asyncio.ensure_future(self.start())
+            try:
+                await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not starting.done() and not stopping.done():  # serve() itself cancelled
+                    starting.cancel()
+                    await asyncio.wait({starting})
+            if not starting.done():
+                _log.info("app %s: start-up interrupted; stopping", self.name)
+                starting.cancel()
+                await asyncio.wait({starting})
+                if not starting.cancelled() and starting.exception() is None:
+                    await self.stop()  # it finished starting just as it was cancelled
+                return
+            starting.result()  # a failed start-up raises here
+            supervisor = self._supervisor
+            assert supervisor is not None
+            _log.info("app %s running (%d subscriptions)", self.name, len(self._consumers))
+            failed = asyncio.ensure_future(supervisor.wait_failed())
+            try:
+                await asyncio.wait({stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                failed.cancel()
+                _log.info("app %s stopping", self.name)
+                await self.stop()
+            if self._failure is not None:
+                raise self._failure
+        finally:
+            stopping.cancel()
+
     def run(self) -> None:
-        """Block running the app until SIGINT/SIGTERM (then a graceful shutdown)."""
+        """Block running the app until SIGINT/SIGTERM (then a graceful shutdown); raise
+        ``ComponentFailedError`` if a component could not recover."""
         asyncio.run(self.serve())
-
-
-def _override(
-    env: Envelope,
-    key: str | None,
-    headers: Mapping[str, str] | None,
-    correlation_id: str | None,
-) -> Envelope:
-    """``env`` with the fields given to ``publish`` replaced (the id stays)."""
-    update: dict[str, Any] = {}
-    if key is not None:
-        update["key"] = key
-    if headers:
-        update["headers"] = {**env.headers, **headers}
-    if correlation_id is not None:
-        update["correlation_id"] = correlation_id
-    return env.model_copy(update=update) if update else env

@@ -147,21 +147,21 @@ class Context:
             if counts is None:
                 counts = self._counts = {}
             n = counts[message.event_type] = counts.get(message.event_type, 0) + 1
-            env_id: str | None = derived_id(parent, self.group, message.event_type, str(n))
-        else:
-            env_id = None
-        env = to_envelope(
-            message,
-            source=self._app.name,
-            key=key,
-            headers=headers,
-            correlation_id=parent.correlation_id,
-            causation_id=parent.id,
-            parent_traceparent=parent.headers.get("traceparent"),
-            id=env_id,
-        )
-        if isinstance(message, Event):
+            env = to_envelope(
+                message,
+                source=self._app.name,
+                key=key,
+                headers=headers,
+                correlation_id=parent.correlation_id,
+                causation_id=parent.id,
+                parent_traceparent=parent.headers.get("traceparent"),
+                id=derived_id(parent, self.group, message.event_type, str(n)),
+            )
             check_outgoing(message, env.data)  # model_construct/model_copy skip validation
+        else:
+            # An Envelope is sent as it is (its id and correlation too), but for the key and
+            # headers given here.
+            env = to_envelope(message, source=self._app.name).overridden(key=key, headers=headers)
         if self._outbox is None:
             self._outbox = []
         self._outbox.append((topic or env.type, env))

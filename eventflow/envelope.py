@@ -318,6 +318,25 @@ class Envelope(BaseModel):
             fields.update(update)
         return type(self)._trusted(fields)
 
+    def overridden(
+        self,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        correlation_id: str | None = None,
+    ) -> Envelope:
+        """This envelope with what a publisher gave: ``key``, ``correlation_id``, and
+        ``headers`` merged over its own. The id and the other fields stay; with nothing
+        given, the envelope itself."""
+        update: dict[str, Any] = {}
+        if key is not None:
+            update["key"] = key
+        if headers:
+            update["headers"] = {**self.headers, **headers}
+        if correlation_id is not None:
+            update["correlation_id"] = correlation_id
+        return self.model_copy(update=update) if update else self
+
     # -- wire form ---------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

@@ -331,12 +331,12 @@ class Event(BaseModel):
 # the same instance): publishing validates these, and only these, before sending.
 _UNVALIDATED: dict[int, weakref.ReferenceType[Event]] = {}
 _UNVALIDATED_STATE = "__eventflow_unvalidated__"
-unvalidated_made = False
-"""True once any such instance was made (a cheap test before the lookup)."""
 
 
 def is_unvalidated(instance: Event) -> bool:
     """True if ``instance`` was built without validation (and not validated since)."""
+    if not _UNVALIDATED:
+        return False
     ref = _UNVALIDATED.get(id(instance))
     return ref is not None and ref() is instance
 
@@ -349,8 +349,6 @@ def _carry_mark(source: Event, copied: E) -> E:
 
 
 def _mark_unvalidated(instance: Event) -> None:
-    global unvalidated_made
-    unvalidated_made = True
     key = id(instance)
 
     def forget(ref: weakref.ReferenceType[Event]) -> None:
@@ -452,7 +450,8 @@ def _envelope_fields(
             # An unvalidated instance may hold anything: pydantic's serializer, then the
             # publisher validates what it gives. So does an instance holding more than its
             # fields (a cached_property that was read, say).
-            if len(values := message.__dict__) == message._plain_data and not unvalidated_made
+            if len(values := message.__dict__) == message._plain_data
+            and not is_unvalidated(message)
             else message.__pydantic_serializer__.to_python(message, mode="json", warnings=False)
         ),
     }

@@ -16,9 +16,16 @@ from .events import Event
 from .patterns import validate_pattern
 from .runtime.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
 
-__all__ = ["DEFAULT_TIMEOUT", "HandlerSpec", "collect_handlers", "subscribe"]
+__all__ = [
+    "DEFAULT_MAX_DELIVERIES",
+    "DEFAULT_TIMEOUT",
+    "HandlerSpec",
+    "collect_handlers",
+    "subscribe",
+]
 
 DEFAULT_TIMEOUT = 30.0
+DEFAULT_MAX_DELIVERIES = 10
 _MARK = "__eventflow_subscriptions__"
 Handler = Callable[..., Awaitable[Any]]
 H = TypeVar("H", bound=Handler)
@@ -36,6 +43,7 @@ class HandlerSpec:
     timeout: float | None
     dead_letter: bool
     idempotent: bool
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES
 
     @property
     def name(self) -> str:
@@ -52,6 +60,7 @@ def subscribe(
     timeout: float | None = DEFAULT_TIMEOUT,
     dead_letter: bool = True,
     idempotent: bool = True,
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES,
 ) -> Callable[[H], H]:
     """Mark an ``async def handler(event, ctx)`` to consume topics matching ``pattern``.
 
@@ -63,12 +72,25 @@ def subscribe(
     - ``dead_letter``: after the last failed attempt, keep the message in the dead-letter
       queue (default) rather than dropping it with an error log.
     - ``idempotent``: skip envelope ids this group already handled (dedup store).
+    - ``max_deliveries``: a message whose handler was started this many times without ever
+      finishing (the process died each time) is dead-lettered as a crash loop. Messages
+      a dying process had fetched but not started are not charged; neither is a failure
+      around the handler (the store or the broker), which gives the message back untouched.
     """
     validate_pattern(pattern)
     if concurrency < 1:
         raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
     if timeout is not None and timeout <= 0:
         raise ConfigurationError(f"timeout must be > 0 seconds or None, got {timeout}")
+    if (
+        isinstance(max_deliveries, bool)
+        or not isinstance(max_deliveries, int)
+        or max_deliveries < 2
+    ):
+        raise ConfigurationError(
+            f"max_deliveries must be an int >= 2 (deliveries whose handler never finished "
+            f"before the message counts as a crash loop), got {max_deliveries!r}"
+        )
     policy = RetryPolicy.of(retry)
 
     def mark(fn: H) -> H:
@@ -78,7 +100,15 @@ def subscribe(
                 f"@subscribe({pattern!r}) needs an `async def` function, got {fn!r}"
             )
         spec = HandlerSpec(
-            fn, pattern, group, concurrency, policy, timeout, dead_letter, idempotent
+            fn,
+            pattern,
+            group,
+            concurrency,
+            policy,
+            timeout,
+            dead_letter,
+            idempotent,
+            max_deliveries,
         )
         specs = list(getattr(fn, _MARK, ()))
         specs.append(spec)

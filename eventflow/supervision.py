@@ -96,7 +96,7 @@ class RestartPolicy:
 
     def backoff(self, restart: int) -> float:
         """A random delay (full jitter) before restart number ``restart`` (1-based)."""
-        cap = min(self.max_delay, self.initial_delay * 2 ** min(restart - 1, 30))
+        cap = min(self.max_delay, self.initial_delay * 2.0 ** min(restart - 1, 30))
         return random.random() * cap
 
 

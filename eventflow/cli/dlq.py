@@ -157,7 +157,11 @@ async def _replay(args: argparse.Namespace, target: Target) -> int:
     if args.all:
         ids = [d.id for d in await target.dead_letters.list(limit=1_000_000)]
     else:
-        ids = list(args.ids)
+        ids = [(await target.dead_letters.get(i)).id for i in args.ids]  # unknown ids fail here
+    if not ids:
+        print("no dead letters to replay")
+        return 0
+    # Only now the broker: bounded by its connect timeout, and not needed for nothing.
     await target.broker.start()
     try:
         n = await target.dead_letters.replay(ids)

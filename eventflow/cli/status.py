@@ -2,7 +2,10 @@
 
 Every running app writes a heartbeat row every few seconds and deletes it on a clean
 shutdown; a row older than ``--stale`` seconds belongs to an instance that stopped without
-cleaning up (killed, crashed) or is stuck, and is marked ``stale``.
+cleaning up (killed, crashed) or is stuck, and is marked ``stale``. An instance whose
+components are being restarted after failures is ``DEGRADED``; one with a component that
+cannot recover is ``FAILED`` (an app that stopped because of it leaves that last heartbeat),
+each with a line per component saying what failed.
 """
 
 from __future__ import annotations
@@ -110,22 +113,29 @@ def render(
     header = f"app instances: {live} running"
     if len(beats) > live:
         header += f", {len(beats) - live} stale"
+    unwell = [b for b in beats if b.health != "ok"]
+    if unwell:
+        header += f", {len(unwell)} unhealthy"
     lines.append(header + (f" ({where})" if where else ""))
     if beats:
+        ordered = sorted(beats, key=lambda b: (b.app, b.instance))
         rows = [
             [
                 b.app,
                 b.instance,
+                b.health.upper() if b.health != "ok" else "ok",
                 format_time(b.last_seen),
                 format_age(b.last_seen, now) + (" stale" if _is_stale(b, now, stale_after) else ""),
                 ", ".join(b.subscriptions) or "-",
                 format_stats(b.stats),
             ]
-            for b in sorted(beats, key=lambda b: (b.app, b.instance))
+            for b in ordered
         ]
-        lines.append(
-            indent(table(["APP", "INSTANCE", "LAST SEEN", "AGE", "SUBSCRIPTIONS", "STATS"], rows))
-        )
+        headers = ["APP", "INSTANCE", "HEALTH", "LAST SEEN", "AGE", "SUBSCRIPTIONS", "STATS"]
+        lines.append(indent(table(headers, rows)))
+        for b in ordered:
+            for problem in b.problems:
+                lines.append(f"  {b.instance}: {problem}")
     else:
         lines.append("  (none: no app is running against this store)")
     total = sum(counts.values())
@@ -158,6 +168,8 @@ def _as_json(
                 "stale": _is_stale(b, now, stale_after),
                 "subscriptions": list(b.subscriptions),
                 "stats": dict(b.stats),
+                "health": b.health,
+                "problems": list(b.problems),
             }
             for b in beats
         ],

@@ -10,14 +10,26 @@ the typed event (upcast, validate) -> call the handler with a soft timeout, retr
 backoff -> send what the handler published -> mark the id handled -> ack. Bad input and
 exhausted retries go to the dead-letter store before the ack, so nothing is lost.
 
-Shutdown: stop fetching, let running handlers finish within the grace period (then cancel
-them), and close the subscription so everything unacked is redelivered.
+Attempts count handler failures only. A failure is recorded in the store's ``attempts``
+before the next attempt, so a redelivery (after a crash) goes on from the right attempt;
+a message handled at its first delivery writes nothing there. A redelivery whose handler
+starts is recorded too: a message whose handlers keep being started and never finish (the
+process dies on it) is dead-lettered after ``max_deliveries`` as a crash loop, while
+messages a dying process had fetched but not started are charged nothing. A failure
+around the handler (the dedup store, the commit, the broker's ack) is no attempt either:
+the message is given back untouched (``release``) and the worker pauses, with a backoff of
+its own.
+
+A run ends when the consumer is asked to stop or its subscription fails (``fetch``
+raises): it stops fetching, lets running handlers finish within the grace period (then
+cancels them), gives back what it fetched and no handler started, and closes the
+subscription so everything unacked is redelivered. After a failure the app's supervisor
+starts a new run on a new subscription.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import itertools
 import logging
@@ -30,11 +42,18 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from .._logging import Throttled
 from ..context import Context
 from ..envelope import Envelope, _wire_fields, new_id
-from ..errors import AlreadyHandled, DecodeError, HandlerTimeoutError, UnknownEventTypeError
+from ..errors import (
+    AlreadyHandled,
+    DecodeError,
+    HandlerTimeoutError,
+    MessageRefusedError,
+    UnknownEventTypeError,
+)
 from ..events import EventRegistry
-from ..ports import DeadLetter, DeadLetterStore, DedupStore, Delivery, Subscription
+from ..ports import Attempts, DeadLetter, DeadLetterStore, DedupStore, Delivery, Subscription
 from ..subscribe import HandlerSpec, Signature
 
 if TYPE_CHECKING:
@@ -49,6 +68,13 @@ _log = logging.getLogger("eventflow.consumer")
 _DRAIN_POLL = 0.01
 _FAILURE_BACKOFF = 0.05
 _FAILURE_BACKOFF_MAX = 5.0
+_RECORDED_MAX = 10_000  # ids with an attempt record this process knows of (bounded)
+
+
+class CrashLoopError(Exception):
+    """A message whose handlers were started again and again without ever finishing."""
+
+    reason = "crash-loop"
 
 
 def _instant_methods(
@@ -103,6 +129,8 @@ class ConsumerStats:
     retries: int = 0
     dead_lettered: int = 0
     dropped: int = 0
+    given_back: int = 0
+    """Messages given back untouched after a failure around the handler (no attempt spent)."""
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict."""
@@ -121,6 +149,7 @@ class Consumer:
         registry: EventRegistry,
         dedup: DedupStore,
         dead_letters: DeadLetterStore,
+        attempts: Attempts,
         *,
         grace_period: float,
         max_inflight: int | None = None,
@@ -132,34 +161,19 @@ class Consumer:
         self.registry = registry
         self.dedup = dedup
         self.dead_letters = dead_letters
+        self.attempts = attempts
         self.grace_period = grace_period
         self.max_inflight = max_inflight or max(64, spec.concurrency * 16)
         self.stats = ConsumerStats()
         self._sub: Subscription | None = None
-        # A lane is a list, not a deque: most hold a message or two (a deque allocates a
-        # 64-slot block for each), and none holds more than the fetch window.
-        self._lanes: dict[object, list[Delivery]] = {}
-        self._ready: deque[object] = deque()
-        # Keys whose worker pauses after an infrastructure failure (their lanes hold nothing
-        # started): with `_ready`, what tells shutdown which fetched deliveries no handler saw.
-        self._pausing: set[object] = set()
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        self._inflight = 0
-        self._slot = asyncio.Event()
-        self._fetch_idle = False  # the fetch task waits for _slot (workers set it only then)
-        self._active = 0
+        self._stop_requested = False
+        self._log = Throttled(_log)
+        # Ids whose attempt record this process wrote (bounded, oldest forgotten first): a
+        # delivery of one of them reads its record even when the broker counts it as a
+        # first delivery (it was given back untouched after its failures were recorded).
+        self._recorded: dict[str, None] = {}
         self._failures = 0  # infrastructure failures in a row (reset by a handled message)
-        # The serial loop's fetched batch; from index _batch_from on, not yet started.
-        self._batch: Sequence[Delivery] = ()
-        self._batch_from = 0
-        # envelope id -> the handling in progress (concurrency > 1 only), so a duplicate
-        # fetched while the original runs waits for its outcome: None until a duplicate
-        # arrives and makes the future it waits on (one future per duplicate, not per message).
-        self._handling: dict[str, asyncio.Future[None] | None] = {}
-        self._guard_ids = spec.idempotent and spec.concurrency > 1
-        self._stopping = False
-        self._stopped = asyncio.Event()
-        self._watches: list[_Watch] = []  # one per worker task
+        self._begin_run()
         # type -> (version, validator) of the handler's event classes: the common case (the
         # message is at the class's version) validates without the registry's generic path.
         self._validators: dict[str, tuple[int, Callable[[Any], Any]]] = {
@@ -181,6 +195,35 @@ class Consumer:
             app,
         )
 
+    def _begin_run(self) -> None:
+        """The state of one run (a run after a failure starts afresh)."""
+        # A lane is a list, not a deque: most hold a message or two (a deque allocates a
+        # 64-slot block for each), and none holds more than the fetch window.
+        self._lanes: dict[object, list[Delivery]] = {}
+        self._ready: deque[object] = deque()
+        # Keys whose worker pauses after an infrastructure failure (their lanes hold nothing
+        # started): with `_ready`, what tells shutdown which fetched deliveries no handler saw.
+        self._pausing: set[object] = set()
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._inflight = 0
+        self._slot = asyncio.Event()
+        self._fetch_idle = False  # the fetch task waits for _slot (workers set it only then)
+        self._active = 0
+        # The serial loop's fetched batch; from index _batch_from on, not yet started.
+        self._batch: Sequence[Delivery] = ()
+        self._batch_from = 0
+        # envelope id -> the handling in progress (concurrency > 1 only), so a duplicate
+        # fetched while the original runs waits for its outcome: None until a duplicate
+        # arrives and makes the future it waits on (one future per duplicate, not per message).
+        self._handling: dict[str, asyncio.Future[None] | None] = {}
+        self._guard_ids = self.spec.idempotent and self.spec.concurrency > 1
+        self._stopping = self._stop_requested  # no new handling in this run
+        self._stopped = asyncio.Event()
+        if self._stop_requested:
+            self._stopped.set()
+        self._fetch_error: Exception | None = None
+        self._watches: list[_Watch] = []  # one per worker task
+
     @property
     def name(self) -> str:
         """``group:pattern`` — how status and logs name this consumer."""
@@ -192,14 +235,22 @@ class Consumer:
 
     def stop(self) -> None:
         """Ask the consumer to stop fetching and drain; ``run`` then returns."""
+        self._stop_requested = True
         self._stopping = True
         self._stopped.set()
 
     async def run(self) -> None:
-        """Fetch and handle until ``stop``; then drain within the grace period."""
+        """One run: fetch and handle until ``stop`` (return) or until the subscription fails
+        (raise its error); either way drain within the grace period and close the
+        subscription. A run after a failure subscribes again."""
+        if self._stop_requested:
+            return
         sub = self._sub
         if sub is None:
-            raise RuntimeError("Consumer.subscribe() must be awaited before run()")
+            await self.subscribe()
+            sub = self._sub
+            assert sub is not None
+        self._begin_run()
         try:
             async with asyncio.TaskGroup() as tg:
                 fetcher: asyncio.Task[None] | None = None
@@ -232,8 +283,19 @@ class Consumer:
                 if watchdog is not None:
                     watchdog.cancel()
         finally:
-            await self._release_unstarted()
-            await sub.close()
+            self._sub = None
+            try:
+                await self._release_unstarted()
+            finally:
+                await sub.close()
+        if self._fetch_error is not None:
+            raise self._fetch_error
+
+    def _fetch_failed(self, exc: Exception) -> None:
+        """The subscription failed: end this run (drained like a stop), then raise ``exc``."""
+        self._fetch_error = exc
+        self._stopping = True
+        self._stopped.set()
 
     @property
     def dedup(self) -> DedupStore:
@@ -274,7 +336,11 @@ class Consumer:
         handle = self._process
         limit = self.max_inflight
         while not self._stopping:
-            batch = self._batch = await sub.fetch(limit, 1.0)
+            try:
+                batch = self._batch = await sub.fetch(limit, 1.0)
+            except Exception as exc:
+                self._fetch_failed(exc)
+                return
             for pos, delivery in enumerate(batch):
                 if self._stopping:
                     self._batch_from = pos  # never started: released at shutdown
@@ -305,7 +371,11 @@ class Consumer:
                 finally:
                     self._fetch_idle = False
                 continue
-            batch = await sub.fetch(limit - self._inflight, 1.0)
+            try:
+                batch = await sub.fetch(limit - self._inflight, 1.0)
+            except Exception as exc:
+                self._fetch_failed(exc)
+                return
             self._inflight += len(batch)
             for delivery in batch:
                 key: object = delivery.key if delivery.key is not None else delivery
@@ -377,25 +447,24 @@ class Consumer:
     async def _infrastructure_failure(
         self, failed: Delivery, rest: Sequence[Delivery], exc: Exception
     ) -> None:
-        """Survive a failure outside the handler (dedup store, dead-letter store, broker
-        ack): the message was not acked, so give it back for redelivery after a pause, give
-        back the ones fetched behind it, and keep consuming."""
+        """Survive a failure around the handler (dedup store, commit, dead-letter store,
+        broker ack): no attempt of the message is spent. Give it back untouched with the ones
+        fetched behind it (key order), pause with a backoff of its own, and go on."""
         self._failures += 1
+        self.stats.given_back += 1
         delay = min(_FAILURE_BACKOFF_MAX, _FAILURE_BACKOFF * 2 ** min(self._failures, 8))
-        _log.error(
-            "%s: infrastructure error while processing a message (%s: %s); it will be "
-            "redelivered in %.1fs",
+        self._log.error(
+            "infrastructure",
+            "%s: infrastructure error around a handler (%s: %s); the message is given back "
+            "without spending an attempt, pausing %.1fs",
             self.name,
             type(exc).__name__,
             exc,
             delay,
         )
-        for delivery, action in [(failed, "nack"), *((d, "release") for d in rest)]:
+        for delivery in (failed, *rest):
             try:
-                if action == "nack":
-                    await delivery.nack(delay)
-                else:
-                    await delivery.release()
+                await delivery.release()
             except Exception as give_back_error:  # the broker redelivers it anyway
                 _log.warning("%s: could not give a delivery back: %s", self.name, give_back_error)
         await asyncio.sleep(delay)
@@ -492,18 +561,32 @@ class Consumer:
             except Exception as exc:  # DecodeError, or a validator raising something else
                 await self._dead_letter(delivery, env_id, exc, attempts=0)
                 return
-            attempt = delivery.delivery_count - 1  # earlier deliveries each ended in an attempt
-            if attempt >= policy.max_attempts:
-                await self._dead_letter(
-                    delivery,
-                    env_id,
-                    RuntimeError(
-                        f"delivered {delivery.delivery_count} times without being acked "
-                        f"(max_attempts={policy.max_attempts})"
-                    ),
-                    attempts=attempt,
-                )
-                return
+            attempt = 0  # handler attempts that failed before this one
+            tracked = delivery.delivery_count > 1 or env_id in self._recorded
+            if tracked:
+                # Not the first delivery (or given back after a recorded failure): earlier
+                # ones ended without an outcome. The record tells which attempt this is,
+                # and how often handlers were started without ever finishing.
+                attempts = self.attempts
+                record = await attempts.started(group, env_id)
+                self._note_recorded(env_id)
+                unfinished = 1 + record.starts if attempts.durable else delivery.delivery_count - 1
+                if unfinished >= spec.max_deliveries:
+                    await self._dead_letter(
+                        delivery,
+                        env_id,
+                        CrashLoopError(
+                            f"delivered {delivery.delivery_count} times, its handler started "
+                            f"about {unfinished} times without finishing "
+                            f"(max_deliveries={spec.max_deliveries}): it looks like a crash "
+                            "loop, the process stopping (killed, out of memory, hard timeout) "
+                            "while it handles this message; inspect it before replaying"
+                        ),
+                        attempts=record.failures,
+                    )
+                    await self._forget(env_id)
+                    return
+                attempt = record.failures
             while True:
                 attempt += 1
                 ctx = Context._of_fields(app, fields, env, group, attempt)
@@ -518,9 +601,8 @@ class Consumer:
                     timed_out = watch.expired and watch.task.cancelling() <= 1
                     if not timed_out:
                         if ctx._tx is not None:
-                            with contextlib.suppress(BaseException):
-                                await ctx._finish_transaction(exc)  # same context: rollback
-                        raise  # shutdown, not our timeout
+                            await self._roll_back(ctx, exc)
+                        raise  # shutdown, not our timeout: no attempt spent
                     error = HandlerTimeoutError(
                         f"handler {spec.name} ran past its {timeout}s timeout"
                     )
@@ -537,13 +619,22 @@ class Consumer:
                     if isinstance(error, AlreadyHandled):
                         stats.duplicates += 1
                         await delivery.ack()
+                        if tracked:
+                            await self._forget(env_id)
                         return
                 if error is None:
                     break
                 if attempt >= policy.max_attempts:
                     await self._dead_letter(delivery, env_id, error, attempts=attempt)
+                    if tracked:
+                        await self._forget(env_id)
                     return
                 stats.retries += 1
+                # Recorded before the next attempt: a redelivery after a crash goes on from
+                # here instead of starting over.
+                await self.attempts.failed(group, env_id, f"{type(error).__name__}: {error}")
+                self._note_recorded(env_id)
+                tracked = True
                 env = ctx._envelope  # if this attempt built it, the next one gets the same
                 _log.info(
                     "%s: attempt %d of %s failed (%s: %s); retrying",
@@ -555,7 +646,15 @@ class Consumer:
                 )
                 await asyncio.sleep(policy.delay(attempt))
             if ctx._outbox:
-                await app._send_all(ctx._take_outbox())
+                try:
+                    await app._send_all(ctx._take_outbox())
+                except MessageRefusedError as exc:
+                    # Sending it again changes nothing: dead-letter the handled message
+                    # (not marked handled, so a replay runs the handler again).
+                    await self._dead_letter(delivery, env_id, exc, attempts=attempt)
+                    if tracked:
+                        await self._forget(env_id)
+                    return
             if idempotent and not ctx._committed:
                 mark_nowait = self._mark_nowait
                 if mark_nowait is not None:
@@ -563,8 +662,12 @@ class Consumer:
                 else:
                     await self.dedup.mark(group, env_id)
             stats.handled += 1
-            self._failures = 0
+            if self._failures:
+                self._failures = 0
+                self._log.clear("infrastructure")
             await delivery.ack()
+            if tracked:
+                await self._forget(env_id)
         finally:
             self._active -= 1
             if guarded:
@@ -572,12 +675,45 @@ class Consumer:
                 if busy is not None and not busy.done():
                     busy.set_result(None)
 
+    def _note_recorded(self, env_id: str) -> None:
+        recorded = self._recorded
+        recorded[env_id] = None
+        if len(recorded) > _RECORDED_MAX:
+            del recorded[next(iter(recorded))]
+
+    async def _forget(self, env_id: str) -> None:
+        """Drop the message's attempt record: it was handled or dead-lettered (best effort:
+        a record left behind only ages out)."""
+        self._recorded.pop(env_id, None)
+        try:
+            await self.attempts.clear(self.group, env_id)
+        except Exception as exc:
+            self._log.warning(
+                "forget", "%s: could not clear the attempts of %s: %s", self.name, env_id, exc
+            )
+
+    async def _roll_back(self, ctx: Context, cause: BaseException) -> None:
+        """Roll back the handling's transaction after ``cause`` (a cancellation or a failed
+        write); a rollback that fails is logged, and the transaction is gone either way
+        (the server rolls back what a dropped connection had open)."""
+        try:
+            await ctx._finish_transaction(cause)
+        except Exception as exc:
+            _log.warning(
+                "%s: rolling back the handler's transaction failed (%s: %s); the store drops "
+                "it with its connection",
+                self.name,
+                type(exc).__name__,
+                exc,
+            )
+
     async def _settle_transaction(
         self, ctx: Context, env_id: str, error: BaseException | None
     ) -> BaseException | None:
         """Finish the handler's store transaction: on success write the dedup entry and the
-        queued messages into it and commit; on failure roll back. Returns the error, if any
-        (a failed commit becomes the attempt's error)."""
+        queued messages into it and commit; on failure roll back. Returns the handler's error
+        (or ``AlreadyHandled``: a copy committed first). A failure of eventflow's own writes
+        or of the commit raises: it is a failure around the handler, not an attempt."""
         if error is None and ctx._tx_failed is not None:
             failed = ctx._tx_failed
             error = RuntimeError(
@@ -585,7 +721,7 @@ class Consumer:
                 f"{type(failed).__name__}: {failed}; its transaction was rolled back"
             )
         if error is not None:
-            await ctx._finish_transaction(error)
+            await self._roll_back(ctx, error)
             return error
         store = self.app.store
         try:
@@ -597,17 +733,11 @@ class Consumer:
             if outbox:
                 await store.outbox.add(outbox, tx=tx)
         except BaseException as exc:
-            with contextlib.suppress(Exception):
-                await ctx._finish_transaction(exc)
+            await self._roll_back(ctx, exc)
             if isinstance(exc, AlreadyHandled):
                 return exc  # a copy handled concurrently elsewhere committed first
-            if not isinstance(exc, Exception):
-                raise  # cancelled: rolled back, the message is redelivered
-            return exc
-        try:
-            await ctx._finish_transaction(None)
-        except Exception as exc:
-            return exc
+            raise
+        await ctx._finish_transaction(None)
         ctx._committed = True
         if self.spec.idempotent and self.dedup is not store.dedup:
             # A separate dedup store (Redis) cannot join the SQL transaction: mark it too,

@@ -9,7 +9,9 @@ import socket
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
+from .._logging import Throttled
 from ..ports import Heartbeat, Heartbeats
+from ..supervision import Health
 
 __all__ = ["DEFAULT_HEARTBEAT_INTERVAL", "Heartbeater"]
 
@@ -18,7 +20,8 @@ _log = logging.getLogger("eventflow.heartbeat")
 
 
 class Heartbeater:
-    """Writes the app instance's heartbeat every ``interval`` seconds until cancelled."""
+    """Writes the app instance's heartbeat every ``interval`` seconds until cancelled, with
+    the app's health (``health()``: ok, degraded or failed, and what is not well)."""
 
     def __init__(
         self,
@@ -28,6 +31,8 @@ class Heartbeater:
         subscriptions: tuple[str, ...],
         stats: Callable[[], Mapping[str, int]],
         interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        *,
+        health: Callable[[], Health] | None = None,
     ) -> None:
         self.store = store
         self.app = app
@@ -35,12 +40,14 @@ class Heartbeater:
         self.subscriptions = subscriptions
         self.stats = stats
         self.interval = interval
+        self.health = health or (lambda: Health("ok"))
         self.started_at = datetime.now(UTC)
         self.host = socket.gethostname()
         self.pid = os.getpid()
 
-    async def beat(self) -> None:
-        """Write one heartbeat now."""
+    async def beat(self, health: Health | None = None) -> None:
+        """Write one heartbeat now (with ``health``, or the app's current health)."""
+        health = health or self.health()
         await self.store.beat(
             Heartbeat(
                 app=self.app,
@@ -51,14 +58,20 @@ class Heartbeater:
                 last_seen=datetime.now(UTC),
                 subscriptions=self.subscriptions,
                 stats=dict(self.stats()),
+                health=health.status,
+                problems=health.problems,
             )
         )
 
     async def run(self) -> None:
-        """Beat forever; a failed write is logged and retried at the next beat."""
+        """Beat forever; a failed write is logged (rate-limited) and retried at the next
+        beat: an instance whose store is down goes stale in ``eventflow status``."""
+        throttled = Throttled(_log)
         while True:
             await asyncio.sleep(self.interval)
             try:
                 await self.beat()
             except Exception as exc:  # liveness reporting must not stop the app
-                _log.warning("heartbeat of %s failed: %s", self.instance, exc)
+                throttled.warning("beat", "heartbeat of %s failed: %s", self.instance, exc)
+            else:
+                throttled.clear("beat")

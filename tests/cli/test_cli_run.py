@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -139,3 +144,115 @@ def test_run_several_apps_in_one_process(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert "stopped orders, inventory" in err
     assert _instances(url) == []
+
+
+@contextlib.contextmanager
+def _silent_server() -> Iterator[int]:
+    """A TCP port that accepts connections and never answers (a wrong port, a firewall
+    that swallows packets): a client's first connection hangs until its own timeout."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_a_start_up_that_hangs(tmp_path: Path, sig: signal.Signals) -> None:
+    with _silent_server() as port:
+        (tmp_path / "hanging_service.py").write_text(
+            textwrap.dedent(
+                f"""
+                from eventflow import App
+
+                app = App("hanging", store="postgresql://postgres@127.0.0.1:{port}/test")
+                """
+            )
+        )
+        proc = _start(["hanging_service:app"], cwd=tmp_path)
+        try:
+            time.sleep(1.5)  # importing, then connecting: the store never answers
+            assert proc.poll() is None, proc.communicate()
+            began = time.monotonic()
+            proc.send_signal(sig)
+            _, err = proc.communicate(timeout=10)
+            took = time.monotonic() - began
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert took < 5, f"start-up took {took:.1f}s to end after {sig.name}"
+    assert "start-up interrupted" in err
+
+
+def test_a_component_that_cannot_recover_exits_non_zero_naming_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'svc.db'}"
+    (tmp_path / "failing_service.py").write_text(
+        textwrap.dedent(
+            f"""
+            from eventflow import App, Envelope, subscribe
+            from eventflow.adapters.memory import MemoryBroker
+
+
+            class BuggyBroker(MemoryBroker):
+                # A broker adapter with a bug: its subscriptions fail on the first fetch.
+                async def subscribe(self, pattern, *, group):
+                    sub = await super().subscribe(pattern, group=group)
+
+                    async def fetch(max_messages, timeout):
+                        raise RuntimeError("bug in the adapter")
+
+                    sub.fetch = fetch
+                    return sub
+
+
+            @subscribe("ping", group="pinger")
+            async def pong(env: Envelope) -> None: ...
+
+            app = App("failing-svc", broker=BuggyBroker(), store={url!r}, handlers=[pong])
+            """
+        )
+    )
+    proc = _start(["failing_service:app"], cwd=tmp_path)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert "consumer pinger:ping failed and cannot recover" in err
+    assert "RuntimeError: bug in the adapter" in err
+    # Its last heartbeat says so.
+    status = subprocess.run(
+        [sys.executable, "-m", "eventflow.cli", "status", "--store", url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    [instance] = json.loads(status.stdout)["instances"]
+    assert instance["health"] == "failed"
+    assert any("consumer pinger:ping" in p for p in instance["problems"])
+    text = subprocess.run(
+        [sys.executable, "-m", "eventflow.cli", "status", "--store", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "FAILED" in text and "1 unhealthy" in text

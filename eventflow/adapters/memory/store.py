@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import AlreadyHandled, ConfigurationError
 from ...ports import DeadLetter, Heartbeat, Transaction
+from .attempts import MemoryAttempts
 from .events import (
     MemoryCheckpoints,
     MemoryEventLog,
@@ -144,6 +145,7 @@ class MemoryStore(MemoryEventLog):
         self.heartbeats = MemoryHeartbeats()
         self.checkpoints = MemoryCheckpoints()
         self.outbox = MemoryOutbox()
+        self.attempts = MemoryAttempts()
         self._locks = MemoryLocks()
 
     @asynccontextmanager

@@ -21,12 +21,14 @@ from typing import Any
 import asyncpg
 import orjson
 
+from ..._logging import Throttled
 from ...envelope import Envelope
 from ...errors import ConcurrencyError, StoreError
 from ...events import Event
 from ...ports import RecordedEvent, Snapshot
 from ...sourcing.append import prepare_append
 from ...sourcing.paging import paged, stream_range
+from ...supervision import Component, Supervisor
 from .db import PostgresDatabase
 
 __all__ = ["PostgresEventLog"]
@@ -124,23 +126,31 @@ class PostgresEventLog:
         self._appends = 0  # appends committed by this process (the sequencer's pacing)
         self._tick: asyncio.Future[None] | None = None
         self._listener: Any = None
-        self._sequencer: asyncio.Task[None] | None = None
+        self._supervisor: Supervisor | None = None
+        self._own_supervisor = False
+        self._sequencer: Component | None = None
+        self._throttled = Throttled(_log)
 
-    async def _start_events(self) -> None:
+    async def _start_events(self, supervisor: Supervisor | None) -> None:
         loop = asyncio.get_running_loop()
         self._tick = loop.create_future()
         cfg = self.db.config
         self._listener = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
         await self._listener.add_listener("ef_sequenced", self._on_sequenced)
-        # Owned by the store: started in open(), cancelled and awaited in close().
-        self._sequencer = asyncio.create_task(self._sequence_loop(), name="eventflow:sequencer")
+        # A component of the owner's supervisor (the app's), or of the store's own: started
+        # in open(), stopped in close().
+        self._own_supervisor = supervisor is None
+        self._supervisor = supervisor or Supervisor(f"store {self.db.config.schema}")
+        self._sequencer = self._supervisor.spawn("postgres sequencer", self._sequence_loop)
         self._pending.set()  # sequence whatever a crashed process left behind
 
     async def _stop_events(self) -> None:
-        task, self._sequencer = self._sequencer, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        component, self._sequencer = self._sequencer, None
+        supervisor, self._supervisor = self._supervisor, None
+        if component is not None:
+            await component.stop()
+        if supervisor is not None and self._own_supervisor:
+            await supervisor.close()
         listener, self._listener = self._listener, None
         if listener is not None:
             await listener.close()
@@ -176,10 +186,12 @@ class PostgresEventLog:
             try:
                 numbered = await _number_committed(pool)
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                _log.warning("sequencer pass failed (%s); retrying", exc)
+                # The server is restarting or the network is down: the pool reconnects.
+                self._throttled.warning("pass", "sequencer pass failed (%s); retrying", exc)
                 await asyncio.sleep(_SEQUENCER_POLL)
                 self._pending.set()
                 continue
+            self._throttled.clear("pass")
             busy = gathered and numbered >= _BUSY_PASS
             pause = min(pause * 2, _COALESCE_MAX) if busy else _COALESCE
 

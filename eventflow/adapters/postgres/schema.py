@@ -125,6 +125,9 @@ CREATE TABLE IF NOT EXISTS ef_heartbeats (
     subscriptions jsonb NOT NULL,
     stats jsonb NOT NULL
 );
+ALTER TABLE ef_heartbeats
+    ADD COLUMN IF NOT EXISTS health text NOT NULL DEFAULT 'ok',
+    ADD COLUMN IF NOT EXISTS problems jsonb NOT NULL DEFAULT '[]';
 
 -- (ef_append_v2, of earlier versions, took the types too: schemas they made keep it for
 -- them; it writes the `type` column, which only such schemas have.)

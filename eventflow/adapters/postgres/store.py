@@ -16,6 +16,7 @@ import orjson
 from ...envelope import Envelope
 from ...errors import AlreadyHandled, StoreError
 from ...ports import DeadLetter, Heartbeat, OutboxMessage, Transaction
+from .attempts import ATTEMPTS_SQL, PostgresAttempts
 from .db import PostgresConfig, PostgresDatabase, PostgresTransaction
 from .events import PostgresEventLog
 from .schema import SCHEMA_SQL
@@ -170,9 +171,11 @@ class PostgresHeartbeats:
         async with self._db.connection() as conn:
             await conn.execute(
                 "INSERT INTO ef_heartbeats (instance, app, host, pid, started_at, last_seen, "
-                "subscriptions, stats) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb) "
+                "subscriptions, stats, health, problems) "
+                "VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9, $10::jsonb) "
                 "ON CONFLICT (instance) DO UPDATE SET last_seen = excluded.last_seen, "
-                "subscriptions = excluded.subscriptions, stats = excluded.stats",
+                "subscriptions = excluded.subscriptions, stats = excluded.stats, "
+                "health = excluded.health, problems = excluded.problems",
                 hb.instance,
                 hb.app,
                 hb.host,
@@ -181,6 +184,8 @@ class PostgresHeartbeats:
                 hb.last_seen,
                 orjson.dumps(list(hb.subscriptions)).decode(),
                 orjson.dumps(dict(hb.stats)).decode(),
+                hb.health,
+                orjson.dumps(list(hb.problems)).decode(),
             )
 
     async def list(self) -> list[Heartbeat]:
@@ -188,7 +193,8 @@ class PostgresHeartbeats:
         async with self._db.connection() as conn:
             rows = await conn.fetch(
                 "SELECT instance, app, host, pid, started_at, last_seen, subscriptions::text, "
-                "stats::text FROM ef_heartbeats ORDER BY last_seen DESC"
+                "stats::text, health, problems::text FROM ef_heartbeats "
+                "ORDER BY last_seen DESC"
             )
         return [
             Heartbeat(
@@ -200,6 +206,8 @@ class PostgresHeartbeats:
                 last_seen=r[5],
                 subscriptions=tuple(orjson.loads(r[6])),
                 stats=orjson.loads(r[7]),
+                health=r[8],
+                problems=tuple(orjson.loads(r[9])),
             )
             for r in rows
         ]
@@ -300,6 +308,7 @@ class PostgresStore(PostgresEventLog):
         self.heartbeats = PostgresHeartbeats(self.db)
         self.checkpoints = PostgresCheckpoints(self.db)
         self.outbox = PostgresOutbox(self.db)
+        self.attempts = PostgresAttempts(self.db)
         self._init_events()
         self._opened = False
 
@@ -312,9 +321,9 @@ class PostgresStore(PostgresEventLog):
         """Connect, create the schema if needed and start the sequencer. Idempotent."""
         if self._opened:
             return
-        await self.db.open(SCHEMA_SQL)
+        await self.db.open(SCHEMA_SQL + ATTEMPTS_SQL)
         try:
-            await self._start_events()
+            await self._start_events(supervisor)
         except BaseException:
             await self.db.close()
             raise

@@ -14,6 +14,7 @@ import orjson
 
 from ...errors import AlreadyHandled, ConfigurationError
 from ...ports import DeadLetter, Heartbeat, Transaction
+from .attempts import ATTEMPTS_SCHEMA, SqliteAttempts
 from .db import SqliteDatabase, SqliteTransaction
 from .events import (
     EVENTS_SCHEMA,
@@ -63,9 +64,24 @@ CREATE TABLE IF NOT EXISTS ef_heartbeats (
     started_at TEXT NOT NULL,
     last_seen TEXT NOT NULL,
     subscriptions TEXT NOT NULL,
-    stats TEXT NOT NULL
+    stats TEXT NOT NULL,
+    health TEXT NOT NULL DEFAULT 'ok',
+    problems TEXT NOT NULL DEFAULT '[]'
 );
 """
+# Columns added since the first release, for files made by earlier versions.
+_ADDED_COLUMNS = (
+    ("ef_heartbeats", "health", "TEXT NOT NULL DEFAULT 'ok'"),
+    ("ef_heartbeats", "problems", "TEXT NOT NULL DEFAULT '[]'"),
+)
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    """Add the columns of ``_ADDED_COLUMNS`` that a file made by an earlier version lacks."""
+    for table, column, decl in _ADDED_COLUMNS:
+        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
 
 
 class SqliteDedupStore:
@@ -218,9 +234,9 @@ class SqliteHeartbeats:
     @staticmethod
     def _beat(conn: sqlite3.Connection, hb: Heartbeat) -> None:
         conn.execute(
-            "INSERT OR REPLACE INTO ef_heartbeats "
-            "(instance, app, host, pid, started_at, last_seen, subscriptions, stats) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO ef_heartbeats (instance, app, host, pid, started_at, "
+            "last_seen, subscriptions, stats, health, problems) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 hb.instance,
                 hb.app,
@@ -230,14 +246,16 @@ class SqliteHeartbeats:
                 hb.last_seen.isoformat(),
                 orjson.dumps(list(hb.subscriptions)).decode(),
                 orjson.dumps(dict(hb.stats)).decode(),
+                hb.health,
+                orjson.dumps(list(hb.problems)).decode(),
             ),
         )
 
     async def list(self) -> list[Heartbeat]:
         """Newest first."""
         rows = await self._db.query(
-            "SELECT instance, app, host, pid, started_at, last_seen, subscriptions, stats "
-            "FROM ef_heartbeats ORDER BY last_seen DESC"
+            "SELECT instance, app, host, pid, started_at, last_seen, subscriptions, stats, "
+            "health, problems FROM ef_heartbeats ORDER BY last_seen DESC"
         )
         return [
             Heartbeat(
@@ -249,6 +267,8 @@ class SqliteHeartbeats:
                 last_seen=datetime.fromisoformat(str(r[5])),
                 subscriptions=tuple(orjson.loads(r[6])),
                 stats=orjson.loads(r[7]),
+                health=str(r[8]),
+                problems=tuple(orjson.loads(r[9])),
             )
             for r in rows
         ]
@@ -282,6 +302,7 @@ class SqliteStore(SqliteEventLog):
         self.checkpoints = SqliteCheckpoints(self.db)
         self.outbox = SqliteOutbox(self.db)
         self.leases = SqliteLeases(self.db)
+        self.attempts = SqliteAttempts(self.db)
         self._init_events()
 
     def transaction(self) -> AbstractAsyncContextManager[SqliteTransaction]:
@@ -322,7 +343,8 @@ class SqliteStore(SqliteEventLog):
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
         """Open the file and create the tables if needed. Idempotent."""
-        await self.db.open(SCHEMA + EVENTS_SCHEMA)
+        await self.db.open(SCHEMA + EVENTS_SCHEMA + ATTEMPTS_SCHEMA)
+        await self.db.run(_add_columns)
 
     async def close(self) -> None:
         """Close the connection. Idempotent."""
