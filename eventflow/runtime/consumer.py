@@ -547,6 +547,9 @@ class Consumer:
                 ):
                     stats.duplicates += 1
                     await delivery.ack()
+                    if delivery.delivery_count > 1 or env_id in self._recorded:
+                        # Handled, then the process stopped before it forgot the record.
+                        await self._forget(env_id)
                     return
             fast = validators.get(fields["type"])
             env: Envelope | None = None
@@ -582,7 +585,7 @@ class Consumer:
                             "loop, the process stopping (killed, out of memory, hard timeout) "
                             "while it handles this message; inspect it before replaying"
                         ),
-                        attempts=record.failures,
+                        attempts=record.failures + unfinished,
                     )
                     await self._forget(env_id)
                     return

@@ -1,7 +1,7 @@
 """A group member in a child process, for the Kafka fault tests (killed, crashed, stopped).
 
     python tests/faults/kafka_member.py URL TOPIC GROUP OUT [--slow S] [--store URL]
-        [--max-attempts N] [--crash-on-poison]
+        [--max-attempts N] [--max-deliveries N] [--crash-on-poison]
 
 Handles envelopes of TOPIC in GROUP, appending ``<envelope id> <attempt> <key>`` to OUT (one
 write per line, so a SIGKILL loses no line already handled). Prints ``ready`` once its
@@ -31,13 +31,20 @@ async def main() -> None:
     parser.add_argument("--slow", type=float, default=0.0)
     parser.add_argument("--store", default="memory://")
     parser.add_argument("--max-attempts", type=int, default=3)
+    parser.add_argument("--max-deliveries", type=int, default=10)
     parser.add_argument("--crash-on-poison", action="store_true")
     args = parser.parse_args()
     out = open(args.out, "a", buffering=1)  # noqa: SIM115, ASYNC230 - one write(2) per line
 
     policy = RetryPolicy(max_attempts=args.max_attempts, initial_delay=0.01, max_delay=0.05)
 
-    @subscribe(args.topic, group=args.group, concurrency=4, retry=policy)
+    @subscribe(
+        args.topic,
+        group=args.group,
+        concurrency=4,
+        retry=policy,
+        max_deliveries=args.max_deliveries,
+    )
     async def handle(env: Envelope, ctx: Context) -> None:
         if args.slow:
             await asyncio.sleep(args.slow)

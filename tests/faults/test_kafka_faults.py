@@ -231,15 +231,16 @@ async def test_poison_message_is_dead_lettered_after_max_attempts(
     assert sum(attempts[0] < t < attempts[-1] for t in done) > 0
 
 
-async def test_poison_that_kills_its_process_is_dead_lettered_after_max_attempts(
+async def test_poison_that_kills_its_process_is_dead_lettered_as_a_crash_loop(
     kafka_url: str, publisher: App, tmp_path: Path
 ) -> None:
     """A message that crashes every process handling it is counted across members (the
-    companion group carries delivery counts) and dead-lettered after ``max_attempts``."""
+    companion group carries delivery counts, the store the handler starts) and
+    dead-lettered as a crash loop after ``max_deliveries``."""
     topic, group = f"{unique_name()}.crash", unique_name("g")
     store = f"sqlite:///{tmp_path / 'dlq.db'}"
     out = tmp_path / "attempts"
-    args = ("--crash-on-poison", "--slow", "0.4", "--max-attempts", "3", "--store", store)
+    args = ("--crash-on-poison", "--slow", "0.4", "--max-deliveries", "3", "--store", store)
     children: list[Child] = []
     try:
         children.append(await start_child(kafka_url, topic, group, out, *args))
@@ -249,7 +250,7 @@ async def test_poison_that_kills_its_process_is_dead_lettered_after_max_attempts
             await asyncio.wait_for(children[-1].proc.wait(), 60)
             assert children[-1].proc.returncode == 17
             children.append(await start_child(kafka_url, topic, group, out, *args))
-        # The fourth run finds 3 deliveries recorded: dead-letters it, handles the next one.
+        # The fourth run finds 3 unfinished starts: dead-letters it, handles the next one.
         await eventually(
             lambda: any(line[0] != poison.id for line in children[-1].lines()),
             timeout=60,
@@ -265,5 +266,6 @@ async def test_poison_that_kills_its_process_is_dead_lettered_after_max_attempts
     async with App("dlq-reader", store=store) as reader:
         [letter] = await reader.dead_letters.list()
     assert letter.envelope_id == poison.id
+    assert letter.reason == "crash-loop"
     assert letter.attempts == 3
     assert letter.source["topic"] == topic

@@ -132,9 +132,7 @@ async def test_health_is_degraded_while_a_component_is_being_restarted(
         health = app.health()
         assert health.status == "degraded"
         assert any("consumer g:it.sup.tick" in p and "BrokerError" in p for p in health.problems)
-        await waiter(
-            lambda: _beat_health(app) == "degraded", what="the heartbeat says degraded"
-        )
+        await waiter(lambda: _beat_health(app) == "degraded", what="the heartbeat says degraded")
         broker.faults = 0
         await waiter(lambda: app.health().ok, what="ok once it ran stably")
         await waiter(lambda: _beat_health(app) == "ok", what="the heartbeat says ok again")
