@@ -130,7 +130,9 @@ class PostgresEventLog:
         loop = asyncio.get_running_loop()
         self._tick = loop.create_future()
         cfg = self.db.config
-        self._listener = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        self._listener = await self.db.connect(
+            "listen for appended events", server_settings={"search_path": cfg.schema}
+        )
         await self._listener.add_listener("ef_sequenced", self._on_sequenced)
         # Owned by the store: started in open(), cancelled and awaited in close().
         self._sequencer = asyncio.create_task(self._sequence_loop(), name="eventflow:sequencer")
