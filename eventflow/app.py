@@ -39,7 +39,7 @@ from .schema.outgoing import check_outgoing
 from .sourcing.aggregate import Aggregate
 from .sourcing.repository import Repository
 from .stores import dedup_for, store_for
-from .subscribe import HandlerSpec, collect_handlers, inspect_handler
+from .subscribe import HandlerSpec, check_reachable, collect_handlers, inspect_handler
 from .supervision import Component, Health, RestartPolicy, Supervisor
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "MESSAGE_ID_HEADER", "App"]
@@ -101,6 +101,7 @@ class App:
         self._bindings = [
             (spec, spec.group or name, inspect_handler(spec.fn)) for spec in self._specs
         ]
+        check_reachable((spec, signature) for spec, _, signature in self._bindings)
         self._check_groups()
         self.projections: tuple[Projection, ...] = tuple(projections)
         for p in self.projections:

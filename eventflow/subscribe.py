@@ -13,13 +13,14 @@ from typing import Any, TypeVar, Union
 from .envelope import Envelope
 from .errors import ConfigurationError
 from .events import Event
-from .patterns import validate_pattern
+from .patterns import matches, validate_pattern
 from .runtime.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
 
 __all__ = [
     "DEFAULT_MAX_DELIVERIES",
     "DEFAULT_TIMEOUT",
     "HandlerSpec",
+    "check_reachable",
     "collect_handlers",
     "subscribe",
 ]
@@ -67,7 +68,8 @@ def subscribe(
     - ``group``: the consumer group (default: the app's name). Every group gets every message;
       members of one group share them.
     - ``concurrency``: messages of different keys handled in parallel; one key stays in order.
-    - ``retry``: at most this many attempts in all (or a ``RetryPolicy``), with backoff.
+    - ``retry``: at most this many attempts in all, the first included (``retry=1`` or
+      ``None``: one attempt, no retries; 0 or less is refused), or a ``RetryPolicy``.
     - ``timeout``: soft limit in seconds per attempt; the handler is cancelled past it.
     - ``dead_letter``: after the last failed attempt, keep the message in the dead-letter
       queue (default) rather than dropping it with an error log.
@@ -76,7 +78,11 @@ def subscribe(
       finishing (the process died each time) is dead-lettered as a crash loop. Messages
       a dying process had fetched but not started are not charged; neither is a failure
       around the handler (the store or the broker), which gives the message back untouched.
+
+    Mistakes are refused here rather than at the first message: a bare ``@subscribe``
+    (without the pattern), a pattern that is not a string, ``retry=0``, ``concurrency=0``.
     """
+    _check_pattern_argument(pattern)
     validate_pattern(pattern)
     if concurrency < 1:
         raise ConfigurationError(f"concurrency must be >= 1, got {concurrency}")
@@ -116,6 +122,23 @@ def subscribe(
         return fn
 
     return mark
+
+
+def _check_pattern_argument(pattern: object) -> None:
+    if isinstance(pattern, str):
+        return
+    if callable(pattern):
+        # `@subscribe` written without parentheses hands the function itself over here.
+        name = getattr(pattern, "__name__", repr(pattern))
+        raise ConfigurationError(
+            f"@subscribe was used without its topic pattern on {name}: write "
+            '@subscribe("topic.pattern", ...) above the function, e.g. '
+            '@subscribe("order.placed", group="billing")'
+        )
+    raise ConfigurationError(
+        f'@subscribe takes the topic pattern as a string, e.g. @subscribe("order.*"), '
+        f"got {pattern!r}"
+    )
 
 
 def collect_handlers(items: Iterable[object]) -> list[HandlerSpec]:
@@ -194,3 +217,42 @@ def inspect_handler(fn: Handler) -> Signature:
             )
         accepts[member.event_type] = member
     return Signature(accepts, False, takes_ctx)
+
+
+def check_reachable(bindings: Iterable[tuple[HandlerSpec, Signature]]) -> None:
+    """Refuse a handler typed for an event that none of its patterns can deliver.
+
+    An event is published to the topic named by its type, so a handler only ever sees the
+    types its patterns match; any other class in its annotation is a mistake (a typo in the
+    pattern, a copied decorator) that would otherwise show up as messages that never arrive.
+    A function under several ``@subscribe`` decorators may take a union whose members each
+    arrive through one of them. ``Envelope`` and ``Event`` annotations are not checked: they
+    are how a handler takes events that publishers send to another topic (``topic=``).
+    """
+    by_fn: dict[Handler, tuple[list[HandlerSpec], dict[str, type[Event]]]] = {}
+    for spec, signature in bindings:
+        if signature.accepts:  # None (Envelope) and {} (Event) take anything
+            by_fn.setdefault(spec.fn, ([], signature.accepts))[0].append(spec)
+    for specs, accepts in by_fn.values():
+        patterns = [s.pattern for s in specs]
+        unreachable = [
+            cls
+            for event_type, cls in accepts.items()
+            if not any(matches(p, event_type) for p in patterns)
+        ]
+        if unreachable:
+            raise ConfigurationError(_unreachable_message(specs[0].name, patterns, unreachable))
+
+
+def _unreachable_message(name: str, patterns: list[str], classes: list[type[Event]]) -> str:
+    subscribed = " and ".join(map(repr, patterns))
+    takes = ", ".join(f"{cls.__name__} (type {cls.event_type!r})" for cls in classes)
+    example = classes[0].event_type
+    return (
+        f"handler {name} subscribes to {subscribed} but takes {takes}: an event is published "
+        f"to the topic named by its type, which {subscribed} never matches, so the handler "
+        f"would never receive it. Subscribe to a pattern that matches the type (e.g. "
+        f"@subscribe({example!r})), or drop the class from the annotation; if publishers "
+        "really send the event to another topic with topic=..., annotate the handler's "
+        "first parameter with Envelope or Event instead (those are not checked)"
+    )

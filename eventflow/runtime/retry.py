@@ -31,8 +31,15 @@ class RetryPolicy:
     multiplier: float = DEFAULT_MULTIPLIER
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise ConfigurationError(
+                f"max_attempts must be an int (attempts in all), got {self.max_attempts!r}"
+            )
         if self.max_attempts < 1:
-            raise ConfigurationError(f"max_attempts must be >= 1, got {self.max_attempts}")
+            raise ConfigurationError(
+                f"max_attempts counts every attempt, the first included, so it must be >= 1 "
+                f"(got {self.max_attempts}): use max_attempts=1 for a single attempt"
+            )
         if self.initial_delay < 0 or self.max_delay < 0 or self.multiplier < 1:
             raise ConfigurationError(
                 "retry delays must be >= 0 and the multiplier >= 1 "
@@ -50,7 +57,10 @@ class RetryPolicy:
 
     @classmethod
     def of(cls, value: int | RetryPolicy | None) -> RetryPolicy:
-        """Normalise ``retry=``: an int is ``max_attempts``, None means a single attempt."""
+        """Normalise ``retry=``: an int is ``max_attempts``, None means a single attempt.
+
+        ``retry`` counts attempts in all, so ``retry=0`` (or less) would mean "never call the
+        handler": it is refused rather than quietly turned into one attempt."""
         if isinstance(value, RetryPolicy):
             return value
         if value is None:
@@ -59,4 +69,10 @@ class RetryPolicy:
             raise ConfigurationError(
                 f"retry must be an int (max attempts) or a RetryPolicy, got {value!r}"
             )
-        return cls(max_attempts=max(1, value))
+        if value < 1:
+            raise ConfigurationError(
+                f"retry={value} is not a number of attempts: retry counts every attempt, the "
+                "first included; write retry=1 (or retry=None) for a single attempt with no "
+                "retries, retry=3 for up to three"
+            )
+        return cls(max_attempts=value)

@@ -145,6 +145,44 @@ def test_sqlite_url_paths(tmp_path: Path) -> None:
     assert SqliteStore.from_url("sqlite:///a%20b.db").path == "a b.db"
 
 
+@pytest.mark.parametrize(
+    ("bad", "right"), [("sqlite:/x.db", "sqlite:////x.db"), ("sqlite:x.db", "sqlite:///x.db")]
+)
+def test_sqlite_urls_missing_slashes_open_nothing(
+    bad: str, right: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError, match="SQLite URL") as info:
+        open_store(bad)
+    assert right in str(info.value)
+    assert list(tmp_path.iterdir()) == []  # sqlite:/x.db used to create ./x.db
+
+
+def test_sqlite_urls_refuse_unknown_options(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"unknown option 'timeout'.*busy_timeout"):
+        open_store(url(tmp_path) + "?timeout=1")
+
+
+async def test_busy_timeout_option_bounds_the_wait_for_another_writer(tmp_path: Path) -> None:
+    async with (
+        open_store(url(tmp_path)) as holder,
+        open_store(url(tmp_path) + "?busy_timeout=0.3") as waiter,
+    ):
+        assert isinstance(holder, SqliteStore)
+        async with holder.transaction():
+            await holder.dedup.mark("g", "held")  # holds the file's write lock
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(StoreError, match="locked"):
+                await waiter.dedup.mark("g", "blocked")
+            waited = loop.time() - started
+        # Positive control: once the holder committed, the same write goes through.
+        await waiter.dedup.mark("g", "blocked")
+        assert await holder.dedup.seen("g", "blocked")
+    # It waited for the lock (about busy_timeout), not the 5 s default.
+    assert 0.2 <= waited < 2.5, waited
+
+
 async def test_store_is_unusable_before_open_and_after_close(tmp_path: Path) -> None:
     store = SqliteStore.from_url(url(tmp_path))
     with pytest.raises(StoreError, match="not open"):

@@ -69,6 +69,24 @@ def test_of_normalises_the_retry_argument() -> None:
     assert RetryPolicy.of(5).initial_delay == RetryPolicy().initial_delay
 
 
+@pytest.mark.parametrize("value", [0, -1, -100])
+def test_of_refuses_fewer_than_one_attempt(value: int) -> None:
+    # retry counts attempts in all: 0 would mean "never call the handler", not "no retries".
+    with pytest.raises(ConfigurationError, match=rf"retry={value}.*retry=1"):
+        RetryPolicy.of(value)
+
+
+def test_max_attempts_message_says_it_counts_the_first_attempt() -> None:
+    with pytest.raises(ConfigurationError, match=r"the first included.*max_attempts=1"):
+        RetryPolicy(max_attempts=0)
+
+
+@pytest.mark.parametrize("value", [2.5, "3", True])
+def test_policy_refuses_a_max_attempts_that_is_not_an_int(value: object) -> None:
+    with pytest.raises(ConfigurationError, match="max_attempts must be an int"):
+        RetryPolicy(max_attempts=value)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("value", [True, "3", 2.5, [3]])
 def test_of_rejects_other_types(value: object) -> None:
     with pytest.raises(ConfigurationError, match="retry"):

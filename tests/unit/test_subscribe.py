@@ -88,6 +88,33 @@ def test_subscribe_rejects_bad_arguments(args: tuple, kwargs: dict, message: str
         subscribe(*args, **kwargs)
 
 
+def test_bare_subscribe_without_pattern_says_how_to_write_it() -> None:
+    with pytest.raises(ConfigurationError) as info:
+
+        @subscribe  # type: ignore[arg-type]  # the mistake under test
+        async def handler(event: Alpha) -> None: ...
+
+    text = str(info.value)
+    assert "without its topic pattern" in text
+    assert "handler" in text
+    assert '@subscribe("topic.pattern", ...)' in text
+
+
+@pytest.mark.parametrize("pattern", [42, None, b"ut.sub.alpha", ["ut.sub.alpha"]])
+def test_non_string_patterns_are_refused(pattern: object) -> None:
+    with pytest.raises(ConfigurationError, match="pattern as a string"):
+        subscribe(pattern)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("retry", [0, -1, -5])
+def test_subscribe_refuses_retry_below_one(retry: int) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        subscribe("ut.sub.alpha", retry=retry)
+    text = str(info.value)
+    assert f"retry={retry}" in text
+    assert "retry=1" in text  # says what to write for a single attempt
+
+
 def test_subscribe_needs_an_async_function() -> None:
     def sync_handler(event: Alpha) -> None: ...
 
@@ -237,6 +264,95 @@ def test_bad_signatures_raise(fn: typing.Any, message: str) -> None:
     marked = subscribe("ut.sub.alpha", group=f"g-{fn.__name__}")(fn)
     with pytest.raises(ConfigurationError, match=fn.__name__):
         App("ut-sub-bad", handlers=[marked])
+
+
+# -- a handler's types must be reachable through its pattern ---------------------------------
+
+
+class Gamma(Event, type="ut.other.gamma"):
+    g: int
+
+
+def takes_gamma() -> typing.Any:
+    async def handler(event: Gamma) -> None: ...
+
+    return handler
+
+
+def takes_alpha_or_gamma() -> typing.Any:
+    async def handler(event: Alpha | Gamma, ctx: Context) -> None: ...
+
+    return handler
+
+
+def takes_envelope() -> typing.Any:
+    async def handler(env: Envelope) -> None: ...
+
+    return handler
+
+
+def takes_any_event() -> typing.Any:
+    async def handler(event: Event) -> None: ...
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("pattern", "make", "unreachable"),
+    [
+        ("ut.sub.alpha", takes_gamma, "Gamma"),
+        ("ut.sub.*", takes_gamma, "Gamma"),
+        ("ut.sub.>", takes_alpha_or_gamma, "Gamma"),
+        ("ut.other.gamma", takes_alpha_or_gamma, "Alpha"),
+        ("ut.*", takes_gamma, "Gamma"),  # '*' is one token: never ut.other.gamma
+    ],
+)
+def test_handler_typed_for_an_event_its_pattern_never_matches_is_refused(
+    pattern: str, make: typing.Callable[[], typing.Any], unreachable: str
+) -> None:
+    fn = make()
+    with pytest.raises(ConfigurationError) as info:
+        App("ut-sub-unreachable", handlers=[subscribe(pattern)(fn)])
+    text = str(info.value)
+    assert fn.__qualname__ in text
+    assert repr(pattern) in text
+    assert unreachable in text
+    # It says what to do: fix the pattern, or take Envelope/Event for topic=... publishers.
+    assert "Subscribe to a pattern that matches" in text
+    assert "topic=" in text
+    assert "Envelope or Event" in text
+
+
+@pytest.mark.parametrize(
+    ("pattern", "make"),
+    [
+        ("ut.other.gamma", takes_gamma),
+        ("ut.other.*", takes_gamma),
+        ("ut.>", takes_gamma),
+        (">", takes_alpha_or_gamma),
+        ("ut.*.*", takes_alpha_or_gamma),
+        ("ut.sub.alpha", takes_envelope),  # raw envelopes: whatever arrives on the topic
+        ("ut.sub.alpha", takes_any_event),  # any registered type: not checked
+    ],
+)
+def test_handler_types_matched_by_the_pattern_are_accepted(
+    pattern: str, make: typing.Callable[[], typing.Any]
+) -> None:
+    app = App("ut-sub-reachable", handlers=[subscribe(pattern, group="g")(make())])
+    assert app.groups == ("g",)
+
+
+def test_stacked_subscriptions_cover_a_union_together() -> None:
+    async def handler(event: Alpha | Gamma) -> None: ...
+
+    both = subscribe("ut.sub.alpha", group="a")(subscribe("ut.other.gamma", group="b")(handler))
+    assert set(App("ut-sub-stacked", handlers=[both]).groups) == {"a", "b"}
+
+    async def partial(event: Alpha | Gamma | Beta) -> None: ...
+
+    marked = subscribe("ut.sub.alpha", group="a")(subscribe("ut.other.gamma", group="b")(partial))
+    with pytest.raises(ConfigurationError, match=r"Beta \(type 'ut.sub.beta'\)"):
+        App("ut-sub-stacked-bad", handlers=[marked])
 
 
 # -- groups and overlapping patterns -----------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import AlreadyHandled, ConfigurationError
 from ...ports import DeadLetter, Heartbeat, Transaction
+from ...stores import url_options
 from .attempts import MemoryAttempts
 from .events import (
     MemoryCheckpoints,
@@ -147,6 +148,12 @@ class MemoryStore(MemoryEventLog):
         self.outbox = MemoryOutbox()
         self.attempts = MemoryAttempts()
         self._locks = MemoryLocks()
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryStore:
+        """``memory://``: it takes no options, so any query option is refused."""
+        url_options(url, (), kind="memory")
+        return cls(url)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[MemoryTransaction]:

@@ -135,7 +135,9 @@ class PostgresEventLog:
         loop = asyncio.get_running_loop()
         self._tick = loop.create_future()
         cfg = self.db.config
-        self._listener = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
+        self._listener = await self.db.connect(
+            "listen for appended events", server_settings={"search_path": cfg.schema}
+        )
         await self._listener.add_listener("ef_sequenced", self._on_sequenced)
         # A component of the owner's supervisor (the app's), or of the store's own: started
         # in open(), stopped in close().

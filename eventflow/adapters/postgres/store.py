@@ -10,11 +10,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
 import orjson
 
 from ...envelope import Envelope
-from ...errors import AlreadyHandled, StoreError
+from ...errors import AlreadyHandled
 from ...ports import DeadLetter, Heartbeat, OutboxMessage, Transaction
 from .attempts import ATTEMPTS_SQL, PostgresAttempts
 from .db import PostgresConfig, PostgresDatabase, PostgresTransaction
@@ -352,11 +351,7 @@ class PostgresStore(PostgresEventLog):
     async def _hold(self, name: str) -> AsyncIterator[None]:
         # A session-level advisory lock on a connection of its own: the server releases it
         # when this process dies and the connection drops, so another process takes over.
-        cfg = self.config
-        try:
-            conn = await asyncpg.connect(cfg.dsn)
-        except (OSError, asyncpg.PostgresError) as exc:
-            raise StoreError(f"cannot connect to take lock {name!r}: {exc}") from exc
+        conn = await self.db.connect(f"take lock {name!r}")
         try:
             await conn.execute("SELECT pg_advisory_lock($1, $2)", _LOCK_NAMESPACE, _lock_key(name))
             yield

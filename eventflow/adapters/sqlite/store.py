@@ -13,9 +13,11 @@ from urllib.parse import unquote, urlsplit
 import orjson
 
 from ...errors import AlreadyHandled, ConfigurationError
+from ...leases import DEFAULT_LEASE_TTL
 from ...ports import DeadLetter, Heartbeat, Transaction
+from ...stores import seconds_option, url_options
 from .attempts import ATTEMPTS_SCHEMA, SqliteAttempts
-from .db import SqliteDatabase, SqliteTransaction
+from .db import DEFAULT_BUSY_TIMEOUT, SqliteDatabase, SqliteTransaction
 from .events import (
     EVENTS_SCHEMA,
     SqliteCheckpoints,
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["SqliteDeadLetterStore", "SqliteDedupStore", "SqliteHeartbeats", "SqliteStore"]
 
 DEFAULT_DEDUP_RETENTION = 7 * 24 * 3600.0
+URL_OPTIONS = ("busy_timeout", "lease_ttl")
 _CACHE_SIZE = 100_000
 _PRUNE_EVERY = 10_000
 
@@ -290,18 +293,31 @@ class SqliteHeartbeats:
 
 
 class SqliteStore(SqliteEventLog):
-    """The SQLite store: one file, one connection shared by all its parts."""
+    """The SQLite store: one file, one connection shared by all its parts.
 
-    def __init__(self, path: str, *, url: str | None = None) -> None:
+    ``busy_timeout``: seconds a statement waits for another process's write lock before it
+    fails; ``lease_ttl``: seconds a dead holder keeps a lease before another process takes it.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        url: str | None = None,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+    ) -> None:
         self.path = path
         self.url = url or f"sqlite:///{path}"
-        self.db = SqliteDatabase(path)
+        self.busy_timeout = busy_timeout
+        self.lease_ttl = lease_ttl
+        self.db = SqliteDatabase(path, busy_timeout=busy_timeout)
         self.dedup = SqliteDedupStore(self.db)
         self.dead_letters = SqliteDeadLetterStore(self.db)
         self.heartbeats = SqliteHeartbeats(self.db)
         self.checkpoints = SqliteCheckpoints(self.db)
         self.outbox = SqliteOutbox(self.db)
-        self.leases = SqliteLeases(self.db)
+        self.leases = SqliteLeases(self.db, lease_ttl)
         self.attempts = SqliteAttempts(self.db)
         self._init_events()
 
@@ -329,17 +345,10 @@ class SqliteStore(SqliteEventLog):
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:
-        """``sqlite:///relative.db``, ``sqlite:////absolute.db`` or ``sqlite:///:memory:``."""
-        parts = urlsplit(url)
-        if parts.netloc:
-            raise ConfigurationError(
-                f"SQLite URL {url!r} has a host part; use sqlite:///relative/path.db or "
-                "sqlite:////absolute/path.db"
-            )
-        path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
-        if not path:
-            raise ConfigurationError(f"SQLite URL {url!r} names no file: use sqlite:///app.db")
-        return cls(path, url=url)
+        """``sqlite:///relative.db``, ``sqlite:////absolute.db`` or ``sqlite:///:memory:``,
+        with the options ``?busy_timeout=SECONDS&lease_ttl=SECONDS``; anything else is
+        refused (``sqlite:/x.db`` would otherwise quietly open ``./x.db``)."""
+        return cls(_url_path(url), url=url, **_url_settings(url))
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
         """Open the file and create the tables if needed. Idempotent."""
@@ -356,3 +365,49 @@ class SqliteStore(SqliteEventLog):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _url_path(url: str) -> str:
+    # urlsplit reads sqlite:/x.db and sqlite:///x.db alike, so look at the text itself: the
+    # path starts after exactly "sqlite:///" (a fourth slash makes it absolute).
+    rest = url.partition(":")[2]
+    parts = urlsplit(url)
+    if not rest.split("?")[0].strip("/"):
+        raise ConfigurationError(
+            f"SQLite URL {url!r} names no file: use sqlite:///app.db (relative to the working "
+            "directory) or sqlite:////absolute/path/app.db"
+        )
+    if not rest.startswith("//"):
+        given = parts.path
+        if given == ":memory:":
+            where = f"for a database in memory write sqlite:///{rest}"
+        elif given.startswith("/"):
+            where = f"for the absolute path {given} write sqlite:///{rest}"
+        else:
+            where = f"for {given} relative to the working directory write sqlite:///{rest}"
+        raise ConfigurationError(
+            f"SQLite URL {url!r} lacks slashes: the path follows sqlite:/// (three slashes, a "
+            f"fourth for an absolute path); {where}"
+        )
+    if parts.netloc:
+        raise ConfigurationError(
+            f"SQLite URL {url!r} has a host part ({parts.netloc!r}), which SQLite does not "
+            f"take: the path follows sqlite:/// (sqlite:///relative/path.db or "
+            f"sqlite:////absolute/path.db); did you mean sqlite:///{rest[2:]}?"
+        )
+    if parts.fragment:
+        raise ConfigurationError(
+            f"SQLite URL {url!r} has a #fragment; write a '#' in a file name as %23"
+        )
+    path = unquote(parts.path[1:])
+    if not path:
+        raise ConfigurationError(f"SQLite URL {url!r} names no file: use sqlite:///app.db")
+    return path
+
+
+def _url_settings(url: str) -> dict[str, float]:
+    options = url_options(url, URL_OPTIONS, kind="SQLite")
+    return {
+        "busy_timeout": seconds_option(url, options, "busy_timeout", DEFAULT_BUSY_TIMEOUT),
+        "lease_ttl": seconds_option(url, options, "lease_ttl", DEFAULT_LEASE_TTL),
+    }
