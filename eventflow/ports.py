@@ -321,11 +321,18 @@ class Transaction(Protocol):
     """A store transaction a handler or projection shares with eventflow's own writes (dedup
     entry, outgoing messages, checkpoint): they all commit or roll back together.
 
-    SQL uses the driver's own parameter style (``$1`` for PostgreSQL, ``?`` for SQLite).
+    SQL takes one parameter style on every SQL store: PostgreSQL's numbered ``$1, $2, ...``
+    (each number is that argument, so one may appear several times). SQLite runs it as its
+    own ``?1, ?2, ...`` and refuses its other styles (``?``, ``:name``, ``@name``, ``$name``)
+    with a ``ConfigurationError``, so SQL that runs on SQLite runs on PostgreSQL unchanged.
+    The transaction belongs to the context that opened it: tasks created inside its block
+    (``asyncio.gather``, a ``TaskGroup``, ``wait_for``) use it too, one statement at a time;
+    once it has ended, ``execute`` and ``fetch`` raise ``StoreError``.
     """
 
     async def execute(self, sql: str, *args: Any) -> Any:
-        """Run one statement; return the driver's status (rows affected where known)."""
+        """Run one statement; return the number of rows it changed (an int: inserted, updated or
+        deleted; 0 for statements that change no rows, such as DDL or a ``SELECT``)."""
 
     async def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         """Run a query and return every row as a tuple."""

@@ -90,13 +90,11 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
 async def test_concurrent_copies_commit_their_effects_once(
     store_url: str, broker_url: str, waiter: Wait
 ) -> None:
-    mark = "?" if store_url.startswith("sqlite") else "$1"
-
     @subscribe("it.res.ping", group="ledger")
     async def book(event: ResPing, ctx: Context) -> None:
         await asyncio.sleep(0.2)  # slow: the copy is picked up by the other member meanwhile
         async with ctx.transaction() as tx:
-            await tx.execute(f"INSERT INTO it_res_ledger (n) VALUES ({mark})", event.n)
+            await tx.execute("INSERT INTO it_res_ledger (n) VALUES ($1)", event.n)
 
     store = store_for(store_url)
     a = App("it-res-a", broker=broker_url, store=store, handlers=[book])

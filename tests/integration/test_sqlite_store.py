@@ -1,9 +1,13 @@
 """The SQLite store: dedup, dead letters and heartbeats persist in one file across reopen."""
 
 import asyncio
+import logging
+import sqlite3
+import threading
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +22,7 @@ from eventflow import (
     subscribe,
 )
 from eventflow.adapters.sqlite import SqliteStore
+from eventflow.adapters.sqlite.db import SqliteDatabase
 from eventflow.ports import Heartbeat
 
 Wait = Callable[..., Awaitable[None]]
@@ -263,3 +268,144 @@ async def test_many_concurrent_marks(tmp_path: Path) -> None:
         await asyncio.gather(*(store.dedup.mark("g", f"m-{i}") for i in range(200)))
         seen = await asyncio.gather(*(store.dedup.seen("g", f"m-{i}") for i in range(200)))
         assert all(seen)
+
+
+# -- transactions that end badly ---------------------------------------------------------------
+
+
+class _FaultyConnection:
+    """Delegates to a ``sqlite3`` connection, except that the statement ``fail`` (its first
+    run) signals ``started``, waits for ``release``, then fails like a disk error without
+    running: the transaction it should have ended stays open."""
+
+    def __init__(self, conn: sqlite3.Connection, fail: str) -> None:
+        self._conn = conn
+        self._fail: str | None = fail
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql == self._fail:
+            self._fail = None
+            self.started.set()
+            self.release.wait(10)
+            raise sqlite3.OperationalError("disk I/O error")
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+async def _open_and_leave(db: SqliteDatabase) -> None:
+    async with db.transaction():
+        pass
+
+
+async def _locked(db: SqliteDatabase, waiter: Wait) -> None:
+    """Wait until a task of ``db`` holds its transaction lock and has sent BEGIN."""
+    await waiter(db._lock.locked, what="BEGIN IMMEDIATE sent")
+    for _ in range(3):
+        await asyncio.sleep(0)  # the BEGIN is queued on the thread a loop turn later
+
+
+async def test_a_begin_that_fails_after_its_caller_was_cancelled_is_logged(
+    tmp_path: Path, waiter: Wait, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = str(tmp_path / "busy.db")
+    db, other = SqliteDatabase(path, busy_timeout=0.3), SqliteDatabase(path)
+    await db.open()
+    await other.open()
+    try:
+        with caplog.at_level(logging.WARNING, logger="eventflow.sqlite"):
+            async with other.transaction():  # holds the write lock past db's busy timeout
+                task = asyncio.create_task(_open_and_leave(db))
+                await _locked(db, waiter)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task  # after the BEGIN gave up waiting: cancelled, not its error
+        [record] = [r for r in caplog.records if "BEGIN IMMEDIATE" in r.getMessage()]
+        assert record.levelno == logging.WARNING
+        assert "locked" in record.getMessage()
+        assert "no transaction is left open" in record.getMessage()
+        await _open_and_leave(db)  # usable
+    finally:
+        await db.close()
+        await other.close()
+
+
+async def test_a_transaction_cancelled_twice_while_beginning_is_still_rolled_back(
+    tmp_path: Path, waiter: Wait
+) -> None:
+    path = str(tmp_path / "busy.db")
+    db, other = SqliteDatabase(path), SqliteDatabase(path)
+    await db.open()
+    await other.open()
+    try:
+        async with other.transaction():
+            task = asyncio.create_task(_open_and_leave(db))
+            await _locked(db, waiter)
+            task.cancel()
+            await asyncio.sleep(0.05)
+            task.cancel()  # again, while it waits for the BEGIN to come back
+            await asyncio.sleep(0.05)
+        # other committed: the BEGIN went through, then its ROLLBACK must have too
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _open_and_leave(db)  # no "cannot start a transaction within a transaction"
+        assert await db.query("SELECT 1") == [(1,)]
+    finally:
+        await db.close()
+        await other.close()
+
+
+async def test_a_rollback_that_fails_after_its_caller_was_cancelled_is_logged(
+    tmp_path: Path, waiter: Wait, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = SqliteDatabase(str(tmp_path / "x.db"))
+    await db.open()
+    assert db._conn is not None
+    faulty = _FaultyConnection(db._conn, "ROLLBACK")
+    db._conn = faulty  # type: ignore[assignment]
+
+    async def fail() -> None:
+        async with db.transaction() as tx:
+            await tx.execute("CREATE TABLE t (x INTEGER)")
+            raise ValueError("the block fails: roll back")
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="eventflow.sqlite"):
+            task = asyncio.create_task(fail())
+            await waiter(faulty.started.is_set, what="the ROLLBACK on the thread")
+            task.cancel()
+            await asyncio.sleep(0.02)
+            faulty.release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        [record] = [r for r in caplog.records if "ROLLBACK" in r.getMessage()]
+        assert record.levelno == logging.WARNING
+        assert "disk I/O error" in record.getMessage()
+        assert "still inside a transaction" in record.getMessage()
+        assert "reopen the store" in record.getMessage()
+    finally:
+        faulty.release.set()
+        await db.close()
+
+
+async def test_a_failed_commit_does_not_leave_the_connection_in_its_transaction(
+    tmp_path: Path,
+) -> None:
+    db = SqliteDatabase(str(tmp_path / "x.db"))
+    await db.open("CREATE TABLE t (x INTEGER);")
+    assert db._conn is not None
+    faulty = _FaultyConnection(db._conn, "COMMIT")
+    faulty.release.set()
+    db._conn = faulty  # type: ignore[assignment]
+    try:
+        with pytest.raises(StoreError, match="disk I/O error"):
+            async with db.transaction() as tx:
+                await tx.execute("INSERT INTO t VALUES ($1)", 1)
+        async with db.transaction() as tx:  # not "within a transaction": it was rolled back
+            await tx.execute("INSERT INTO t VALUES ($1)", 2)
+            assert await tx.fetch("SELECT x FROM t") == [(2,)]
+    finally:
+        await db.close()

@@ -42,12 +42,10 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
 
 
 def _sql(store: Store) -> tuple[str, str, str]:
-    """(create table, insert, count) statements in the store's parameter style."""
-    mark = "?" if "sqlite" in store.url else "$1"
-    mark2 = "?" if "sqlite" in store.url else "$2"
+    """(create table, insert, count) statements: the same SQL on every store."""
     return (
         "CREATE TABLE IF NOT EXISTS it_ledger (account TEXT, amount INTEGER)",
-        f"INSERT INTO it_ledger (account, amount) VALUES ({mark}, {mark2})",
+        "INSERT INTO it_ledger (account, amount) VALUES ($1, $2)",
         "SELECT COUNT(*), COALESCE(SUM(amount), 0) FROM it_ledger",
     )
 

@@ -37,14 +37,11 @@ EVENTS = 20_000
 class SqlStockLevels(Projection, name="projtest_sql_stock"):
     """The SQL-store way: state in a table written through ctx.transaction()."""
 
-    def __init__(self, postgres: bool = False) -> None:
-        self.postgres = postgres
-        self.upsert = (
-            "INSERT INTO projtest_stock (sku, qty) VALUES (?, ?) "
+    def __init__(self) -> None:
+        self.upsert = (  # the same SQL on every SQL store
+            "INSERT INTO projtest_stock (sku, qty) VALUES ($1, $2) "
             "ON CONFLICT (sku) DO UPDATE SET qty = projtest_stock.qty + excluded.qty"
         )
-        if postgres:
-            self.upsert = self.upsert.replace("(?, ?)", "($1, $2)")
 
     async def reset(self, tx: Transaction) -> None:
         await tx.execute("DELETE FROM projtest_stock")
@@ -85,7 +82,7 @@ async def test_rebuild_equals_live_with_20000_events(store_url: str, waiter: Wai
         if memory:
             live = StockLevels()
         else:
-            live = sql = SqlStockLevels(postgres=store_url.startswith("postgres"))
+            live = SqlStockLevels()
             async with store.transaction() as tx:
                 await tx.execute(
                     "CREATE TABLE projtest_stock (sku TEXT PRIMARY KEY, qty INTEGER NOT NULL)"
@@ -118,7 +115,7 @@ async def test_rebuild_equals_live_with_20000_events(store_url: str, waiter: Wai
             assert len(live.positions) == sum(1 for i in range(EVENTS) if i % 3 != 2)
 
         # a fresh instance, as after a restart
-        rebuilt = StockLevels() if memory else SqlStockLevels(postgres=sql.postgres)
+        rebuilt = StockLevels() if memory else SqlStockLevels()
         calls: list[tuple[int, int]] = []
         last = await ProjectionRunner(rebuilt, store, batch_size=999).rebuild(
             progress=lambda pos, end: calls.append((pos, end))

@@ -47,7 +47,7 @@ class SqlStock(Projection, name="cli_stock"):
 
     async def _add(self, ctx, sku, qty):
         await ctx.transaction().execute(
-            "INSERT INTO cli_stock (sku, qty) VALUES (?, ?) ON CONFLICT (sku) "
+            "INSERT INTO cli_stock (sku, qty) VALUES ($1, $2) ON CONFLICT (sku) "
             "DO UPDATE SET qty = cli_stock.qty + excluded.qty",
             sku,
             qty,

@@ -1,16 +1,21 @@
-"""One asyncpg pool per PostgreSQL store, and the ambient transaction of a task.
+"""One asyncpg pool per PostgreSQL store, and the ambient transaction of a context.
 
 ``PostgresDatabase.transaction()`` binds a connection in a transaction to the calling
 context (a ``ContextVar``), so every store call made inside the block runs on that
 connection and commits or rolls back with it: the user's own SQL, the dedup entry, the
-checkpoint, the outbox rows and appended events.
+checkpoint, the outbox rows and appended events. Tasks created inside the block inherit the
+context and join the transaction too; since a connection runs one statement at a time, a
+lock lets one ``connection()`` block (one statement, or a savepoint and its statements) use
+it at a time. When the block exits, the transaction is marked ended: a task that outlives
+the block goes back to the pool for its later store calls.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
@@ -136,19 +141,113 @@ async def reset_connection(conn: Any) -> None:
         await conn.execute("ROLLBACK")
 
 
-class PostgresTransaction:
-    """An open transaction on one connection: ``execute``/``fetch`` use ``$1`` parameters."""
+_ENDED = (
+    "this PostgreSQL transaction has ended (committed or rolled back): run its statements "
+    "inside its `async with` block (a task that outlives the block uses the store directly)"
+)
+_CHANGING = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE"})
+
+
+def _rows_changed(status: str) -> int:
+    """The rows a statement changed, from its command status (``INSERT 0 3``, ``UPDATE 2``);
+    0 for statements that change no rows (``SELECT 5``, ``CREATE TABLE``)."""
+    verb, _, rest = status.partition(" ")
+    if verb not in _CHANGING:
+        return 0
+    count = rest.rpartition(" ")[2]
+    return int(count) if count.isdigit() else 0
+
+
+class _Shared:
+    """One open ``transaction()`` as the contexts that joined it see it: its connection,
+    whether it is still open, the hooks to call on commit, and the lock that gives the
+    connection to one task at a time (re-entrant for that task, so a store call made inside
+    another's ``connection()`` block in the same task does not wait for itself)."""
+
+    __slots__ = ("_depth", "_holder", "_lock", "conn", "hooks", "open")
 
     def __init__(self, conn: Any) -> None:
-        self.connection = conn
+        self.conn = conn
+        self.open = True
+        self.hooks: list[Callable[[], None]] | None = []
+        self._lock = asyncio.Lock()
+        self._holder: asyncio.Task[Any] | None = None
+        self._depth = 0
 
-    async def execute(self, sql: str, *args: Any) -> Any:
-        """Run one statement; return asyncpg's status string."""
-        return await self.connection.execute(sql, *args)
+    async def take(self) -> bool:
+        """Take the connection for the current task; False (nothing taken) once ended."""
+        task = asyncio.current_task()
+        if self._holder is task and task is not None:
+            self._depth += 1
+            return True
+        if not self.open:
+            return False
+        await self._lock.acquire()
+        if not self.open:  # ended while this task waited
+            self._lock.release()
+            return False
+        self._holder, self._depth = task, 1
+        return True
+
+    def give(self) -> None:
+        """Give back what ``take`` took."""
+        self._depth -= 1
+        if self._depth == 0:
+            self._holder = None
+            self._lock.release()
+
+    async def end(self) -> None:
+        """Mark the transaction ended once the statement a child task is running finishes,
+        and keep the connection (``give`` it back after COMMIT or ROLLBACK)."""
+        try:
+            await self._lock.acquire()
+        except asyncio.CancelledError:
+            # A child task's statement is still running on the connection, so ROLLBACK cannot
+            # run now: drop the connection (the server rolls back) rather than wait.
+            self.open = False
+            self.conn.terminate()
+            raise
+        self.open = False
+        self._holder, self._depth = asyncio.current_task(), 1
+
+
+def _forget(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:
+    """Unbind a transaction from the context it was opened in. An ``__aexit__`` called from
+    another context cannot reset it there, and need not: the transaction is ended, so that
+    context no longer joins it."""
+    with suppress(ValueError):
+        var.reset(token)
+
+
+class PostgresTransaction:
+    """An open transaction on one connection. ``execute``/``fetch`` take ``$1, $2, ...``
+    parameters and run in this transaction from any task (one statement at a time); once it
+    has ended they raise ``StoreError``."""
+
+    def __init__(self, shared: _Shared) -> None:
+        self._shared = shared
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        """Run one statement; return the number of rows it changed."""
+        shared = self._shared
+        if not await shared.take():
+            raise StoreError(_ENDED)
+        try:
+            status: str = await shared.conn.execute(sql, *args)
+        finally:
+            shared.give()
+        return _rows_changed(status)
 
     async def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         """Run a query; return every row as a tuple."""
-        return [tuple(r) for r in await self.connection.fetch(sql, *args)]
+        shared = self._shared
+        if not await shared.take():
+            raise StoreError(_ENDED)
+        try:
+            rows = await shared.conn.fetch(sql, *args)
+        finally:
+            shared.give()
+        return [tuple(r) for r in rows]
 
 
 class PostgresDatabase:
@@ -157,11 +256,8 @@ class PostgresDatabase:
     def __init__(self, config: PostgresConfig) -> None:
         self.config = config
         self.pool: Any = None
-        self._current: contextvars.ContextVar[Any] = contextvars.ContextVar(
+        self._joined: contextvars.ContextVar[_Shared | None] = contextvars.ContextVar(
             f"eventflow-pg-{id(self)}", default=None
-        )
-        self._hooks: contextvars.ContextVar[list[Callable[[], None]] | None] = (
-            contextvars.ContextVar(f"eventflow-pg-hooks-{id(self)}", default=None)
         )
 
     async def open(self, schema_sql: str) -> None:
@@ -239,42 +335,72 @@ class PostgresDatabase:
 
     @property
     def current(self) -> Any:
-        """The connection of the context's open transaction, or None."""
-        return self._current.get()
+        """The connection of the context's open transaction, or None. Use it only to ask
+        whether one is open: statements go through ``connection()``, which serialises them."""
+        shared = self._joined.get()
+        return shared.conn if shared is not None and shared.open else None
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Any]:
         """The context's transaction connection, else a pooled one. Outside a transaction
         each statement commits on its own (every store operation is one statement), which
-        saves the BEGIN and COMMIT round trips."""
-        conn = self._current.get()
-        if conn is not None:
-            yield conn
+        saves the BEGIN and COMMIT round trips.
+
+        Inside one, the block holds the connection: other tasks of the transaction wait
+        until it exits, so keep it to the statements of one store operation (a savepoint
+        with its statements is not interleaved with theirs)."""
+        shared = self._joined.get()
+        if shared is not None and await shared.take():
+            try:
+                yield shared.conn
+            finally:
+                shared.give()
             return
         async with self._pool().acquire() as conn:
             yield conn
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[PostgresTransaction]:
-        """Open a transaction bound to this context until the block exits."""
-        if self._current.get() is not None:
-            raise StoreError("a transaction is already open in this context; nest nothing")
-        hooks: list[Callable[[], None]] = []
-        async with self._pool().acquire() as conn, conn.transaction():
-            token = self._current.set(conn)
-            hooks_token = self._hooks.set(hooks)
+        """Open a transaction bound to this context until the block exits; tasks created
+        inside the block join it."""
+        outer = self._joined.get()
+        if outer is not None and outer.open:
+            raise StoreError(
+                "a transaction is already open in this context (this task, or the task that "
+                "created it, is inside `transaction()`): nest nothing, run the statements in "
+                "the open one"
+            )
+        async with self._pool().acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            shared = _Shared(conn)
+            token = self._joined.set(shared)
             try:
-                yield PostgresTransaction(conn)
+                try:
+                    yield PostgresTransaction(shared)
+                except BaseException:
+                    await shared.end()
+                    try:
+                        await tx.rollback()
+                    finally:
+                        shared.give()
+                    raise
+                await shared.end()
+                try:
+                    await tx.commit()
+                finally:
+                    shared.give()
             finally:
-                self._current.reset(token)
-                self._hooks.reset(hooks_token)
-        for hook in hooks:  # committed
+                shared.open = False
+                hooks, shared.hooks = shared.hooks, None
+                _forget(self._joined, token)
+        for hook in hooks or ():  # committed (a rollback raised above)
             hook()
 
     def after_commit(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` once the context's open transaction commits (now if none is open)."""
-        hooks = self._hooks.get()
-        if hooks is None:
+        shared = self._joined.get()
+        if shared is None or shared.hooks is None:
             hook()
         else:
-            hooks.append(hook)
+            shared.hooks.append(hook)

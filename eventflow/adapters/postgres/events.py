@@ -243,11 +243,12 @@ class PostgresEventLog:
             sql, args = _APPEND_NEW, (stream_id, ids, blobs)
         else:
             sql, args = _APPEND_AT, (stream_id, ids, blobs, int(expected))
-        current = self.db.current
         try:
-            if current is not None:
-                async with current.transaction():  # a savepoint: a conflict must not abort
-                    run = current.fetchval if expected is None else current.execute
+            if self.db.current is not None:
+                # A savepoint (a conflict must not abort the context's transaction), with the
+                # connection held for it: other tasks of that transaction wait meanwhile.
+                async with self.db.connection() as conn, conn.transaction():
+                    run = conn.fetchval if expected is None else conn.execute
                     result = await run(sql, *args)
             else:
                 async with self.db._pool().acquire() as conn:  # the hot path: no generator CM

@@ -3,25 +3,56 @@
 Every statement runs on that thread, in order, so the connection is never shared between
 threads and a group of statements passed as one function runs as one transaction. WAL mode
 lets other processes (the CLI) read while the app writes.
+
+``transaction()`` holds the connection for a block, bound to the calling context (a
+``ContextVar``): store calls made inside it, also from tasks created inside it, run in it
+(the thread runs them one at a time); the others wait for it to end. User SQL takes
+``$1, $2, ...`` (``params.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import contextvars
+import logging
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
 from ...errors import StoreError
+from .params import to_sqlite
 
 __all__ = ["SqliteDatabase", "SqliteTransaction"]
 
 T = TypeVar("T")
 DEFAULT_BUSY_TIMEOUT = 5.0
+_log = logging.getLogger("eventflow.sqlite")
+_ENDED = (
+    "this SQLite transaction has ended (committed or rolled back): run its statements "
+    "inside its `async with` block (a task that outlives the block uses the store directly)"
+)
+
+
+class _Shared:
+    """One open ``transaction()`` as the contexts that joined it see it: ``open`` turns
+    False when the block exits, so a task created inside the block that outlives it stops
+    joining it (its store calls then take the lock like any other)."""
+
+    __slots__ = ("open",)
+
+    def __init__(self) -> None:
+        self.open = True
+
+
+def _forget(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:
+    """Unbind a transaction from the context it was opened in. An ``__aexit__`` called from
+    another context cannot reset it there, and need not: the transaction is closed, so that
+    context no longer joins it."""
+    with suppress(ValueError):
+        var.reset(token)
 
 
 class SqliteDatabase:
@@ -32,10 +63,13 @@ class SqliteDatabase:
         self.busy_timeout = busy_timeout
         self._executor: ThreadPoolExecutor | None = None
         self._conn: sqlite3.Connection | None = None
-        # One transaction at a time on the one connection; the task holding an explicit
-        # transaction() is its owner, and its own store calls run inside it.
+        # One transaction at a time on the one connection. An explicit transaction() is
+        # bound to the context that opened it (and so to the tasks created inside it): their
+        # store calls run inside it, the others wait for the lock.
         self._lock = asyncio.Lock()
-        self._owner: asyncio.Task[Any] | None = None
+        self._joined: contextvars.ContextVar[_Shared | None] = contextvars.ContextVar(
+            f"eventflow-sqlite-{id(self)}", default=None
+        )
 
     async def open(self, schema: str = "") -> None:
         """Open the file (creating it) and run ``schema``. Idempotent."""
@@ -107,11 +141,20 @@ class SqliteDatabase:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` on the database thread in a transaction of its own, or, when
-        the calling task has a ``transaction()`` open, inside that one."""
-        if self._owner is not None and self._owner is asyncio.current_task():
+        the calling context has a ``transaction()`` open, inside that one."""
+        joined = self._joined.get()
+        if joined is not None and joined.open:
             return await self._submit(self._guarded, fn, args)
         async with self._lock:
             return await self._submit(self._in_tx, fn, args)
+
+    async def _run_in(self, shared: _Shared, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` in the transaction ``shared`` (a ``SqliteTransaction``'s)."""
+        if not shared.open:
+            raise StoreError(_ENDED)
+        # No await between the check and the submission: the statement is queued on the
+        # thread before the COMMIT or ROLLBACK that closes the transaction.
+        return await self._submit(self._guarded, fn, args)
 
     def _guarded(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         conn = self._conn
@@ -125,38 +168,98 @@ class SqliteDatabase:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[SqliteTransaction]:
         """Hold the connection in one transaction until the block exits (commit) or raises
-        (rollback). Store calls made by the same task inside the block join it."""
-        if self._owner is not None and self._owner is asyncio.current_task():
-            raise StoreError("a SQLite transaction is already open in this task; nest nothing")
+        (rollback). Store calls made in this context inside the block join it, including
+        those of tasks created inside it (``gather``, a ``TaskGroup``, ``wait_for``): the one
+        database thread runs their statements one at a time. A task that is still running
+        when the block exits no longer joins it: its later store calls run on their own."""
+        outer = self._joined.get()
+        if outer is not None and outer.open:
+            raise StoreError(
+                "a SQLite transaction is already open in this context (this task, or the "
+                "task that created it, is inside `transaction()`): nest nothing, run the "
+                "statements in the open one"
+            )
         async with self._lock:
             # The statements run on the database thread whatever happens to this task: if
             # it is cancelled while BEGIN waits (another process holds the write lock), the
             # BEGIN still completes, so roll it back before releasing the lock.
-            await self._settled(self._exec, "BEGIN IMMEDIATE", on_cancel="ROLLBACK")
-            self._owner = asyncio.current_task()
+            await self._settled(self._exec, "BEGIN IMMEDIATE", undo="ROLLBACK")
+            shared = _Shared()
+            token = self._joined.set(shared)
             try:
-                yield SqliteTransaction(self)
-            except BaseException:
-                self._owner = None
-                await self._settled(self._exec, "ROLLBACK")
-                raise
-            self._owner = None
-            await self._settled(self._exec, "COMMIT", on_cancel=None)
+                try:
+                    yield SqliteTransaction(self, shared)
+                except BaseException:
+                    shared.open = False
+                    await self._settled(self._exec, "ROLLBACK")
+                    raise
+                shared.open = False
+                await self._settled(self._end, "COMMIT")
+            finally:
+                shared.open = False
+                _forget(self._joined, token)
 
     async def _settled(
-        self, fn: Callable[..., Any], sql: str, *, on_cancel: str | None = None
+        self, fn: Callable[[str], None], sql: str, *, undo: str | None = None
     ) -> None:
-        """Run ``fn(sql)`` on the thread and wait for it even if cancelled (then run
-        ``on_cancel`` too, and re-raise): the connection never stays mid-transaction."""
+        """Run ``fn(sql)`` on the thread and wait for it even if cancelled (then run ``undo``
+        too, and let the cancellation through): the connection never stays mid-transaction."""
         job = asyncio.ensure_future(self._submit(fn, sql))
         try:
             await asyncio.shield(job)
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await job
-                if on_cancel is not None:
-                    await self._submit(fn, on_cancel)
+            cleanup = asyncio.ensure_future(self._after_cancel(job, sql, undo))
+            while not cleanup.done():
+                try:
+                    await asyncio.shield(cleanup)
+                except asyncio.CancelledError:
+                    continue  # cancelled again: the first cancellation is raised below
             raise
+
+    async def _after_cancel(self, job: asyncio.Future[None], sql: str, undo: str | None) -> None:
+        """Wait for ``sql`` (the cancelled caller no longer does), then run ``undo``. Their
+        errors reach nobody else, so they are logged with what they mean."""
+        try:
+            await job
+        except Exception as exc:
+            _log.warning(
+                "SQLite %s on %r failed after its caller was cancelled: %s; %s",
+                sql,
+                self.path,
+                exc,
+                await self._left_in(),
+            )
+            return
+        if undo is None:
+            return
+        try:
+            await self._submit(self._exec, undo)
+        except Exception as exc:
+            _log.warning(
+                "SQLite %s on %r (undoing %s after its caller was cancelled) failed: %s; %s",
+                undo,
+                self.path,
+                sql,
+                exc,
+                await self._left_in(),
+            )
+
+    async def _left_in(self) -> str:
+        """What a failed BEGIN, COMMIT or ROLLBACK left behind, for the log."""
+        try:
+            inside = await self._submit(self._in_transaction)
+        except Exception as exc:  # closed meanwhile: nothing is left open
+            return f"the connection is gone ({exc}): nothing was committed"
+        if inside:
+            return (
+                "the connection is still inside a transaction, so this store's next "
+                "transactions fail with 'cannot start a transaction within a transaction': "
+                "close and reopen the store (restart the app)"
+            )
+        return "no transaction is left open: the store goes on (what was not committed is lost)"
+
+    def _in_transaction(self) -> bool:
+        return self._conn is not None and self._conn.in_transaction
 
     def _exec(self, sql: str) -> None:
         conn = self._conn
@@ -166,6 +269,34 @@ class SqliteDatabase:
             conn.execute(sql)
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
+
+    def _end(self, sql: str) -> None:
+        """``sql`` (COMMIT) for ``transaction()``, as ``_commit`` runs it."""
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"SQLite database {self.path!r} was closed")
+        try:
+            self._commit(conn, sql)
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
+
+    def _commit(self, conn: sqlite3.Connection, sql: str = "COMMIT") -> None:
+        """COMMIT; if that fails and leaves the transaction open (SQLite keeps it open after
+        some errors), roll it back: the next transaction must not find the connection in it."""
+        try:
+            conn.execute(sql)
+        except sqlite3.Error:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error as exc:
+                    _log.warning(
+                        "SQLite ROLLBACK after a failed COMMIT on %r failed too (%s): the "
+                        "connection is still inside a transaction; close and reopen the store",
+                        self.path,
+                        exc,
+                    )
+            raise
 
     def _in_tx(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         conn = self._conn
@@ -178,14 +309,16 @@ class SqliteDatabase:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
+            self._commit(conn)
             return result
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
 
     async def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """Run one read statement and return all rows (inside the task's transaction, if any)."""
-        if self._owner is not None and self._owner is asyncio.current_task():
+        """Run one read statement and return all rows (inside the context's transaction, if
+        any)."""
+        joined = self._joined.get()
+        if joined is not None and joined.open:
             return await self._submit(self._query, sql, params)
         async with self._lock:
             return await self._submit(self._query, sql, params)
@@ -201,15 +334,28 @@ class SqliteDatabase:
 
 
 class SqliteTransaction:
-    """An open SQLite transaction: ``execute``/``fetch`` use ``?`` parameters."""
+    """An open SQLite transaction. ``execute``/``fetch`` take ``$1, $2, ...`` parameters, as
+    every eventflow SQL store does (see ``params.py``), and run in this transaction from any
+    task; once it has ended they raise ``StoreError``."""
 
-    def __init__(self, db: SqliteDatabase) -> None:
+    def __init__(self, db: SqliteDatabase, shared: _Shared) -> None:
         self.db = db
+        self._shared = shared
 
     async def execute(self, sql: str, *args: Any) -> int:
-        """Run one statement in the transaction; return the rows it changed."""
-        return await self.db.run(lambda conn: conn.execute(sql, args).rowcount)
+        """Run one statement in the transaction; return the number of rows it changed."""
+        return await self.db._run_in(self._shared, _changed, to_sqlite(sql), args)
 
     async def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         """Run a query in the transaction; return all rows."""
-        return await self.db.query(sql, args)
+        return await self.db._run_in(self._shared, _rows, to_sqlite(sql), args)
+
+
+def _changed(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> int:
+    cursor = conn.execute(sql, args)
+    cursor.fetchall()  # rowcount counts the rows of INSERT ... RETURNING once they are read
+    return max(cursor.rowcount, 0)  # -1: not an INSERT, UPDATE or DELETE
+
+
+def _rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    return conn.execute(sql, args).fetchall()
