@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
@@ -29,13 +32,19 @@ from typing import Protocol
 from ._logging import Throttled
 from .errors import LeaseLostError
 
-__all__ = ["DEFAULT_LEASE_TTL", "Lease", "LeaseBackend", "hold_lease"]
+__all__ = ["DEFAULT_LEASE_TTL", "Lease", "LeaseBackend", "hold_lease", "new_owner"]
 
 DEFAULT_LEASE_TTL = 10.0
 """Seconds a lease outlives its last renewal."""
 
 _log = logging.getLogger("eventflow.leases")
 _throttled = Throttled(_log)
+
+
+def new_owner() -> str:
+    """A lease owner id for one store instance: host, process and a random part, so two
+    store instances (in one process or not) never pass for each other."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
 class Lease:
@@ -79,7 +88,9 @@ class LeaseBackend(Protocol):
         """Take the lease if it is free or expired: return its new epoch, or None."""
 
     async def renew(self, name: str, owner: str, epoch: int, ttl: float) -> bool:
-        """Extend the lease by ``ttl``; False if ``epoch`` is no longer its epoch."""
+        """Extend the lease by ``ttl``; False if ``epoch`` is no longer its epoch or the lease
+        expired (a renewal that reaches the store late, after its holder gave up, must not
+        keep contenders out for another ``ttl``)."""
 
     async def release(self, name: str, owner: str, epoch: int) -> None:
         """Let the lease go (keeping its epoch), if ``epoch`` still holds it."""
@@ -108,9 +119,12 @@ async def hold_lease(
             async with asyncio.timeout(None) as scope:
                 lease._scope = scope
                 yield lease
-        except TimeoutError:
+        except Exception as exc:
+            # The loss cancelled the block: what it ended with is that loss, whether the
+            # scope's TimeoutError or an error raised while it unwound (a task group whose
+            # child failed on cancellation ends with an ExceptionGroup, not a cancellation).
             if lease.lost is not None and scope.expired():
-                raise lease.error() from None
+                raise lease.error() from (None if isinstance(exc, TimeoutError) else exc)
             raise
     finally:
         lease._scope = None
@@ -178,7 +192,7 @@ async def _keep(backend: LeaseBackend, lease: Lease, ttl: float, renewed_at: flo
                 await asyncio.sleep(min(ttl / 10, max(0.0, deadline - loop.time())))
                 continue
             if not renewed:
-                lease._lose("another holder took it over (its epoch changed)")
+                lease._lose("it expired or another holder took it over (its epoch changed)")
                 return
             renewed_at = sent
             _throttled.clear(f"renew:{lease.name}")
