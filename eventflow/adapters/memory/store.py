@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -17,7 +17,7 @@ from ...ports import DeadLetter, Heartbeat, Transaction
 from .events import (
     MemoryCheckpoints,
     MemoryEventLog,
-    MemoryLocks,
+    MemoryLeases,
     MemoryOutbox,
     MemoryTransaction,
 )
@@ -142,9 +142,9 @@ class MemoryStore(MemoryEventLog):
         self.dedup = MemoryDedupStore()
         self.dead_letters = MemoryDeadLetterStore()
         self.heartbeats = MemoryHeartbeats()
-        self.checkpoints = MemoryCheckpoints()
-        self.outbox = MemoryOutbox()
-        self._locks = MemoryLocks()
+        self.leases = MemoryLeases()
+        self.checkpoints = MemoryCheckpoints(self.leases)
+        self.outbox = MemoryOutbox(self.leases)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[MemoryTransaction]:
@@ -152,10 +152,6 @@ class MemoryStore(MemoryEventLog):
         tx = MemoryTransaction()
         yield tx
         tx.commit()
-
-    def lock(self, name: str) -> AbstractAsyncContextManager[None]:
-        """An in-process lock on ``name``."""
-        return self._locks.hold(name)
 
     async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
         """Record a dedup entry when ``tx`` commits."""

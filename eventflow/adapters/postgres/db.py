@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from ...errors import ConfigurationError, MissingDependencyError, StoreError
+from ...leases import DEFAULT_LEASE_TTL
 
 try:
     import asyncpg
@@ -36,6 +37,7 @@ class PostgresConfig:
     schema: str = "public"
     min_pool: int = DEFAULT_MIN_POOL
     max_pool: int = DEFAULT_MAX_POOL
+    lease_ttl: float = DEFAULT_LEASE_TTL
 
     @classmethod
     def from_url(cls, url: str) -> PostgresConfig:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -110,6 +110,15 @@ async def _number_committed(conn: Any) -> int:
     return numbered + int(n)
 
 
+def _payload_to(callback: Callable[[str], None]) -> Callable[..., None]:
+    """An asyncpg notification listener that passes the payload to ``callback``."""
+
+    def listener(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        callback(payload)
+
+    return listener
+
+
 def _record(row: Any) -> RecordedEvent:
     return RecordedEvent(row[1], row[2], row[0] or 0, Envelope.from_bytes(row[3]))
 
@@ -119,7 +128,10 @@ class PostgresEventLog:
 
     db: PostgresDatabase
 
-    def _init_events(self) -> None:
+    def _init_events(self, channels: Mapping[str, Callable[[str], None]] | None = None) -> None:
+        # Other notification channels the store's listener connection follows (the
+        # leases' releases), each with the callback given the payload.
+        self._channels = dict(channels or {})
         self._pending = asyncio.Event()
         self._appends = 0  # appends committed by this process (the sequencer's pacing)
         self._tick: asyncio.Future[None] | None = None
@@ -132,6 +144,8 @@ class PostgresEventLog:
         cfg = self.db.config
         self._listener = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
         await self._listener.add_listener("ef_sequenced", self._on_sequenced)
+        for channel, callback in self._channels.items():
+            await self._listener.add_listener(channel, _payload_to(callback))
         # Owned by the store: started in open(), cancelled and awaited in close().
         self._sequencer = asyncio.create_task(self._sequence_loop(), name="eventflow:sequencer")
         self._pending.set()  # sequence whatever a crashed process left behind

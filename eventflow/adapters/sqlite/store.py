@@ -13,14 +13,16 @@ from urllib.parse import unquote, urlsplit
 import orjson
 
 from ...errors import AlreadyHandled, ConfigurationError
+from ...leases import DEFAULT_LEASE_TTL
 from ...ports import DeadLetter, Heartbeat, Transaction
-from .db import SqliteDatabase, SqliteTransaction
+from .db import DEFAULT_BUSY_TIMEOUT, SqliteDatabase, SqliteTransaction
 from .events import (
     EVENTS_SCHEMA,
     SqliteCheckpoints,
     SqliteEventLog,
     SqliteLeases,
     SqliteOutbox,
+    upgrade_events_schema,
 )
 
 if TYPE_CHECKING:
@@ -270,27 +272,36 @@ class SqliteHeartbeats:
 
 
 class SqliteStore(SqliteEventLog):
-    """The SQLite store: one file, one connection shared by all its parts."""
+    """The SQLite store: one file, one connection shared by all its parts.
 
-    def __init__(self, path: str, *, url: str | None = None) -> None:
+    ``busy_timeout``: seconds a write waits for another process's write transaction before
+    failing; ``lease_ttl``: seconds a lease outlives its holder's last renewal.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        url: str | None = None,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+    ) -> None:
         self.path = path
         self.url = url or f"sqlite:///{path}"
-        self.db = SqliteDatabase(path)
+        self.busy_timeout = busy_timeout
+        self.lease_ttl = lease_ttl
+        self.db = SqliteDatabase(path, busy_timeout=busy_timeout)
         self.dedup = SqliteDedupStore(self.db)
         self.dead_letters = SqliteDeadLetterStore(self.db)
         self.heartbeats = SqliteHeartbeats(self.db)
         self.checkpoints = SqliteCheckpoints(self.db)
         self.outbox = SqliteOutbox(self.db)
-        self.leases = SqliteLeases(self.db)
+        self.leases = SqliteLeases(self.db, lease_ttl)
         self._init_events()
 
     def transaction(self) -> AbstractAsyncContextManager[SqliteTransaction]:
         """One transaction on the store's connection; the task's store calls join it."""
         return self.db.transaction()
-
-    def lock(self, name: str) -> AbstractAsyncContextManager[None]:
-        """A lease on ``name`` shared by every process using this file."""
-        return self.leases.hold(name)
 
     async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
         """Record a dedup entry inside the caller's open transaction (visible on commit);
@@ -321,8 +332,9 @@ class SqliteStore(SqliteEventLog):
         return cls(path, url=url)
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
-        """Open the file and create the tables if needed. Idempotent."""
+        """Open the file and create (or upgrade) the tables if needed. Idempotent."""
         await self.db.open(SCHEMA + EVENTS_SCHEMA)
+        await upgrade_events_schema(self.db)
 
     async def close(self) -> None:
         """Close the connection. Idempotent."""
