@@ -170,13 +170,14 @@ class MemoryLeases:
     def __init__(self, ttl: float = DEFAULT_LEASE_TTL) -> None:
         self.ttl = ttl
         self.owner = f"memory:{new_owner()}"
+        self.poll = _WAIT_POLL
         self._held: dict[str, tuple[str, int]] = {}  # name -> (owner, epoch) while held
         self._last: dict[str, tuple[str, int]] = {}  # name -> the latest (owner, epoch)
         self._released: dict[str, asyncio.Event] = {}
 
     def hold(self, name: str) -> AbstractAsyncContextManager[Lease]:
         """Wait for the lease on ``name`` and hold it for the block (see ``Leases``)."""
-        return hold_lease(self, name, owner=self.owner, ttl=self.ttl, poll=_WAIT_POLL)
+        return hold_lease(self, name, owner=self.owner, ttl=self.ttl, poll=self.poll)
 
     async def holder(self, name: str) -> str | None:
         """The owner holding ``name``, or None."""
