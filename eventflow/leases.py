@@ -1,4 +1,4 @@
-"""Leases with fencing tokens: the cross-process locks of the stores.
+"""Leases with fencing tokens: how the stores keep one holder of a name across processes.
 
 ``async with store.leases.hold(name) as lease:`` waits until this process holds the lease on
 ``name``, then keeps it renewed until the block exits. Each time a lease changes hands its
