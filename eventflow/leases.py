@@ -32,7 +32,7 @@ from typing import Protocol
 from ._logging import Throttled
 from .errors import LeaseLostError
 
-__all__ = ["DEFAULT_LEASE_TTL", "Lease", "LeaseBackend", "hold_lease", "new_owner"]
+__all__ = ["DEFAULT_LEASE_TTL", "Lease", "LeaseBackend", "Wakeups", "hold_lease", "new_owner"]
 
 DEFAULT_LEASE_TTL = 10.0
 """Seconds a lease outlives its last renewal."""
@@ -45,6 +45,37 @@ def new_owner() -> str:
     """A lease owner id for one store instance: host, process and a random part, so two
     store instances (in one process or not) never pass for each other."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+class Wakeups:
+    """Contenders waiting for a lease to be released, by name, for a backend's ``wait``: one
+    future per waiting call, made on the loop that waits (so a store used from several event
+    loops, one after the other, never keeps a waiter bound to a loop that is gone)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, set[asyncio.Future[None]]] = {}
+
+    async def wait(self, name: str, timeout: float) -> None:
+        """Return when :meth:`wake` is called for ``name``, or after ``timeout``. The waiter
+        is registered before this first suspends, so a wake-up right after the call counts."""
+        waiter = asyncio.get_running_loop().create_future()
+        waiting = self._waiting.setdefault(name, set())
+        waiting.add(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            waiting.discard(waiter)
+            if not waiting and self._waiting.get(name) is waiting:
+                del self._waiting[name]
+
+    def wake(self, name: str) -> None:
+        """Wake every contender waiting for ``name``."""
+        for waiter in self._waiting.pop(name, ()):
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 class Lease:

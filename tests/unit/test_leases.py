@@ -9,7 +9,7 @@ import time
 import pytest
 
 from eventflow.errors import LeaseLostError
-from eventflow.leases import Lease, hold_lease, new_owner
+from eventflow.leases import Lease, Wakeups, hold_lease, new_owner
 
 TTL = 0.6
 
@@ -160,3 +160,20 @@ def test_owners_differ_and_a_lease_describes_itself() -> None:
     lease = Lease("job", 3, "me")
     assert repr(lease) == "<Lease 'job' epoch=3 held>"
     assert "(epoch 3) was lost" in str(lease.error())
+
+
+def test_wakeups_wake_waiters_and_keep_no_waiter_past_its_loop() -> None:
+    wakeups = Wakeups()
+
+    async def woken() -> float:
+        began = time.monotonic()
+        waiting = asyncio.create_task(wakeups.wait("job", 30))
+        await asyncio.sleep(0)
+        wakeups.wake("job")
+        await waiting
+        return time.monotonic() - began
+
+    assert asyncio.run(woken()) < 1
+    asyncio.run(wakeups.wait("job", 0.01))  # times out: nothing stays bound to this loop
+    assert asyncio.run(woken()) < 1  # another loop waits on the same name
+    assert wakeups._waiting == {}

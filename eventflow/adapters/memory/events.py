@@ -16,7 +16,7 @@ from typing import Any
 from ...envelope import Envelope
 from ...errors import ConcurrencyError, ConfigurationError
 from ...events import Event
-from ...leases import DEFAULT_LEASE_TTL, Lease, hold_lease, new_owner
+from ...leases import DEFAULT_LEASE_TTL, Lease, Wakeups, hold_lease, new_owner
 from ...ports import OutboxMessage, RecordedEvent, Snapshot, Transaction
 from ...sourcing.append import prepare_append
 
@@ -173,7 +173,7 @@ class MemoryLeases:
         self.poll = _WAIT_POLL
         self._held: dict[str, tuple[str, int]] = {}  # name -> (owner, epoch) while held
         self._last: dict[str, tuple[str, int]] = {}  # name -> the latest (owner, epoch)
-        self._released: dict[str, asyncio.Event] = {}
+        self._released = Wakeups()
 
     def hold(self, name: str) -> AbstractAsyncContextManager[Lease]:
         """Wait for the lease on ``name`` and hold it for the block (see ``Leases``)."""
@@ -200,22 +200,12 @@ class MemoryLeases:
         """Let ``name`` go and wake its contenders."""
         if self._held.get(name) == (owner, epoch):
             del self._held[name]
-            released = self._released.pop(name, None)
-            if released is not None:
-                released.set()
+            self._released.wake(name)
 
     async def wait(self, name: str, timeout: float) -> None:
         """Return at once if ``name`` is free, else when it is released (or ``timeout``)."""
-        if name not in self._held:
-            return
-        # Registered before the first suspension, so no release between the check and the
-        # wait goes unseen.
-        released = self._released.setdefault(name, asyncio.Event())
-        try:
-            async with asyncio.timeout(timeout):
-                await released.wait()
-        except TimeoutError:
-            pass
+        if name in self._held:  # no suspension between this check and the waiter's start
+            await self._released.wait(name, timeout)
 
     def check(self, lease: Lease) -> None:
         """Raise ``lease.error()`` unless ``lease`` is the latest holding of its name."""

@@ -19,7 +19,6 @@ as a renewal gets through within ``ttl``.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import asyncpg
 
 from ...errors import StoreError
-from ...leases import Lease, hold_lease, new_owner
+from ...leases import Lease, Wakeups, hold_lease, new_owner
 from .db import PostgresDatabase
 
 __all__ = ["FENCE", "LEASE_CHANNEL", "PostgresLeases", "fence_args"]
@@ -77,7 +76,7 @@ class PostgresLeases:
         self.owner = new_owner()
         self.poll = min(_POLL, self.ttl / 4)
         self._schema = db.config.schema
-        self._released: dict[str, asyncio.Event] = {}
+        self._released = Wakeups()
         # Releases notified per name, and how many there were when this process last tried
         # to take it: a release notified between a failed try and the wait that follows it
         # ends that wait at once instead of being missed.
@@ -117,12 +116,7 @@ class PostgresLeases:
         """Return when a release of ``name`` is notified, or after ``timeout``."""
         if self._notified.get(name, 0) != self._tried_at.get(name, 0):
             return  # released since the last try
-        released = self._released.setdefault(name, asyncio.Event())
-        try:
-            async with asyncio.timeout(timeout):
-                await released.wait()
-        except TimeoutError:
-            pass
+        await self._released.wait(name, timeout)
 
     def on_released(self, payload: str) -> None:
         """The listener's callback for :data:`LEASE_CHANNEL`: wake the contenders of the
@@ -131,9 +125,7 @@ class PostgresLeases:
         if schema != self._schema:
             return  # another deployment sharing the database
         self._notified[name] = self._notified.get(name, 0) + 1
-        released = self._released.pop(name, None)
-        if released is not None:
-            released.set()
+        self._released.wake(name)
 
     @asynccontextmanager
     async def _connection(self, what: str, name: str) -> AsyncIterator[Any]:

@@ -20,7 +20,7 @@ import orjson
 from ...envelope import Envelope
 from ...errors import ConcurrencyError
 from ...events import Event
-from ...leases import DEFAULT_LEASE_TTL, Lease, hold_lease, new_owner
+from ...leases import DEFAULT_LEASE_TTL, Lease, Wakeups, hold_lease, new_owner
 from ...ports import OutboxMessage, RecordedEvent, Snapshot, Transaction
 from ...sourcing.append import prepare_append
 from ...sourcing.paging import paged, stream_range
@@ -363,7 +363,7 @@ class SqliteLeases:
         self.ttl = ttl
         self.owner = new_owner()
         self.poll = min(_LEASE_POLL, ttl / 4)
-        self._released: dict[str, asyncio.Event] = {}
+        self._released = Wakeups()
 
     def hold(self, name: str) -> AbstractAsyncContextManager[Lease]:
         """Wait for the lease on ``name`` and keep it renewed for the block (see ``Leases``)."""
@@ -417,18 +417,11 @@ class SqliteLeases:
                 (name, owner, epoch),
             )
         )
-        released = self._released.pop(name, None)
-        if released is not None:
-            released.set()
+        self._released.wake(name)
 
     async def wait(self, name: str, timeout: float) -> None:
         """Return when this process releases ``name``, or after ``timeout``."""
-        released = self._released.setdefault(name, asyncio.Event())
-        try:
-            async with asyncio.timeout(timeout):
-                await released.wait()
-        except TimeoutError:
-            pass
+        await self._released.wait(name, timeout)
 
     @staticmethod
     def fence(conn: sqlite3.Connection, lease: Lease) -> None:
