@@ -19,7 +19,7 @@
     ├── ComponentFailedError        a background component failed and could not recover
     ├── ProjectionError             a projection cannot run, reset or rebuild
     │   ├── ProjectionHandlerError  a handler raised on an event: the batch rolled back
-    │   └── ProjectionLockedError   another instance holds the projection's lock
+    │   └── ProjectionLockedError   another instance holds the projection's lease
     ├── StoreError                  the store failed or was used after close
     │   ├── AlreadyHandled          a dedup entry already exists (a concurrent copy committed)
     │   ├── LeaseLostError          a lease expired or was taken over; its writes are refused

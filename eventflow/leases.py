@@ -1,4 +1,4 @@
-"""Leases with fencing tokens: the cross-process locks of the stores.
+"""Leases with fencing tokens: how the stores keep one holder of a name across processes.
 
 ``async with store.leases.hold(name) as lease:`` waits until this process holds the lease on
 ``name``, then keeps it renewed until the block exits. Each time a lease changes hands its
@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
@@ -29,13 +32,50 @@ from typing import Protocol
 from ._logging import Throttled
 from .errors import LeaseLostError
 
-__all__ = ["DEFAULT_LEASE_TTL", "Lease", "LeaseBackend", "hold_lease"]
+__all__ = ["DEFAULT_LEASE_TTL", "Lease", "LeaseBackend", "Wakeups", "hold_lease", "new_owner"]
 
 DEFAULT_LEASE_TTL = 10.0
 """Seconds a lease outlives its last renewal."""
 
 _log = logging.getLogger("eventflow.leases")
 _throttled = Throttled(_log)
+
+
+def new_owner() -> str:
+    """A lease owner id for one store instance: host, process and a random part, so two
+    store instances (in one process or not) never pass for each other."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+class Wakeups:
+    """Contenders waiting for a lease to be released, by name, for a backend's ``wait``: one
+    future per waiting call, made on the loop that waits (so a store used from several event
+    loops, one after the other, never keeps a waiter bound to a loop that is gone)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, set[asyncio.Future[None]]] = {}
+
+    async def wait(self, name: str, timeout: float) -> None:
+        """Return when :meth:`wake` is called for ``name``, or after ``timeout``. The waiter
+        is registered before this first suspends, so a wake-up right after the call counts."""
+        waiter = asyncio.get_running_loop().create_future()
+        waiting = self._waiting.setdefault(name, set())
+        waiting.add(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            waiting.discard(waiter)
+            if not waiting and self._waiting.get(name) is waiting:
+                del self._waiting[name]
+
+    def wake(self, name: str) -> None:
+        """Wake every contender waiting for ``name``."""
+        for waiter in self._waiting.pop(name, ()):
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 class Lease:
@@ -79,7 +119,9 @@ class LeaseBackend(Protocol):
         """Take the lease if it is free or expired: return its new epoch, or None."""
 
     async def renew(self, name: str, owner: str, epoch: int, ttl: float) -> bool:
-        """Extend the lease by ``ttl``; False if ``epoch`` is no longer its epoch."""
+        """Extend the lease by ``ttl``; False if ``epoch`` is no longer its epoch or the lease
+        expired (a renewal that reaches the store late, after its holder gave up, must not
+        keep contenders out for another ``ttl``)."""
 
     async def release(self, name: str, owner: str, epoch: int) -> None:
         """Let the lease go (keeping its epoch), if ``epoch`` still holds it."""
@@ -108,9 +150,12 @@ async def hold_lease(
             async with asyncio.timeout(None) as scope:
                 lease._scope = scope
                 yield lease
-        except TimeoutError:
+        except Exception as exc:
+            # The loss cancelled the block: what it ended with is that loss, whether the
+            # scope's TimeoutError or an error raised while it unwound (a task group whose
+            # child failed on cancellation ends with an ExceptionGroup, not a cancellation).
             if lease.lost is not None and scope.expired():
-                raise lease.error() from None
+                raise lease.error() from (None if isinstance(exc, TimeoutError) else exc)
             raise
     finally:
         lease._scope = None
@@ -178,7 +223,7 @@ async def _keep(backend: LeaseBackend, lease: Lease, ttl: float, renewed_at: flo
                 await asyncio.sleep(min(ttl / 10, max(0.0, deadline - loop.time())))
                 continue
             if not renewed:
-                lease._lose("another holder took it over (its epoch changed)")
+                lease._lose("it expired or another holder took it over (its epoch changed)")
                 return
             renewed_at = sent
             _throttled.clear(f"renew:{lease.name}")

@@ -4,11 +4,16 @@ Projections are code, so they are found on the app (``--app MODULE:APP``, the ap
 ``projections``); their checkpoints live in the app's store. ``status`` without ``--app``
 shows every checkpoint of a ``--store``.
 
-``rebuild NAME`` takes the projection's lock (the one a running app holds while it runs the
-projection), calls the projection's ``reset(tx)``, deletes its checkpoint and replays the
-whole log with a progress bar on stderr. It refuses while a running app holds the lock;
-``--force`` waits for the lock instead (stop the app's instances, or the one that holds it,
-and the rebuild starts as soon as it is free).
+``rebuild NAME`` takes the projection's lease (the one a running app holds while it runs the
+projection), calls the projection's ``setup(tx)`` and ``reset(tx)``, deletes its checkpoint
+and replays the whole log with a progress bar on stderr. It refuses if the lease is not free
+within ``--lock-timeout`` seconds (a running app renews it for as long as it runs);
+``--force`` waits for it instead (stop the app's instances, and the rebuild starts as soon as
+the lease is released, or has expired after the app's lease ttl).
+
+``status`` tells whether some instance runs each projection from the store's record of the
+projection's lease (its holder, unless it expired); ``--lock-timeout`` bounds how long it
+waits for the store to answer (the column shows ``?`` past it), 0 skips the lookup.
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ __all__ = [
 ]
 
 DEFAULT_LOCK_TIMEOUT = 2.0
-"""Seconds ``rebuild`` (and the ``status`` lock probe) wait for a projection's lock."""
+"""Seconds ``rebuild`` waits for a projection's lease (and ``status`` for the store to say
+who holds it)."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,8 +82,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         type=float,
         default=DEFAULT_LOCK_TIMEOUT,
         metavar="SECONDS",
-        help="probe each projection's lock this long to tell if an app runs it "
-        f"(default: {DEFAULT_LOCK_TIMEOUT:g}; 0 to skip the probe)",
+        help="look up who holds each projection's lease, to tell if an app runs it, waiting "
+        f"this long for the store (default: {DEFAULT_LOCK_TIMEOUT:g}; 0 to skip the lookup)",
     )
 
     p = actions.add_parser(
@@ -87,14 +93,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--force",
         action="store_true",
-        help="if a running app holds the projection's lock, wait for it instead of refusing",
+        help="if a running app holds the projection's lease, wait for it instead of refusing",
     )
     p.add_argument(
         "--lock-timeout",
         type=float,
         default=DEFAULT_LOCK_TIMEOUT,
         metavar="SECONDS",
-        help=f"how long to try the lock before refusing (default: {DEFAULT_LOCK_TIMEOUT:g})",
+        help="how long to wait for the projection's lease before refusing "
+        f"(default: {DEFAULT_LOCK_TIMEOUT:g})",
     )
     p.add_argument(
         "--batch-size", type=int, default=None, metavar="N", help="events per transaction"
@@ -191,7 +198,8 @@ async def statuses(
     """Status of the app's projections (all, or ``names``) in an opened ``store``.
 
     Without projections (no ``--app``), every checkpoint of the store is listed, with
-    ``running`` unknown. ``lock_timeout`` > 0 probes each projection's lock.
+    ``running`` unknown. ``lock_timeout`` > 0 looks up each projection's lease holder,
+    waiting that long for the store (``running`` is None past it).
     """
     if names:
         projections = [find_projection(projections, n) for n in names]
@@ -301,8 +309,8 @@ async def rebuild(
 ) -> int:
     """Rebuild ``projection`` in an opened ``store``; return the last position replayed.
 
-    Refuses (``CliError``) if the projection's lock stays held for ``lock_timeout`` seconds,
-    unless ``force``: then it says so on stderr and waits for the lock.
+    Refuses (``CliError``) if the projection's lease stays held for ``lock_timeout`` seconds,
+    unless ``force``: then it says so on stderr and waits for the lease.
     """
     runner = ProjectionRunner(projection, store, **runner_options)
     try:
@@ -312,11 +320,11 @@ async def rebuild(
             if not force:
                 raise CliError(
                     f"{exc}. Rebuilding under a running projection would mix old and new "
-                    "state: stop the app first (or pass --force to wait for the lock)"
+                    "state: stop the app first (or pass --force to wait for the lease)"
                 ) from None
             print(
-                f"projection {projection.name!r} is locked by a running app; waiting for it "
-                "to stop (Ctrl-C to give up)",
+                f"projection {projection.name!r} is running in an app; waiting for its lease "
+                "(stop the app; Ctrl-C to give up)",
                 file=sys.stderr,
             )
             return await runner.rebuild(progress=progress)

@@ -1,8 +1,9 @@
 """Projections: read models built from the event store, live or by rebuild.
 
-``Projection`` declares the handlers (``@on``) and the ``reset`` hook; ``ProjectionRunner``
-feeds it (one active instance per name across processes, checkpoint committed with the
-projection's writes) and rebuilds it. See ``docs/projections.md``.
+``Projection`` declares the handlers (``@on``) and the ``setup`` and ``reset`` hooks;
+``ProjectionRunner`` feeds it (one active instance per name across processes, under a store
+lease; checkpoint committed with the projection's writes, fenced by that lease) and rebuilds
+it. See ``docs/projections.md``.
 """
 
 from .projection import (
@@ -10,7 +11,7 @@ from .projection import (
     ProjectionContext,
     ProjectionError,
     ProjectionLockedError,
-    lock_name,
+    lease_name,
 )
 from .runner import (
     DEFAULT_BATCH_SIZE,
@@ -30,5 +31,5 @@ __all__ = (
     "ProjectionLockedError",
     "ProjectionRunner",
     "ProjectionStatus",
-    "lock_name",
+    "lease_name",
 )

@@ -3,6 +3,9 @@
 ::
 
     class StockLevels(Projection, name="stock_levels"):
+        async def setup(self, tx: Transaction) -> None:       # before the first event
+            await tx.execute("CREATE TABLE IF NOT EXISTS stock_levels (sku TEXT, qty INT)")
+
         async def reset(self, tx: Transaction) -> None:
             await tx.execute("DELETE FROM stock_levels")      # rebuild starts from empty
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..errors import ConfigurationError, EventflowError
@@ -35,8 +39,10 @@ __all__ = [
     "Projection",
     "ProjectionContext",
     "ProjectionError",
+    "ProjectionHandlerError",
     "ProjectionLockedError",
-    "lock_name",
+    "ProjectionStatus",
+    "lease_name",
 ]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
@@ -50,11 +56,47 @@ class ProjectionError(EventflowError):
 
 
 class ProjectionLockedError(ProjectionError):
-    """Another instance holds the projection's lock: it is running in an app somewhere."""
+    """Another instance holds the projection's lease: it is running in an app somewhere."""
 
 
-def lock_name(projection_name: str) -> str:
-    """The store lock that keeps one instance of a projection running at a time."""
+class ProjectionHandlerError(ProjectionError):
+    """A projection handler raised (or its event could not be decoded); the batch rolled back.
+
+    ``position``, ``stream_id`` and ``event_type`` name the event; ``__cause__`` is the error.
+    """
+
+    def __init__(self, projection: str, record: RecordedEvent, cause: BaseException) -> None:
+        super().__init__(
+            f"projection {projection!r} failed on event @{record.position} "
+            f"({record.envelope.type!r} in stream {record.stream_id!r}): "
+            f"{type(cause).__name__}: {cause}; fix the handler (or the event's upcaster) and "
+            "restart: the projection resumes from this event"
+        )
+        self.projection = projection
+        self.position = record.position
+        self.stream_id = record.stream_id
+        self.event_type = record.envelope.type
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionStatus:
+    """Where a projection stands: its checkpoint against the store's newest position."""
+
+    name: str
+    checkpoint: int
+    last_position: int
+    running: bool | None = None
+    """True/False when known (this runner, or the store's lease record), None when not
+    checked (or the store did not answer in time)."""
+
+    @property
+    def lag(self) -> int:
+        """Events appended to the store that the projection has not handled yet."""
+        return max(0, self.last_position - self.checkpoint)
+
+
+def lease_name(projection_name: str) -> str:
+    """The store lease that keeps one instance of a projection running at a time."""
     return f"projection:{projection_name}"
 
 
@@ -124,8 +166,9 @@ class Projection:
     """Base class of projections: subclass with a ``name`` and ``@on`` handlers.
 
     ``class StockLevels(Projection, name="stock_levels")``. The name identifies the
-    projection's checkpoint and lock in the store, so keep it stable across deployments.
-    Override ``reset`` to drop the projection's state before a rebuild.
+    projection's checkpoint and lease in the store, so keep it stable across deployments.
+    Override ``setup`` to create the projection's tables, and ``reset`` to drop its state
+    before a rebuild.
     """
 
     name: ClassVar[str] = ""
@@ -166,6 +209,16 @@ class Projection:
             event_type: (event_cls, getattr(self, method))
             for event_type, (event_cls, method) in self._handler_names.items()
         }
+
+    async def setup(self, tx: Transaction) -> None:
+        """Prepare the projection's storage (``CREATE TABLE IF NOT EXISTS ...``); the default
+        does nothing.
+
+        Called in a transaction of its own each time a runner becomes the active instance
+        (before it reads its checkpoint and follows the log) and at the start of a rebuild
+        (before ``reset``). It runs again whenever a runner takes over, after a restart or a
+        lost lease, so make it idempotent.
+        """
 
     async def reset(self, tx: Transaction) -> None:
         """Drop the projection's state; ``rebuild`` calls it before replaying the log.

@@ -1,11 +1,15 @@
 """``ProjectionRunner``: feeds one projection from the event store, live or by rebuild.
 
-Live (``run``): take the store lock ``projection:<name>`` (one active instance per name
-across processes; other instances wait on the lock and take over when the holder stops or
-dies), read the checkpoint, follow ``store.subscribe(after=checkpoint)`` and handle the events
-in batches. Each batch runs in ONE store transaction: the ``@on`` handlers of its events, then
-``checkpoints.set(name, last_position, tx=tx)``, so the projection's writes and its position
-commit together.
+Live (``run``): hold the store lease ``projection:<name>`` (one active instance per name
+across processes; other instances wait for the lease and take over when the holder stops,
+dies or loses it), run the projection's ``setup(tx)``, read the checkpoint, follow
+``store.subscribe(after=checkpoint)`` and handle the events in batches. Each batch runs in ONE
+store transaction: the ``@on`` handlers of its events, then ``checkpoints.set(name,
+last_position, tx=tx, lease=lease)``, so the projection's writes and its position commit
+together, and only while the lease still has this runner's epoch: a runner that lost its
+lease (paused, cut off) cannot commit a batch another runner handles too. A lost lease ends
+``run()`` with ``LeaseLostError`` (the owner's supervisor starts it again: it waits for the
+lease, then runs ``setup`` again and continues from the committed checkpoint).
 
 Failures: a handler that raises (or an event that cannot be decoded for a handler) rolls the
 batch back; the runner logs it with the event's position, stream and type, waits (exponential
@@ -20,10 +24,11 @@ commits the checkpoint up to them (and re-handles only from the failing event). 
 that mutates state and then raises leaves that mutation: on ``memory://`` raise before
 mutating.
 
-Rebuild (``rebuild``): under the same lock, in one transaction, call the projection's
-``reset(tx)`` and delete its checkpoint; then replay ``read_all`` up to the store's current
-end in batches, exactly as live processing does (same batches code, same checkpoints). A
-live runner started afterwards continues from where the rebuild stopped.
+Rebuild (``rebuild``): under the same lease, run ``setup(tx)``, then, in one transaction,
+the projection's ``reset(tx)`` and the deletion of its checkpoint; then replay ``read_all``
+up to the store's current end in batches, exactly as live processing does (same batches
+code, same fenced checkpoints). A live runner started afterwards continues from where the
+rebuild stopped.
 """
 
 from __future__ import annotations
@@ -33,17 +38,19 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, LeaseLostError
 from ..events import EventRegistry, default_registry
+from ..leases import Lease
 from ..ports import RecordedEvent, Store
 from .projection import (
     Projection,
     ProjectionContext,
     ProjectionError,
+    ProjectionHandlerError,
     ProjectionLockedError,
-    lock_name,
+    ProjectionStatus,
+    lease_name,
 )
 
 __all__ = [
@@ -69,41 +76,6 @@ ProgressCallback = Callable[[int, int], object]
 _log = logging.getLogger("eventflow.projections")
 
 _Item = RecordedEvent | Exception
-
-
-class ProjectionHandlerError(ProjectionError):
-    """A projection handler raised (or its event could not be decoded); the batch rolled back.
-
-    ``position``, ``stream_id`` and ``event_type`` name the event; ``__cause__`` is the error.
-    """
-
-    def __init__(self, projection: str, record: RecordedEvent, cause: BaseException) -> None:
-        super().__init__(
-            f"projection {projection!r} failed on event @{record.position} "
-            f"({record.envelope.type!r} in stream {record.stream_id!r}): "
-            f"{type(cause).__name__}: {cause}; fix the handler (or the event's upcaster) and "
-            "restart: the projection resumes from this event"
-        )
-        self.projection = projection
-        self.position = record.position
-        self.stream_id = record.stream_id
-        self.event_type = record.envelope.type
-
-
-@dataclass(frozen=True, slots=True)
-class ProjectionStatus:
-    """Where a projection stands: its checkpoint against the store's newest position."""
-
-    name: str
-    checkpoint: int
-    last_position: int
-    running: bool | None = None
-    """True/False when known (this runner, or a lock probe), None when not checked."""
-
-    @property
-    def lag(self) -> int:
-        """Events appended to the store that the projection has not handled yet."""
-        return max(0, self.last_position - self.checkpoint)
 
 
 class ProjectionRunner:
@@ -159,20 +131,23 @@ class ProjectionRunner:
 
     @property
     def name(self) -> str:
-        """The projection's name (its checkpoint and lock are named after it)."""
+        """The projection's name (its checkpoint and lease are named after it)."""
         return self.projection.name
 
     @property
     def active(self) -> bool:
-        """True while this runner holds the projection's lock and processes events."""
+        """True while this runner holds the projection's lease and processes events."""
         return self._active
 
     # -- live ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Wait for the projection's lock, then follow the store until ``stop()`` or cancel.
+        """Wait for the projection's lease, run ``setup``, then follow the store until
+        ``stop()`` or cancel.
 
         Cancelling rolls back the batch in progress (SQL stores); ``stop()`` lets it finish.
+        Raises ``LeaseLostError`` when the lease is lost (its batch in progress is rolled back
+        or refused); run it again to wait for the lease again.
         """
         if self._running:
             raise ProjectionError(
@@ -184,6 +159,8 @@ class ProjectionRunner:
         try:
             async with asyncio.TaskGroup() as tg:
                 self._serving = tg.create_task(self._serve(), name=f"projection:{self.name}")
+        except BaseExceptionGroup as group:
+            raise _sole(group) from None
         finally:
             self._serving = None
             self._running = False
@@ -191,29 +168,36 @@ class ProjectionRunner:
     def stop(self) -> None:
         """Ask ``run()`` to return after the batch in progress (at once when idle).
 
-        Idempotent; a runner waiting for the lock stops waiting.
+        Idempotent; a runner waiting for the lease stops waiting.
         """
         self._stop_requested = True
         if self._serving is not None and not self._in_batch:
             self._serving.cancel()
 
     async def _serve(self) -> None:
-        async with self.store.lock(lock_name(self.name)):
+        async with self.store.leases.hold(lease_name(self.name)) as lease:
+            await self._setup()
             self._active = True
-            _log.info("projection %s: active", self.name)
+            _log.info("projection %s: active (lease epoch %d)", self.name, lease.epoch)
             try:
-                await self._serve_locked()
+                await self._serve_leased(lease)
             finally:
                 self._active = False
 
-    async def _serve_locked(self) -> None:
+    async def _setup(self) -> None:
+        async with self.store.transaction() as tx:
+            await self.projection.setup(tx)
+
+    async def _serve_leased(self, lease: Lease) -> None:
         attempt = 0
         failed_at: int | None = None
         while not self._stop_requested:
             try:
                 after = await self.store.checkpoints.get(self.name)
-                await self._follow(after)
+                await self._follow(after, lease)
                 return
+            except LeaseLostError:
+                raise  # another instance holds the projection now: this one must stop
             except Exception as exc:
                 self.failures += 1
                 self.last_error = exc
@@ -232,7 +216,7 @@ class ProjectionRunner:
                 )
                 await asyncio.sleep(random.random() * cap)
 
-    async def _follow(self, after: int) -> None:
+    async def _follow(self, after: int, lease: Lease) -> None:
         """Handle batches from ``subscribe(after=after)`` until stopped; raise on failure."""
         queue: asyncio.Queue[_Item] = asyncio.Queue(maxsize=2 * self.batch_size)
         failure: Exception | None = None
@@ -246,7 +230,7 @@ class ProjectionRunner:
                     batch, pending = await self._next_batch(queue)
                     self._in_batch = True
                     try:
-                        await self._apply(batch)
+                        await self._apply(batch, lease)
                     finally:
                         self._in_batch = False
             except Exception as exc:
@@ -284,8 +268,9 @@ class ProjectionRunner:
 
     # -- one batch -------------------------------------------------------------------------
 
-    async def _apply(self, batch: list[RecordedEvent]) -> None:
-        """Handle ``batch`` and move the checkpoint to its end, in one transaction."""
+    async def _apply(self, batch: list[RecordedEvent], lease: Lease) -> None:
+        """Handle ``batch`` and move the checkpoint to its end, in one transaction that
+        commits only if ``lease`` still holds."""
         handlers = self._handlers
         decode = self._registry.decode_as
         checkpoints = self.store.checkpoints
@@ -301,12 +286,12 @@ class ProjectionRunner:
                         ctx.record = rec
                         await handler(decode(rec.envelope, event_cls), ctx)
                     done += 1
-                await checkpoints.set(self.name, batch[-1].position, tx=tx)
+                await checkpoints.set(self.name, batch[-1].position, tx=tx, lease=lease)
         except BaseException as exc:
-            if not self.atomic_state and done > 0:
+            if not self.atomic_state and done > 0 and not isinstance(exc, LeaseLostError):
                 # Python state keeps the handled events' effects: record that they are in.
                 async with self.store.transaction() as tx:
-                    await checkpoints.set(self.name, batch[done - 1].position, tx=tx)
+                    await checkpoints.set(self.name, batch[done - 1].position, tx=tx, lease=lease)
             if isinstance(exc, Exception) and done < len(batch):
                 raise ProjectionHandlerError(self.name, rec, exc) from exc
             raise
@@ -318,22 +303,24 @@ class ProjectionRunner:
     ) -> int:
         """Drop the projection's state and replay the whole log; return the last position.
 
-        Holds the projection's lock throughout (waiting for it, or raising
-        ``ProjectionLockedError`` after ``lock_timeout`` seconds). Calls ``reset(tx)`` and
-        deletes the checkpoint in one transaction, then handles ``read_all`` up to the store's
-        position at the start in batches, calling ``progress(position, end)`` after each.
-        A handler error stops the rebuild (``ProjectionHandlerError``); the checkpoint then
-        marks the last good batch, so a live runner continues from there.
+        Holds the projection's lease throughout (waiting for it, or raising
+        ``ProjectionLockedError`` if it is not free within ``lock_timeout`` seconds). Runs
+        ``setup(tx)``, then calls ``reset(tx)`` and deletes the checkpoint in one transaction,
+        then handles ``read_all`` up to the store's position at the start in batches, calling
+        ``progress(position, end)`` after each. A handler error stops the rebuild
+        (``ProjectionHandlerError``); the checkpoint then marks the last good batch, so a live
+        runner continues from there. A lost lease stops it with ``LeaseLostError``.
         """
         if self._active:
             raise ProjectionError(
                 f"projection {self.name!r} is running in this runner; call stop() and wait "
                 "for run() to return before rebuilding"
             )
-        async with self._locked(lock_timeout):
+        async with self._leased(lock_timeout) as lease:
+            await self._setup()
             async with self.store.transaction() as tx:
                 await self.projection.reset(tx)
-                await self.store.checkpoints.delete(self.name, tx=tx)
+                await self.store.checkpoints.delete(self.name, tx=tx, lease=lease)
             end = await self.store.last_position()
             position = 0
             if progress is not None:
@@ -347,7 +334,7 @@ class ProjectionRunner:
                     while (batch := await batches.get()) is not None:
                         if isinstance(batch, Exception):
                             raise batch
-                        await self._apply(batch)
+                        await self._apply(batch, lease)
                         position = batch[-1].position
                         if progress is not None:
                             progress(position, end)
@@ -378,43 +365,49 @@ class ProjectionRunner:
         await batches.put(None)
 
     @contextlib.asynccontextmanager
-    async def _locked(self, timeout: float | None) -> AsyncIterator[None]:
+    async def _leased(self, timeout: float | None) -> AsyncIterator[Lease]:
+        name = lease_name(self.name)
         async with contextlib.AsyncExitStack() as stack:
             try:
                 async with asyncio.timeout(timeout):
-                    await stack.enter_async_context(self.store.lock(lock_name(self.name)))
+                    lease = await stack.enter_async_context(self.store.leases.hold(name))
             except TimeoutError:
+                holder = await self.store.leases.holder(name)
                 raise ProjectionLockedError(
-                    f"projection {self.name!r} is locked by another instance (a running app "
-                    f"holds {lock_name(self.name)!r}); stop that app, or wait for it"
+                    f"projection {self.name!r} is running in another instance (lease {name!r} "
+                    f"is held by {holder or 'another instance'}); stop that app, or wait for it"
                 ) from None
-            yield
+            yield lease
 
     # -- status ----------------------------------------------------------------------------
 
-    async def is_locked(self, timeout: float = 0.5) -> bool:
-        """True if another instance holds the projection's lock (probed for ``timeout`` s).
-
-        A free lock is taken and released at once; without a try-lock in the store port the
-        probe waits up to ``timeout`` seconds before concluding the lock is held.
-        """
+    async def is_locked(self, timeout: float | None = None) -> bool:
+        """True if an instance (this runner or another) holds the projection's lease now,
+        as the store records it; ``timeout`` bounds the wait for the store's answer
+        (``TimeoutError`` past it)."""
         if self._active:
             return True
-        try:
-            async with self._locked(timeout):
-                return False
-        except ProjectionLockedError:
-            return True
+        async with asyncio.timeout(timeout):
+            return await self.store.leases.holder(lease_name(self.name)) is not None
 
     async def status(self, *, probe_lock: float | None = None) -> ProjectionStatus:
         """The projection's checkpoint, the store's last position and the lag.
 
-        ``running`` is this runner's state, or with ``probe_lock`` seconds, whether any
-        instance holds the lock (see ``is_locked``).
+        ``running`` is this runner's state, or with ``probe_lock`` (seconds to wait for the
+        store's answer), whether any instance holds the projection's lease (None if the
+        store did not answer in time).
         """
         checkpoint = await self.store.checkpoints.get(self.name)
         last = await self.store.last_position()
-        running = self._active or (
-            await self.is_locked(probe_lock) if probe_lock is not None else False
-        )
+        running: bool | None = self._active
+        if not running and probe_lock is not None:
+            try:
+                running = await self.is_locked(probe_lock)
+            except TimeoutError:
+                running = None
         return ProjectionStatus(self.name, checkpoint, last, running)
+
+
+def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error of a task group that ran one task (so callers see it unwrapped)."""
+    return group.exceptions[0] if len(group.exceptions) == 1 else group

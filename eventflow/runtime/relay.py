@@ -6,9 +6,13 @@
   type, key = stream id), following the global order from a checkpoint, so each stream's
   events reach the broker in version order.
 
-Each relay holds a store lock while it runs, so one instance relays at a time across
-processes; the others wait and take over if it dies. A send that fails is retried with
-backoff; because message ids are fixed, consumers' dedup drops a copy sent twice.
+Each relay holds a store lease while it runs, so one instance relays at a time across
+processes; the others wait and take over if it dies. Its writes (the outbox removal, the
+event relay's checkpoint) carry the lease, so a relay that lost its lease (paused, cut off)
+cannot delete or move anything after another took over. A lost lease ends ``run()`` with
+``LeaseLostError``; the owner's supervisor starts it again, and it waits for the lease. A
+send that fails is retried with backoff; because message ids are fixed, consumers' dedup
+drops a copy sent twice.
 """
 
 from __future__ import annotations
@@ -17,13 +21,18 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
+from ..errors import LeaseLostError
 from ..ports import Broker, Store
 
-__all__ = ["EVENT_RELAY_CHECKPOINT", "EventRelay", "OutboxRelay"]
+if TYPE_CHECKING:
+    from ..leases import Lease
+
+__all__ = ["EVENT_RELAY_CHECKPOINT", "OUTBOX_RELAY_LEASE", "EventRelay", "OutboxRelay"]
 
 EVENT_RELAY_CHECKPOINT = "eventflow:event-relay"
-_OUTBOX_LOCK = "eventflow:outbox-relay"
+OUTBOX_RELAY_LEASE = "eventflow:outbox-relay"
 _IDLE_POLL = 1.0
 _BATCH = 200
 _MAX_BACKOFF = 5.0
@@ -64,10 +73,11 @@ class OutboxRelay:
         self.sent = 0
 
     async def run(self) -> None:
-        """Relay forever (cancel to stop); holds the outbox lock while relaying."""
+        """Relay forever (cancel to stop) while holding the outbox relay's lease; raises
+        ``LeaseLostError`` if it is lost."""
         outbox = self.store.outbox
         added: asyncio.Event | None = getattr(outbox, "added", None)
-        async with self.store.lock(_OUTBOX_LOCK):
+        async with self.store.leases.hold(OUTBOX_RELAY_LEASE) as lease:
             delay = _RETRY
             while True:
                 if added is not None:
@@ -83,8 +93,10 @@ class OutboxRelay:
                             _id_headers(self.id_header, msg.message_id),
                         )
                     if batch:
-                        await outbox.remove([m.seq for m in batch])
+                        await outbox.remove([m.seq for m in batch], lease=lease)
                         self.sent += len(batch)
+                except LeaseLostError:
+                    raise  # another relay took over: this one must stop
                 except Exception as exc:  # the store failed: keep the relay alive, retry
                     _log.warning("outbox relay failed (%s); retrying in %.1fs", exc, delay)
                     await asyncio.sleep(delay)
@@ -122,19 +134,23 @@ class EventRelay:
         self.sent = 0
 
     async def run(self) -> None:
-        """Relay forever (cancel to stop); holds the relay's lock while relaying."""
-        async with self.store.lock(self.checkpoint):
+        """Relay forever (cancel to stop) while holding the lease named after its checkpoint;
+        raises ``LeaseLostError`` if it is lost."""
+        async with self.store.leases.hold(self.checkpoint) as lease:
             delay = _RETRY
             while True:
                 try:
-                    await self._follow()
+                    await self._follow(lease)
+                except LeaseLostError:
+                    raise  # another relay took over: this one must stop
                 except Exception as exc:  # the store failed: resume from the checkpoint
                     _log.warning("event relay failed (%s); retrying in %.1fs", exc, delay)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, _MAX_BACKOFF)
 
-    async def _follow(self) -> None:
-        """Publish from the checkpoint on; save the checkpoint every few events and on exit."""
+    async def _follow(self, lease: Lease) -> None:
+        """Publish from the checkpoint on; save the checkpoint (under ``lease``) every few
+        events and on exit."""
         store = self.store
         position = await store.checkpoints.get(self.checkpoint)
         unsaved = 0
@@ -152,9 +168,11 @@ class EventRelay:
                 self.sent += 1
                 unsaved += 1
                 if unsaved >= self.checkpoint_every:
-                    await store.checkpoints.set(self.checkpoint, position)
+                    await store.checkpoints.set(self.checkpoint, position, lease=lease)
                     unsaved = 0
         finally:
-            if unsaved:
+            if unsaved:  # best effort (refused if the lease was lost): the rest is resent
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(store.checkpoints.set(self.checkpoint, position))
+                    await asyncio.shield(
+                        store.checkpoints.set(self.checkpoint, position, lease=lease)
+                    )

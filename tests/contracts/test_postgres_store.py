@@ -1,19 +1,32 @@
-"""The PostgreSQL store against the event store contract.
+"""The PostgreSQL store against the event store contract, lease losses included.
 
 Needs a server (see ``eventflow.testing.postgres``): skipped without one, except under CI.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from urllib.parse import parse_qsl, urlsplit
 
+import asyncpg
 import pytest
 
+from eventflow.adapters.postgres import PostgresStore
+from eventflow.adapters.postgres.db import PostgresConfig
 from eventflow.errors import ConfigurationError
 from eventflow.ports import Store
 from eventflow.stores import store_for
 from eventflow.testing.postgres import isolated_schema, postgres_url
-from eventflow.testing.store_contract import StoreContract, StoreFactory, store_pool
+from eventflow.testing.store_contract import (
+    ConnectionLossContract,
+    LeaseLossContract,
+    StoreContract,
+    StoreFactory,
+    store_pool,
+)
 
 pytestmark = pytest.mark.service("postgres")
 
@@ -32,7 +45,79 @@ def _postgres_store(url: str) -> Store:
     return store
 
 
-class TestPostgresStore(StoreContract):
+class PostgresFaults:
+    """The lease-loss hooks on one schema. Each store gets an ``application_name`` of its
+    own (a URL option asyncpg passes to the server), which is how ``kill_connections``
+    finds its sessions in ``pg_stat_activity``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.config = PostgresConfig.from_url(url)
+        self.stores: list[PostgresStore] = []
+
+    async def store(self, *, ttl: float) -> Store:
+        """An opened store on the schema with leases of ``ttl``."""
+        name = f"ef_lease_test_{uuid.uuid4().hex[:12]}"
+        config = PostgresConfig.from_url(f"{self.url}&application_name={name}")
+        store = PostgresStore(dataclasses.replace(config, lease_ttl=ttl))
+        self.stores.append(store)
+        await store.open()
+        return store
+
+    async def kill_connections(self, store: Store) -> int:
+        """``pg_terminate_backend`` every session of ``store``."""
+        assert isinstance(store, PostgresStore)
+        [name] = [v for k, v in _dsn_options(store.config.dsn) if k == "application_name"]
+        conn = await asyncpg.connect(self.config.dsn)
+        try:
+            killed: int = await conn.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = $1",
+                name,
+            )
+        finally:
+            await conn.close()
+        return killed
+
+    @asynccontextmanager
+    async def block_renewals(self, name: str) -> AsyncIterator[None]:
+        """Another transaction locks the lease's row (``FOR UPDATE``): renewals and
+        takeovers wait for it."""
+        conn = await asyncpg.connect(
+            self.config.dsn, server_settings={"search_path": self.config.schema}
+        )
+        try:
+            async with conn.transaction():
+                locked = await conn.fetchval(
+                    "SELECT 1 FROM ef_leases WHERE name = $1 FOR UPDATE", name
+                )
+                assert locked == 1, f"no lease row {name!r} to lock"
+                yield
+        finally:
+            await conn.close()
+
+    def child_source(self, *, ttl: float) -> str:
+        """A store on the same schema, in the child process."""
+        return (
+            "import dataclasses\n"
+            "from eventflow.adapters.postgres import PostgresStore\n"
+            "from eventflow.adapters.postgres.db import PostgresConfig\n"
+            "def make_store():\n"
+            f"    config = PostgresConfig.from_url({self.url!r})\n"
+            f"    return PostgresStore(dataclasses.replace(config, lease_ttl={ttl!r}))\n"
+        )
+
+    async def close(self) -> None:
+        """Close every store made."""
+        for store in self.stores:
+            await store.close()
+
+
+def _dsn_options(dsn: str) -> list[tuple[str, str]]:
+    return parse_qsl(urlsplit(dsn).query)
+
+
+class TestPostgresStore(StoreContract, LeaseLossContract, ConnectionLossContract):
     """The contract on a new, empty schema per test (``?schema=NAME``), dropped afterwards;
     each store is another connection pool on it (as another process would open it)."""
 
@@ -44,3 +129,13 @@ class TestPostgresStore(StoreContract):
             store_pool(lambda: _postgres_store(url)) as factory,
         ):
             yield factory
+
+    @pytest.fixture
+    async def lease_faults(self) -> AsyncIterator[PostgresFaults]:
+        """The lease-loss hooks on a schema of their own."""
+        async with isolated_schema(postgres_url()) as url:
+            faults = PostgresFaults(url)
+            try:
+                yield faults
+            finally:
+                await faults.close()

@@ -28,7 +28,7 @@ from eventflow.projections import (
     ProjectionError,
     ProjectionHandlerError,
     ProjectionRunner,
-    lock_name,
+    lease_name,
 )
 from eventflow.sourcing.on import on
 
@@ -223,7 +223,7 @@ async def test_stop_returns_after_the_batch_and_while_waiting_for_the_lock(
     await asyncio.wait_for(task, 5)
     assert task.done() and not task.cancelled() and not runner.active
 
-    async with store.lock(lock_name(projection.name)):
+    async with store.leases.hold(lease_name(projection.name)):
         waiting = ProjectionRunner(StockLevels(), store)
         task = asyncio.create_task(waiting.run())
         await waiter(lambda: waiting._serving is not None, what="waiting runner started")

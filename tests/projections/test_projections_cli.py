@@ -16,7 +16,7 @@ from projection_support import append_events, opened
 
 from eventflow.cli import main
 from eventflow.cli.projections import ProgressBar
-from eventflow.projections import lock_name
+from eventflow.projections import lease_name
 
 EVENTS = 300
 _modules = itertools.count()
@@ -149,19 +149,22 @@ def test_rebuild_replays_with_a_progress_bar_and_status_shows_no_lag(
 
 
 @pytest.fixture
-def held_lock(shop: tuple[str, Path, str]) -> Iterator[None]:
-    """The projection's lock held by another store instance (as another process would)."""
+def held_lease(shop: tuple[str, Path, str]) -> Iterator[None]:
+    """The projection's lease held by another store instance (as another process would)."""
     acquired, release = threading.Event(), threading.Event()
 
     async def hold() -> None:
-        async with opened(f"sqlite:///{shop[2]}") as store, store.lock(lock_name("cli_stock")):
+        async with (
+            opened(f"sqlite:///{shop[2]}") as store,
+            store.leases.hold(lease_name("cli_stock")),
+        ):
             acquired.set()
             while not release.is_set():
                 await asyncio.sleep(0.01)
 
     thread = threading.Thread(target=asyncio.run, args=(hold(),))
     thread.start()
-    assert acquired.wait(10), "the lock holder did not start"
+    assert acquired.wait(10), "the lease holder did not start"
     try:
         yield
     finally:
@@ -169,12 +172,13 @@ def held_lock(shop: tuple[str, Path, str]) -> Iterator[None]:
         thread.join(10)
 
 
-def test_rebuild_refuses_while_an_app_holds_the_lock(
-    shop: tuple[str, Path, str], held_lock: None, capsys: pytest.CaptureFixture[str]
+def test_rebuild_refuses_while_an_app_holds_the_lease(
+    shop: tuple[str, Path, str], held_lease: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert _cli(shop, "rebuild", "cli_stock", "--lock-timeout", "0.2") == 1
     err = capsys.readouterr().err
-    assert "is locked by another instance" in err and "--force" in err
+    assert "is running in another instance" in err and "--force" in err
+    assert "is held by" in err  # names the holder
     assert _cli(shop, "status", "--json", "--lock-timeout", "0.2") == 0
     assert orjson.loads(capsys.readouterr().out)["running"] is True
     with sqlite3.connect(shop[2]) as conn:  # nothing was reset or replayed

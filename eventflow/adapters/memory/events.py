@@ -1,4 +1,4 @@
-"""The in-memory event store, checkpoints, outbox, transactions and locks.
+"""The in-memory event store, checkpoints, outbox, transactions and leases.
 
 A real implementation of the event-store ports for one process: appends are atomic and
 version-checked, positions are gapless, ``subscribe`` follows live appends. Transactions
@@ -10,16 +10,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from ...envelope import Envelope
 from ...errors import ConcurrencyError, ConfigurationError
 from ...events import Event
+from ...leases import DEFAULT_LEASE_TTL, Lease, Wakeups, hold_lease, new_owner
 from ...ports import OutboxMessage, RecordedEvent, Snapshot, Transaction
 from ...sourcing.append import prepare_append
 
-__all__ = ["MemoryCheckpoints", "MemoryEventLog", "MemoryOutbox", "MemoryTransaction"]
+__all__ = [
+    "MemoryCheckpoints",
+    "MemoryEventLog",
+    "MemoryLeases",
+    "MemoryOutbox",
+    "MemoryTransaction",
+]
+
+_WAIT_POLL = 1.0  # a contender is woken at release; this only bounds each wait
 
 
 class MemoryTransaction:
@@ -152,35 +161,105 @@ class MemoryEventLog:
         return self._snapshots.get(stream_id)
 
 
-class MemoryCheckpoints:
-    """Checkpoints in a dict."""
+class MemoryLeases:
+    """Leases in this process (the memory store lives in one): held until released, each
+    holding with the next epoch of its name. A contender waits on an event set at release,
+    not on a poll. The memory store never expires a lease: its holder's renewals cannot
+    fail, and a holder whose loop does not run stops every task of the store with it."""
 
-    def __init__(self) -> None:
+    def __init__(self, ttl: float = DEFAULT_LEASE_TTL) -> None:
+        self.ttl = ttl
+        self.owner = f"memory:{new_owner()}"
+        self.poll = _WAIT_POLL
+        self._held: dict[str, tuple[str, int]] = {}  # name -> (owner, epoch) while held
+        self._last: dict[str, tuple[str, int]] = {}  # name -> the latest (owner, epoch)
+        self._released = Wakeups()
+
+    def hold(self, name: str) -> AbstractAsyncContextManager[Lease]:
+        """Wait for the lease on ``name`` and hold it for the block (see ``Leases``)."""
+        return hold_lease(self, name, owner=self.owner, ttl=self.ttl, poll=self.poll)
+
+    async def holder(self, name: str) -> str | None:
+        """The owner holding ``name``, or None."""
+        held = self._held.get(name)
+        return None if held is None else held[0]
+
+    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        """Take ``name`` if nobody holds it; return its new epoch."""
+        if name in self._held:
+            return None
+        epoch = self._last.get(name, ("", 0))[1] + 1
+        self._held[name] = self._last[name] = (owner, epoch)
+        return epoch
+
+    async def renew(self, name: str, owner: str, epoch: int, ttl: float) -> bool:
+        """True while ``(owner, epoch)`` holds ``name``."""
+        return self._held.get(name) == (owner, epoch)
+
+    async def release(self, name: str, owner: str, epoch: int) -> None:
+        """Let ``name`` go and wake its contenders."""
+        if self._held.get(name) == (owner, epoch):
+            del self._held[name]
+            self._released.wake(name)
+
+    async def wait(self, name: str, timeout: float) -> None:
+        """Return at once if ``name`` is free, else when it is released (or ``timeout``)."""
+        if name in self._held:  # no suspension between this check and the waiter's start
+            await self._released.wait(name, timeout)
+
+    def check(self, lease: Lease) -> None:
+        """Raise ``lease.error()`` unless ``lease`` is the latest holding of its name."""
+        if self._last.get(lease.name) != (lease.owner, lease.epoch):
+            raise lease.error()
+
+
+class MemoryCheckpoints:
+    """Checkpoints in a dict; writes made with a lease are fenced by ``leases``."""
+
+    def __init__(self, leases: MemoryLeases) -> None:
         self._positions: dict[str, int] = {}
+        self._leases = leases
 
     async def get(self, name: str) -> int:
         """0 if never set."""
         return self._positions.get(name, 0)
 
-    async def set(self, name: str, position: int, *, tx: Transaction | None = None) -> None:
-        """Set now, or when ``tx`` commits."""
+    async def set(
+        self,
+        name: str,
+        position: int,
+        *,
+        tx: Transaction | None = None,
+        lease: Lease | None = None,
+    ) -> None:
+        """Set now, or when ``tx`` commits; with ``lease``, refused unless it still holds.
+
+        The epoch is checked when the write is made: in one process a holding cannot end
+        before the block that holds it, so it still holds at the commit of ``tx``."""
+        if lease is not None:
+            self._leases.check(lease)
         _defer(tx, lambda: self._positions.__setitem__(name, position))
 
     async def list(self) -> dict[str, int]:
         """Every checkpoint."""
         return dict(self._positions)
 
-    async def delete(self, name: str, *, tx: Transaction | None = None) -> None:
-        """Forget ``name``."""
+    async def delete(
+        self, name: str, *, tx: Transaction | None = None, lease: Lease | None = None
+    ) -> None:
+        """Forget ``name``; fenced like ``set``."""
+        if lease is not None:
+            self._leases.check(lease)
         _defer(tx, lambda: self._positions.pop(name, None))
 
 
 class MemoryOutbox:
-    """Queued outgoing messages."""
+    """Queued outgoing messages; removals made with a lease are fenced by ``leases``."""
 
-    def __init__(self) -> None:
+    def __init__(self, leases: MemoryLeases) -> None:
         self._messages: dict[int, OutboxMessage] = {}
         self._seq = 0
+        self._leases = leases
         self.added = asyncio.Event()
 
     async def add(
@@ -202,21 +281,9 @@ class MemoryOutbox:
         """Oldest first."""
         return list(self._messages.values())[:limit]
 
-    async def remove(self, seqs: Sequence[int]) -> None:
-        """Delete sent messages."""
+    async def remove(self, seqs: Sequence[int], *, lease: Lease | None = None) -> None:
+        """Delete sent messages; with ``lease``, refused unless it still holds."""
+        if lease is not None:
+            self._leases.check(lease)
         for seq in seqs:
             self._messages.pop(seq, None)
-
-
-class MemoryLocks:
-    """In-process named locks (the memory store lives in one process)."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, asyncio.Lock] = {}
-
-    @asynccontextmanager
-    async def hold(self, name: str) -> AsyncIterator[None]:
-        """Hold ``name`` until the block exits."""
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            yield

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -19,7 +19,7 @@ from .attempts import MemoryAttempts
 from .events import (
     MemoryCheckpoints,
     MemoryEventLog,
-    MemoryLocks,
+    MemoryLeases,
     MemoryOutbox,
     MemoryTransaction,
 )
@@ -144,10 +144,10 @@ class MemoryStore(MemoryEventLog):
         self.dedup = MemoryDedupStore()
         self.dead_letters = MemoryDeadLetterStore()
         self.heartbeats = MemoryHeartbeats()
-        self.checkpoints = MemoryCheckpoints()
-        self.outbox = MemoryOutbox()
+        self.leases = MemoryLeases()
+        self.checkpoints = MemoryCheckpoints(self.leases)
+        self.outbox = MemoryOutbox(self.leases)
         self.attempts = MemoryAttempts()
-        self._locks = MemoryLocks()
 
     @classmethod
     def from_url(cls, url: str) -> MemoryStore:
@@ -161,10 +161,6 @@ class MemoryStore(MemoryEventLog):
         tx = MemoryTransaction()
         yield tx
         tx.commit()
-
-    def lock(self, name: str) -> AbstractAsyncContextManager[None]:
-        """An in-process lock on ``name``."""
-        return self._locks.hold(name)
 
     async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
         """Record a dedup entry when ``tx`` commits."""

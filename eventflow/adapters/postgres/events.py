@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -112,6 +112,15 @@ async def _number_committed(conn: Any) -> int:
     return numbered + int(n)
 
 
+def _payload_to(callback: Callable[[str], None]) -> Callable[..., None]:
+    """An asyncpg notification listener that passes the payload to ``callback``."""
+
+    def listener(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        callback(payload)
+
+    return listener
+
+
 def _record(row: Any) -> RecordedEvent:
     return RecordedEvent(row[1], row[2], row[0] or 0, Envelope.from_bytes(row[3]))
 
@@ -121,7 +130,10 @@ class PostgresEventLog:
 
     db: PostgresDatabase
 
-    def _init_events(self) -> None:
+    def _init_events(self, channels: Mapping[str, Callable[[str], None]] | None = None) -> None:
+        # Other notification channels the store's listener connection follows (the
+        # leases' releases), each with the callback given the payload.
+        self._channels = dict(channels or {})
         self._pending = asyncio.Event()
         self._appends = 0  # appends committed by this process (the sequencer's pacing)
         self._tick: asyncio.Future[None] | None = None
@@ -139,6 +151,8 @@ class PostgresEventLog:
             "listen for appended events", server_settings={"search_path": cfg.schema}
         )
         await self._listener.add_listener("ef_sequenced", self._on_sequenced)
+        for channel, callback in self._channels.items():
+            await self._listener.add_listener(channel, _payload_to(callback))
         # A component of the owner's supervisor (the app's), or of the store's own: started
         # in open(), stopped in close().
         self._own_supervisor = supervisor is None

@@ -93,6 +93,14 @@ CREATE TABLE IF NOT EXISTS ef_outbox (
     payload bytea NOT NULL,
     message_id text NOT NULL
 );
+-- the store's leases (store.leases): one row per name, kept when released (expires_at in
+-- the past) so that its epoch, the fencing token, only ever goes up
+CREATE TABLE IF NOT EXISTS ef_leases (
+    name text COLLATE "C" PRIMARY KEY,
+    owner text NOT NULL,
+    epoch bigint NOT NULL,
+    expires_at timestamptz NOT NULL
+);
 CREATE TABLE IF NOT EXISTS ef_dedup (
     grp text COLLATE "C" NOT NULL,
     message_id text COLLATE "C" NOT NULL,

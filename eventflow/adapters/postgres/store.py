@@ -1,23 +1,25 @@
 """The ``postgresql://`` store: the event log plus dedup, dead letters, heartbeats,
-checkpoints, outbox and locks, on one asyncpg pool so they share transactions."""
+checkpoints, outbox and leases, on one asyncpg pool so they share transactions."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import asyncpg
 import orjson
 
 from ...envelope import Envelope
-from ...errors import AlreadyHandled
+from ...errors import AlreadyHandled, StoreError
+from ...leases import Lease
 from ...ports import DeadLetter, Heartbeat, OutboxMessage, Transaction
 from .attempts import ATTEMPTS_SQL, PostgresAttempts
 from .db import PostgresConfig, PostgresDatabase, PostgresTransaction
 from .events import PostgresEventLog
+from .leases import FENCE, LEASE_CHANNEL, PostgresLeases, fence_args
 from .schema import SCHEMA_SQL
 
 if TYPE_CHECKING:
@@ -26,13 +28,40 @@ if TYPE_CHECKING:
 __all__ = ["PostgresStore"]
 
 DEFAULT_DEDUP_RETENTION = 7 * 24 * 3600.0
-_LOCK_NAMESPACE = 1701147507  # first key of the two-int advisory locks of store.lock(name)
+
+# Writes made under a lease: one statement each, whose FENCE query locks the lease's row
+# (FOR SHARE) until the statement's transaction ends, the caller's or its own. They return
+# a row only if the lease still holds.
+_SET_FENCED = (
+    f"WITH {FENCE} INSERT INTO ef_checkpoints (name, position) "
+    "SELECT $4::text, $5::bigint FROM fence "
+    "ON CONFLICT (name) DO UPDATE SET position = excluded.position RETURNING 1"
+)
+_DELETE_FENCED = (
+    f"WITH {FENCE}, gone AS (DELETE FROM ef_checkpoints WHERE name = $4 "
+    "AND EXISTS (SELECT 1 FROM fence)) SELECT 1 FROM fence"
+)
+_DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
-def _lock_key(name: str) -> int:
-    return int.from_bytes(
-        hashlib.blake2b(name.encode(), digest_size=4).digest(), "big", signed=True
-    )
+@asynccontextmanager
+async def _writing(db: PostgresDatabase, what: str) -> AsyncIterator[Any]:
+    """The connection a checkpoint or outbox write runs on; driver errors (a connection
+    killed, the server restarting) become a ``StoreError`` saying what failed."""
+    try:
+        async with db.connection() as conn:
+            yield conn
+    except _DRIVER_ERRORS as exc:
+        raise StoreError(
+            f"could not {what} on PostgreSQL: {type(exc).__name__}: {exc}; the write was "
+            "not made, try it again once the server answers"
+        ) from exc
+
+
+_REMOVE_FENCED = (
+    f"WITH {FENCE}, gone AS (DELETE FROM ef_outbox WHERE seq = ANY($4::bigint[]) "
+    "AND EXISTS (SELECT 1 FROM fence)) SELECT 1 FROM fence"
+)
 
 
 class PostgresDedupStore:
@@ -227,7 +256,7 @@ class PostgresHeartbeats:
 
 
 class PostgresCheckpoints:
-    """Checkpoints in ``ef_checkpoints``."""
+    """Checkpoints in ``ef_checkpoints``; writes made with a lease are fenced."""
 
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
@@ -238,15 +267,26 @@ class PostgresCheckpoints:
             value = await conn.fetchval("SELECT position FROM ef_checkpoints WHERE name = $1", name)
         return int(value or 0)
 
-    async def set(self, name: str, position: int, *, tx: Transaction | None = None) -> None:
-        """Upsert (inside the context's open transaction, if any)."""
-        async with self._db.connection() as conn:
-            await conn.execute(
-                "INSERT INTO ef_checkpoints (name, position) VALUES ($1, $2) "
-                "ON CONFLICT (name) DO UPDATE SET position = excluded.position",
-                name,
-                position,
-            )
+    async def set(
+        self,
+        name: str,
+        position: int,
+        *,
+        tx: Transaction | None = None,
+        lease: Lease | None = None,
+    ) -> None:
+        """Upsert (inside the context's open transaction, if any); with ``lease``, in the
+        same statement as the check of its epoch, else ``LeaseLostError``."""
+        async with _writing(self._db, f"set checkpoint {name!r}") as conn:
+            if lease is None:
+                await conn.execute(
+                    "INSERT INTO ef_checkpoints (name, position) VALUES ($1, $2) "
+                    "ON CONFLICT (name) DO UPDATE SET position = excluded.position",
+                    name,
+                    position,
+                )
+            elif await conn.fetchval(_SET_FENCED, *fence_args(lease), name, position) is None:
+                raise lease.error()
 
     async def list(self) -> dict[str, int]:
         """Every checkpoint."""
@@ -254,10 +294,15 @@ class PostgresCheckpoints:
             rows = await conn.fetch("SELECT name, position FROM ef_checkpoints ORDER BY name")
         return {r[0]: int(r[1]) for r in rows}
 
-    async def delete(self, name: str, *, tx: Transaction | None = None) -> None:
-        """Forget ``name``."""
-        async with self._db.connection() as conn:
-            await conn.execute("DELETE FROM ef_checkpoints WHERE name = $1", name)
+    async def delete(
+        self, name: str, *, tx: Transaction | None = None, lease: Lease | None = None
+    ) -> None:
+        """Forget ``name``; fenced like ``set``."""
+        async with _writing(self._db, f"delete checkpoint {name!r}") as conn:
+            if lease is None:
+                await conn.execute("DELETE FROM ef_checkpoints WHERE name = $1", name)
+            elif await conn.fetchval(_DELETE_FENCED, *fence_args(lease), name) is None:
+                raise lease.error()
 
 
 class PostgresOutbox:
@@ -289,10 +334,15 @@ class PostgresOutbox:
             )
         return [OutboxMessage(r[0], r[1], r[2], bytes(r[3]), r[4]) for r in rows]
 
-    async def remove(self, seqs: Sequence[int]) -> None:
-        """Delete sent messages."""
-        async with self._db.connection() as conn:
-            await conn.execute("DELETE FROM ef_outbox WHERE seq = ANY($1::bigint[])", list(seqs))
+    async def remove(self, seqs: Sequence[int], *, lease: Lease | None = None) -> None:
+        """Delete sent messages; with ``lease`` (the relay's), fenced like checkpoints."""
+        async with _writing(self._db, "remove sent outbox messages") as conn:
+            if lease is None:
+                await conn.execute(
+                    "DELETE FROM ef_outbox WHERE seq = ANY($1::bigint[])", list(seqs)
+                )
+            elif await conn.fetchval(_REMOVE_FENCED, *fence_args(lease), list(seqs)) is None:
+                raise lease.error()
 
 
 class PostgresStore(PostgresEventLog):
@@ -308,7 +358,8 @@ class PostgresStore(PostgresEventLog):
         self.checkpoints = PostgresCheckpoints(self.db)
         self.outbox = PostgresOutbox(self.db)
         self.attempts = PostgresAttempts(self.db)
-        self._init_events()
+        self.leases = PostgresLeases(self.db)
+        self._init_events({LEASE_CHANNEL: self.leases.on_released})
         self._opened = False
 
     @classmethod
@@ -346,21 +397,6 @@ class PostgresStore(PostgresEventLog):
     def transaction(self) -> AbstractAsyncContextManager[PostgresTransaction]:
         """A transaction every store call of this context joins until the block exits."""
         return self.db.transaction()
-
-    @asynccontextmanager
-    async def _hold(self, name: str) -> AsyncIterator[None]:
-        # A session-level advisory lock on a connection of its own: the server releases it
-        # when this process dies and the connection drops, so another process takes over.
-        conn = await self.db.connect(f"take lock {name!r}")
-        try:
-            await conn.execute("SELECT pg_advisory_lock($1, $2)", _LOCK_NAMESPACE, _lock_key(name))
-            yield
-        finally:
-            await asyncio.shield(conn.close())
-
-    def lock(self, name: str) -> AbstractAsyncContextManager[None]:
-        """An advisory lock on ``name`` across processes, released if the holder dies."""
-        return self._hold(name)
 
     async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
         """Record a dedup entry inside the context's open transaction; raise

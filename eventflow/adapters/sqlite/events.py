@@ -8,12 +8,10 @@ N, and a rolled-back append leaves no gap (``INTEGER PRIMARY KEY`` takes max + 1
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 import time
-import uuid
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
@@ -22,12 +20,20 @@ import orjson
 from ...envelope import Envelope
 from ...errors import ConcurrencyError
 from ...events import Event
+from ...leases import DEFAULT_LEASE_TTL, Lease, Wakeups, hold_lease, new_owner
 from ...ports import OutboxMessage, RecordedEvent, Snapshot, Transaction
 from ...sourcing.append import prepare_append
 from ...sourcing.paging import paged, stream_range
 from .db import SqliteDatabase
 
-__all__ = ["EVENTS_SCHEMA", "SqliteCheckpoints", "SqliteEventLog", "SqliteLeases", "SqliteOutbox"]
+__all__ = [
+    "EVENTS_SCHEMA",
+    "SqliteCheckpoints",
+    "SqliteEventLog",
+    "SqliteLeases",
+    "SqliteOutbox",
+    "upgrade_events_schema",
+]
 
 EVENTS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS ef_events (
@@ -59,12 +65,33 @@ CREATE TABLE IF NOT EXISTS ef_outbox (
 CREATE TABLE IF NOT EXISTS ef_leases (
     name TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
-    expires_at REAL NOT NULL
+    expires_at REAL NOT NULL,
+    epoch INTEGER NOT NULL DEFAULT 0
 );
 """
 
 _POLL_INTERVAL = 0.05
-DEFAULT_LEASE_TTL = 10.0
+_LEASE_POLL = 0.25  # seconds between a contender's tries (the file is local: cheap)
+
+
+async def upgrade_events_schema(db: SqliteDatabase) -> None:
+    """Bring a file made by an earlier version up to date: ``ef_leases`` gets its ``epoch``
+    column (0 for the rows it holds, so the next holder of each name takes epoch 1). Looked
+    up first without the write lock: an up-to-date file (the usual case) costs no write."""
+    [(missing,)] = await db.query(_LEASES_WITHOUT_EPOCH)
+    if missing:
+        await db.run(_add_lease_epoch)
+
+
+_LEASES_WITHOUT_EPOCH = (
+    "SELECT COUNT(*) > 0 AND SUM(name = 'epoch') = 0 FROM pragma_table_info('ef_leases')"
+)
+
+
+def _add_lease_epoch(conn: sqlite3.Connection) -> None:
+    # Checked again under the write lock: another process may have upgraded it meanwhile.
+    if conn.execute(_LEASES_WITHOUT_EPOCH).fetchone()[0]:
+        conn.execute("ALTER TABLE ef_leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
 
 
 def _record(row: tuple[object, ...]) -> RecordedEvent:
@@ -227,7 +254,7 @@ class SqliteEventLog:
 
 
 class SqliteCheckpoints:
-    """Checkpoints in ``ef_checkpoints``."""
+    """Checkpoints in ``ef_checkpoints``; writes made with a lease are fenced."""
 
     def __init__(self, db: SqliteDatabase) -> None:
         self._db = db
@@ -237,25 +264,44 @@ class SqliteCheckpoints:
         rows = await self._db.query("SELECT position FROM ef_checkpoints WHERE name = ?", (name,))
         return int(rows[0][0]) if rows else 0
 
-    async def set(self, name: str, position: int, *, tx: Transaction | None = None) -> None:
-        """Upsert; inside ``tx`` (the caller's open transaction) it commits with it."""
-        await self._db.run(
-            lambda conn: conn.execute(
+    async def set(
+        self,
+        name: str,
+        position: int,
+        *,
+        tx: Transaction | None = None,
+        lease: Lease | None = None,
+    ) -> None:
+        """Upsert; inside ``tx`` (the caller's open transaction) it commits with it. With
+        ``lease``, the epoch is checked in the same write transaction (SQLite has one writer
+        at a time, so no takeover can commit in between)."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            if lease is not None:
+                SqliteLeases.fence(conn, lease)
+            conn.execute(
                 "INSERT OR REPLACE INTO ef_checkpoints (name, position) VALUES (?, ?)",
                 (name, position),
             )
-        )
+
+        await self._db.run(write)
 
     async def list(self) -> dict[str, int]:
         """Every checkpoint."""
         rows = await self._db.query("SELECT name, position FROM ef_checkpoints ORDER BY name")
         return {str(n): int(p) for n, p in rows}
 
-    async def delete(self, name: str, *, tx: Transaction | None = None) -> None:
-        """Forget ``name``."""
-        await self._db.run(
-            lambda conn: conn.execute("DELETE FROM ef_checkpoints WHERE name = ?", (name,))
-        )
+    async def delete(
+        self, name: str, *, tx: Transaction | None = None, lease: Lease | None = None
+    ) -> None:
+        """Forget ``name``; fenced like ``set``."""
+
+        def write(conn: sqlite3.Connection) -> None:
+            if lease is not None:
+                SqliteLeases.fence(conn, lease)
+            conn.execute("DELETE FROM ef_checkpoints WHERE name = ?", (name,))
+
+        await self._db.run(write)
 
 
 class SqliteOutbox:
@@ -289,73 +335,100 @@ class SqliteOutbox:
             for s, t, k, p, m in rows
         ]
 
-    async def remove(self, seqs: Sequence[int]) -> None:
-        """Delete sent messages."""
-        await self._db.run(
-            lambda conn: conn.executemany(
-                "DELETE FROM ef_outbox WHERE seq = ?", [(s,) for s in seqs]
-            )
-        )
+    async def remove(self, seqs: Sequence[int], *, lease: Lease | None = None) -> None:
+        """Delete sent messages; with ``lease``, fenced like ``checkpoints.set``."""
+        rows = [(s,) for s in seqs]
+
+        def write(conn: sqlite3.Connection) -> None:
+            if lease is not None:
+                SqliteLeases.fence(conn, lease)
+            conn.executemany("DELETE FROM ef_outbox WHERE seq = ?", rows)
+
+        await self._db.run(write)
 
 
 class SqliteLeases:
-    """Named leases in ``ef_leases``: the cross-process lock of the SQLite store.
+    """Named leases in ``ef_leases``, shared by every process using the file.
 
-    The holder renews its lease every ``ttl / 3`` seconds; a holder that dies loses it after
-    ``ttl`` seconds and a waiting process takes over.
+    A row per name: its owner, its epoch and when it expires (wall-clock seconds: every
+    process on the file shares the host's clock). Taking a free or expired lease bumps the
+    epoch; releasing expires the row and keeps the epoch, so it never goes back and a stale
+    holder's epoch never matches again. Contenders in this process are woken at release;
+    others find it free at their next try (every 0.25 s at most). ``owner`` is unique per
+    store instance.
     """
 
     def __init__(self, db: SqliteDatabase, ttl: float = DEFAULT_LEASE_TTL) -> None:
         self._db = db
         self.ttl = ttl
-        self._owner = f"{os.getpid()}:{uuid.uuid4().hex[:12]}"
-        self._local: dict[str, asyncio.Lock] = {}
+        self.owner = new_owner()
+        self.poll = min(_LEASE_POLL, ttl / 4)
+        self._released = Wakeups()
 
-    def _try(self, conn: sqlite3.Connection, name: str, now: float) -> bool:
-        conn.execute(
-            "INSERT INTO ef_leases (name, owner, expires_at) VALUES (?, ?, ?) "
-            "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, "
-            "expires_at = excluded.expires_at "
-            "WHERE ef_leases.expires_at < ? OR ef_leases.owner = excluded.owner",
-            (name, self._owner, now + self.ttl, now),
+    def hold(self, name: str) -> AbstractAsyncContextManager[Lease]:
+        """Wait for the lease on ``name`` and keep it renewed for the block (see ``Leases``)."""
+        return hold_lease(self, name, owner=self.owner, ttl=self.ttl, poll=self.poll)
+
+    async def holder(self, name: str) -> str | None:
+        """The owner holding ``name`` now, or None when it is free or expired."""
+        rows = await self._db.query(
+            "SELECT owner FROM ef_leases WHERE name = ? AND expires_at > ?", (name, time.time())
         )
-        row = conn.execute("SELECT owner FROM ef_leases WHERE name = ?", (name,)).fetchone()
-        return row is not None and row[0] == self._owner
+        return str(rows[0][0]) if rows else None
 
-    @asynccontextmanager
-    async def hold(self, name: str) -> AsyncIterator[None]:
-        """Wait for the lease on ``name`` and keep it renewed until the block exits."""
-        local = self._local.setdefault(name, asyncio.Lock())
-        async with local:  # contenders in this process queue here instead of polling
-            while not await self._acquire(name):  # noqa: ASYNC110 - other processes hold it
-                await asyncio.sleep(self.ttl / 4)
-            renewer = asyncio.create_task(self._renew(name))
-            try:
-                yield
-            finally:
-                renewer.cancel()
-                await asyncio.gather(renewer, return_exceptions=True)
-                await asyncio.shield(self._release(name))
+    async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        """Take ``name`` if it is free or expired (one statement); return the new epoch."""
 
-    async def _acquire(self, name: str) -> bool:
-        # Shielded: if the caller is cancelled (a lock timeout) while the INSERT runs on the
-        # database thread and it succeeds, the lease is given back rather than left held.
-        attempt = asyncio.ensure_future(self._db.run(self._try, name, time.time()))
-        try:
-            return await asyncio.shield(attempt)
-        except asyncio.CancelledError:
-            if await attempt:
-                await self._release(name)
-            raise
+        def take(conn: sqlite3.Connection) -> int | None:
+            now = time.time()
+            row = conn.execute(
+                "INSERT INTO ef_leases (name, owner, epoch, expires_at) VALUES (?, ?, 1, ?) "
+                "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, "
+                "epoch = ef_leases.epoch + 1, expires_at = excluded.expires_at "
+                "WHERE ef_leases.expires_at <= ? RETURNING epoch",
+                (name, owner, now + ttl, now),
+            ).fetchone()
+            return None if row is None else int(row[0])
 
-    async def _release(self, name: str) -> None:
+        return await self._db.run(take)
+
+    async def renew(self, name: str, owner: str, epoch: int, ttl: float) -> bool:
+        """Extend the lease if ``(owner, epoch)`` still holds it and it has not expired."""
+
+        def extend(conn: sqlite3.Connection) -> bool:
+            now = time.time()
+            return (
+                conn.execute(
+                    "UPDATE ef_leases SET expires_at = ? "
+                    "WHERE name = ? AND owner = ? AND epoch = ? AND expires_at > ?",
+                    (now + ttl, name, owner, epoch, now),
+                ).rowcount
+                == 1
+            )
+
+        return await self._db.run(extend)
+
+    async def release(self, name: str, owner: str, epoch: int) -> None:
+        """Expire the row (keeping its epoch) if ``(owner, epoch)`` holds it; wake this
+        process's contenders."""
         await self._db.run(
             lambda conn: conn.execute(
-                "DELETE FROM ef_leases WHERE name = ? AND owner = ?", (name, self._owner)
+                "UPDATE ef_leases SET expires_at = 0 WHERE name = ? AND owner = ? AND epoch = ?",
+                (name, owner, epoch),
             )
         )
+        self._released.wake(name)
 
-    async def _renew(self, name: str) -> None:
-        while True:
-            await asyncio.sleep(self.ttl / 3)
-            await self._db.run(self._try, name, time.time())
+    async def wait(self, name: str, timeout: float) -> None:
+        """Return when this process releases ``name``, or after ``timeout``."""
+        await self._released.wait(name, timeout)
+
+    @staticmethod
+    def fence(conn: sqlite3.Connection, lease: Lease) -> None:
+        """Raise ``lease.error()`` unless ``lease`` is the latest holding of its name; call
+        it inside the write transaction whose writes it guards."""
+        row = conn.execute(
+            "SELECT owner, epoch FROM ef_leases WHERE name = ?", (lease.name,)
+        ).fetchone()
+        if row is None or (row[0], row[1]) != (lease.owner, lease.epoch):
+            raise lease.error()

@@ -24,6 +24,7 @@ from .events import (
     SqliteEventLog,
     SqliteLeases,
     SqliteOutbox,
+    upgrade_events_schema,
 )
 
 if TYPE_CHECKING:
@@ -295,8 +296,8 @@ class SqliteHeartbeats:
 class SqliteStore(SqliteEventLog):
     """The SQLite store: one file, one connection shared by all its parts.
 
-    ``busy_timeout``: seconds a statement waits for another process's write lock before it
-    fails; ``lease_ttl``: seconds a dead holder keeps a lease before another process takes it.
+    ``busy_timeout``: seconds a write waits for another process's write transaction before
+    failing; ``lease_ttl``: seconds a lease outlives its holder's last renewal.
     """
 
     def __init__(
@@ -325,10 +326,6 @@ class SqliteStore(SqliteEventLog):
         """One transaction on the store's connection; the task's store calls join it."""
         return self.db.transaction()
 
-    def lock(self, name: str) -> AbstractAsyncContextManager[None]:
-        """A lease on ``name`` shared by every process using this file."""
-        return self.leases.hold(name)
-
     async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
         """Record a dedup entry inside the caller's open transaction (visible on commit);
         raise ``AlreadyHandled`` if a copy committed one first."""
@@ -351,8 +348,9 @@ class SqliteStore(SqliteEventLog):
         return cls(_url_path(url), url=url, **_url_settings(url))
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
-        """Open the file and create the tables if needed. Idempotent."""
+        """Open the file and create (or upgrade) the tables if needed. Idempotent."""
         await self.db.open(SCHEMA + EVENTS_SCHEMA + ATTEMPTS_SCHEMA)
+        await upgrade_events_schema(self.db)
         await self.db.run(_add_columns)
 
     async def close(self) -> None:

@@ -16,10 +16,24 @@ deployment, all closed after the test::
 A single-process backend (memory) returns the same store every time. Because the backend
 is fresh, positions start at 1 in every test; stream names are unique all the same.
 Waits are bounded polls; a subclass on a slow backend raises ``timeout``.
+
+Leases (``leases.py``): :class:`StoreContract` checks one holder at a time, epochs and
+fenced writes on every store. The SQL stores add :class:`LeaseLossContract` (renewals
+failing, a holder paused past its ttl, a holder killed), and PostgreSQL
+:class:`ConnectionLossContract` (the holder's connections killed); both need a
+``lease_faults`` fixture (:class:`LeaseFaults`) from the adapter's test module.
 """
 
 from .append import AppendContract
 from .concurrency import ConcurrencyContract
+from .leases import (
+    ConnectionFaults,
+    ConnectionLossContract,
+    LeaseContract,
+    LeaseFaults,
+    LeaseLossContract,
+    LeaseWatch,
+)
 from .reads import ReadContract
 from .subscribe import SubscribeContract
 from .support import (
@@ -35,8 +49,14 @@ from .support import (
 from .transactions import TransactionContract
 
 __all__ = [
+    "ConnectionFaults",
+    "ConnectionLossContract",
     "Follower",
     "Happened",
+    "LeaseContract",
+    "LeaseFaults",
+    "LeaseLossContract",
+    "LeaseWatch",
     "StoreContract",
     "StoreFactory",
     "following",
@@ -48,9 +68,10 @@ __all__ = [
 
 
 # Bases in reverse: pytest runs inherited tests in reverse MRO order, so this runs the
-# append tests first, then reads, subscribe, transactions and concurrency.
+# append tests first, then reads, subscribe, transactions, leases and concurrency.
 class StoreContract(
     ConcurrencyContract,
+    LeaseContract,
     TransactionContract,
     SubscribeContract,
     ReadContract,

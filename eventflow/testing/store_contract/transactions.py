@@ -1,10 +1,8 @@
-"""The store contract's tests of the transactional parts: checkpoints, the outbox, the
-transactional inbox (dedup) sharing one transaction, and locks."""
+"""The store contract's tests of the transactional parts: checkpoints, the outbox and the
+transactional inbox (dedup) sharing one transaction (leases: see ``leases.py``)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Sequence
 
 import pytest
@@ -18,7 +16,7 @@ __all__ = ["TransactionContract"]
 
 
 class TransactionContract(StoreContractBase):
-    """Checkpoints, outbox and dedup in one transaction (all or nothing), and locks."""
+    """Checkpoints, outbox and dedup in one transaction (all or nothing)."""
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -194,49 +192,3 @@ class TransactionContract(StoreContractBase):
         assert await store.checkpoints.get(name) == 1
         self._check_outbox(await store.outbox.pending(), [(topic, first)])
         assert await store.dedup.seen(group, first.id)
-
-    # -- locks -------------------------------------------------------------------------------
-
-    async def test_lock_makes_a_second_holder_wait(self, store_factory: StoreFactory) -> None:
-        """While one holder is inside ``lock(name)``, another (other connection) waits; it
-        gets the lock once the first exits. Other names are not blocked."""
-        first, second, third = [await store_factory() for _ in range(3)]
-        name = unique_name("lock")
-        order: list[str] = []
-        entered = asyncio.Event()
-
-        async def contender() -> None:
-            async with second.lock(name):
-                order.append("second in")
-                entered.set()
-
-        # leaving the group waits for the contender, which needs the lock released first
-        async with asyncio.timeout(self.timeout), asyncio.TaskGroup() as tg, first.lock(name):
-            order.append("first in")
-            tg.create_task(contender())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(entered.wait(), self.quiet_period)
-            assert not entered.is_set(), "the lock was held twice"
-            async with third.lock(unique_name("lock")):
-                order.append("other name")
-            order.append("first out")
-        assert order == ["first in", "other name", "first out", "second in"]
-
-    async def test_lock_is_released_when_the_block_raises(
-        self, store_factory: StoreFactory
-    ) -> None:
-        """An exception inside ``lock(name)`` releases it."""
-        first, second = await store_factory(), await store_factory()
-        name = unique_name("lock")
-
-        class Boom(Exception):
-            pass
-
-        with pytest.raises(Boom):
-            async with first.lock(name):
-                raise Boom
-        async with asyncio.timeout(self.timeout):
-            async with second.lock(name):
-                pass
-            async with first.lock(name):
-                pass
