@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -40,9 +40,8 @@ class Applied(Projection, name="projtest_applied"):
     """One row per handled event, naming the runner that handled it (no key: a duplicate
     would be a second row)."""
 
-    def __init__(self, runner: str, mark: Callable[[int], str]) -> None:
+    def __init__(self, runner: str) -> None:
         self.runner = runner
-        self.mark = mark
         self.setups = 0
         self.handled = 0
 
@@ -60,8 +59,7 @@ class Applied(Projection, name="projtest_applied"):
     async def _added(self, e: ItemAdded, ctx: ProjectionContext) -> None:
         self.handled += 1
         await ctx.transaction().execute(
-            f"INSERT INTO projtest_applied (position, runner) VALUES ({self.mark(1)}, "
-            f"{self.mark(2)})",
+            "INSERT INTO projtest_applied (position, runner) VALUES ($1, $2)",
             ctx.position,
             self.runner,
         )
@@ -74,9 +72,6 @@ class Backend:
         self.kind = kind
         self.target = target  # the SQLite path, or the PostgreSQL URL
         self.stores: list[Store] = []
-
-    def mark(self, n: int) -> str:
-        return "?" if self.kind == "sqlite" else f"${n}"
 
     async def store(self) -> Store:
         store: Store
@@ -179,7 +174,7 @@ async def test_setup_creates_the_tables_before_the_first_event(
     so it works on a database without the table too."""
     store = await backend.store()
     await store.append("item-0", [ItemAdded(sku="s", qty=1) for _ in range(5)])
-    projection = Applied("live", backend.mark)
+    projection = Applied("live")
     runner = ProjectionRunner(projection, store)
     task = asyncio.create_task(runner.run())
     try:
@@ -192,7 +187,7 @@ async def test_setup_creates_the_tables_before_the_first_event(
 
     async with store.transaction() as tx:
         await tx.execute("DROP TABLE projtest_applied")
-    rebuilt = Applied("rebuild", backend.mark)
+    rebuilt = Applied("rebuild")
     assert await ProjectionRunner(rebuilt, await backend.store()).rebuild() == 5
     assert rebuilt.setups == 1
     assert [r for _, r in await applied(store)] == ["rebuild"] * 5
@@ -206,8 +201,8 @@ async def test_renewals_blocked_the_other_runner_takes_over_each_event_once(
     the checkpoint; at no moment are both active, and every event is applied once. Made
     active again later, the first runner runs setup again, harmlessly, and continues."""
     first_store, second_store, writer_store = [await backend.store() for _ in range(3)]
-    first_projection = Applied("first", backend.mark)
-    second_projection = Applied("second", backend.mark)
+    first_projection = Applied("first")
+    second_projection = Applied("second")
     first = ProjectionRunner(first_projection, first_store, batch_size=10)
     second = ProjectionRunner(second_projection, second_store, batch_size=10)
     supervisor = Supervisor(
@@ -272,8 +267,8 @@ async def test_a_runner_unaware_of_its_lost_lease_is_refused_by_the_fence(
     (LeaseLostError out of run()); every event is applied once."""
     first_store, second_store, writer_store = [await backend.store() for _ in range(3)]
     stale = unaware_of_loss(first_store)
-    first_projection = Applied("first", backend.mark)
-    second_projection = Applied("second", backend.mark)
+    first_projection = Applied("first")
+    second_projection = Applied("second")
     first = ProjectionRunner(first_projection, stale.store, batch_size=5)
     second = ProjectionRunner(second_projection, second_store, batch_size=5)
     supervisor = Supervisor(
