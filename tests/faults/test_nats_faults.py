@@ -3,7 +3,8 @@
 - a member killed with SIGKILL mid-batch: its unacked messages reach another member;
 - a graceful leave of an app: nothing is handled twice, no attempt is counted twice;
 - the server killed and restarted mid-stream: no acked publish is lost;
-- a poison message: dead-lettered after exactly ``max_attempts`` attempts, the rest flow.
+- a poison message: dead-lettered after exactly ``max_attempts`` attempts, the rest flow;
+- a server down for seconds: a bounded number of warnings, not one per reconnect attempt.
 
 The server is started here (it is restarted by one test), from the bundled binary; without
 one the module skips, or fails under ``CI=true``.
@@ -12,6 +13,7 @@ one the module skips, or fails under ``CI=true``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 import tempfile
@@ -257,3 +259,34 @@ async def test_poison_message_reaches_dlq_after_max_attempts(nats_url: str, stre
     assert letter.envelope_id == envelopes[poison].id
     assert letter.source["stream"] == stream
     assert isinstance(letter.source["stream_seq"], int) and letter.source["stream_seq"] > 0
+
+
+async def test_a_dead_server_logs_a_bounded_number_of_warnings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While the server is down the client retries four times a second and the group's
+    coordinator every tick; each condition is logged once (then at most every 30 s), and
+    everything works again once the server is back."""
+    with _server() as server:
+        stream = unique_name("EF").upper()
+        broker = NatsBroker(NatsBrokerConfig.from_url(f"{server.url}?stream={stream}&{FAST}"))
+        await broker.start()
+        try:
+            topic = f"{unique_name()}.quiet"
+            sub = await broker.subscribe(topic, group=unique_name("g"))
+            caplog.set_level(logging.WARNING, logger="eventflow.nats")
+            caplog.clear()
+            await asyncio.to_thread(server.kill)
+            await asyncio.sleep(3.0)  # 12 reconnect attempts and 12 coordinator ticks
+            warnings = [
+                r.getMessage()
+                for r in caplog.records
+                if r.name == "eventflow.nats" and r.levelno >= logging.WARNING
+            ]
+            assert any("disconnected" in w for w in warnings), warnings  # it is reported
+            assert len(warnings) <= 4, warnings
+            await asyncio.to_thread(server.start)
+            await broker.publish(topic, b"back", key="k")
+            assert [d.payload for d in await collect(sub, 1, timeout=30)] == [b"back"]
+        finally:
+            await broker.close()
