@@ -5,6 +5,7 @@ URL options, topic naming, contiguous commits and the idempotent-producer fallba
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -318,9 +319,11 @@ async def test_the_pump_runs_under_the_given_supervisor(kafka_url: str) -> None:
         await supervisor.close()
 
 
-async def test_a_transient_pump_failure_is_retried(kafka_url: str) -> None:
-    """A retriable Kafka error in the pump restarts it after a backoff: the subscription
-    keeps delivering and ``fetch`` never raises."""
+async def test_a_transient_pump_failure_is_retried(
+    kafka_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A retriable Kafka error in the pump restarts it after a backoff, logged once however
+    often it recurs: the subscription keeps delivering and ``fetch`` never raises."""
     supervisor = Supervisor("app")
     broker = _FaultyBroker(KafkaBrokerConfig.from_url(kafka_url))
     await broker.start(supervisor)
@@ -328,14 +331,18 @@ async def test_a_transient_pump_failure_is_retried(kafka_url: str) -> None:
         topic = f"{unique_name()}.flaky"
         sub = await broker.subscribe(topic, group=unique_name("g"))
         [consumer] = broker.consumers
-        consumer.faults += [KafkaConnectionError("injected"), KafkaConnectionError("injected")]
+        caplog.set_level(logging.WARNING)
+        caplog.clear()
+        consumer.faults += [KafkaConnectionError("injected") for _ in range(4)]
         for i in range(3):
             await broker.publish(topic, f"m{i}".encode(), key="k")
         got = await collect(sub, 3, timeout=15)
         assert [d.payload for d in got] == [b"m0", b"m1", b"m2"]
         [component] = supervisor.components
-        assert component.restarts == 2
+        assert component.restarts == 4
         assert component.state is ComponentState.RUNNING
+        restarts = [r for r in caplog.records if "injected" in r.getMessage()]
+        assert len(restarts) == 1, [r.getMessage() for r in restarts]
     finally:
         await broker.close()
         await supervisor.close()

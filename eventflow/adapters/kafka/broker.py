@@ -21,6 +21,7 @@ from ...patterns import is_wildcard, validate_pattern
 from ...supervision import Supervisor
 from .config import KafkaBrokerConfig, kafka_topic, pattern_regex
 from .connection import probe
+from .logs import throttle_client_logs
 from .subscription import KafkaSubscription, attempts_group
 
 __all__ = ["KafkaBroker"]
@@ -87,6 +88,7 @@ class KafkaBroker:
             if self._producer is not None:
                 return
             cfg = self.config
+            throttle_client_logs()
             loop = asyncio.get_running_loop()
             deadline = loop.time() + cfg.connect_timeout
             await probe(cfg.bootstrap_servers, cfg.client_id, self.url, cfg.connect_timeout)

@@ -97,6 +97,7 @@ class KafkaSubscription:
         self._max_buffer = cfg.max_buffer
         self._commit_interval = cfg.commit_interval
         self._revoke_timeout = cfg.revoke_timeout
+        self._session_timeout = cfg.session_timeout
         self._parts: dict[Any, _Partition] = {}
         self._order: list[_Partition] = []
         self._rr = 0
@@ -452,14 +453,43 @@ class KafkaSubscription:
                 await component.stop()
             if self._failure is None:
                 try:
-                    await self._commit(list(self._parts.values()))
+                    # aiokafka retries a commit for ever while the brokers are away; past
+                    # session_timeout the group has evicted this member and would refuse it.
+                    async with asyncio.timeout(self._session_timeout):
+                        await self._commit(list(self._parts.values()))
+                except TimeoutError:
+                    _log.warning(
+                        "kafka group %r: the final commit got no answer within "
+                        "session_timeout=%ss; unfinished messages will be redelivered",
+                        self.group,
+                        self._session_timeout,
+                    )
                 except Exception as exc:
                     _log.warning("kafka group %r: final commit failed: %s", self.group, exc)
         finally:
             for part in self._parts.values():
                 part.drop()
             try:
-                await self._consumer.stop()
+                await _stop_consumer(self._consumer)
             finally:
-                await self._companion.stop()
+                await _stop_consumer(self._companion)
                 self._broker._forget(self)
+
+
+async def _stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    """Stop an aiokafka consumer, also when its brokers are unreachable.
+
+    Then aiokafka's fetcher cancels its pending fetch requests and awaits them without
+    catching their cancellation: ``stop`` raises ``CancelledError`` (although nobody
+    cancelled the caller) before closing the client, whose metadata task would be left
+    running. That cancellation is not the caller's, so it ends here, and the client is
+    closed; the caller's own cancellation still goes through."""
+    task = asyncio.current_task()
+    asked = task.cancelling() if task is not None else 0
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        if task is None or task.cancelling() > asked:
+            raise
+        _log.debug("kafka: a consumer's stop was cut short by its own fetcher; closing it")
+        await consumer._client.close()
