@@ -4,7 +4,8 @@
 - a graceful leave of an app: nothing is handled twice, no attempt is counted twice;
 - the server killed and restarted mid-stream: no acked publish is lost;
 - a poison message: dead-lettered after exactly ``max_attempts`` attempts, the rest flow;
-- a server down for seconds: a bounded number of warnings, not one per reconnect attempt.
+- a server down for seconds: a bounded number of warnings, not one per reconnect attempt;
+- closing while the server is down: prompt, and no task of the client is left.
 
 The server is started here (it is restarted by one test), from the bundled binary; without
 one the module skips, or fails under ``CI=true``.
@@ -290,3 +291,30 @@ async def test_a_dead_server_logs_a_bounded_number_of_warnings(
             assert [d.payload for d in await collect(sub, 1, timeout=30)] == [b"back"]
         finally:
             await broker.close()
+
+
+async def test_closing_while_the_server_is_down_is_prompt_and_leaves_no_task() -> None:
+    """SIGTERM during an outage: ``close`` does not wait out request timeouts for round
+    trips that cannot succeed (``ack_wait`` and ``lease_ttl`` bring messages and partitions
+    back), and no task of the client or the group is left running."""
+    before = asyncio.all_tasks()
+    with _server() as server:
+        stream = unique_name("EF").upper()
+        broker = NatsBroker(NatsBrokerConfig.from_url(f"{server.url}?stream={stream}&{FAST}"))
+        await broker.start()
+        topic = f"{unique_name()}.down"
+        sub = await broker.subscribe(topic, group=unique_name("g"))
+        await broker.publish(topic, b"held", key="k")
+        [held] = await collect(sub, 1, ack=False)
+        await asyncio.to_thread(server.kill)
+        await eventually(lambda: not broker._connection().is_connected, message="disconnected")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await asyncio.wait_for(broker.close(), 30)
+        took = loop.time() - began
+    assert took < 1.0, f"close took {took:.1f}s"
+    await asyncio.sleep(0.1)
+    left = {t for t in asyncio.all_tasks() - before if not t.done()}
+    left.discard(asyncio.current_task())  # type: ignore[arg-type]
+    assert not left, left
+    assert held.payload == b"held"

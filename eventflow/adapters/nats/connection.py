@@ -35,6 +35,7 @@ _log = logging.getLogger("eventflow.nats")
 RECONNECT_WAIT = 0.25
 """Seconds between two reconnection attempts to one server (after the first connection)."""
 _SETUP_RETRY = 0.1
+_MIN_ATTEMPT = 0.5
 # JetStream answers "no responders" / 503 while the server is still starting it, and for
 # good when it is not enabled: the setup is tried again until the deadline tells which.
 _NOT_READY = (ServiceUnavailableError, NoRespondersError, NatsTimeoutError)
@@ -49,6 +50,8 @@ async def connect_first(
     cfg = broker.config
     nc = Client()
     not_ready: BaseException | None = None
+    # One silent server must leave time for the others within the one deadline.
+    attempt = max(_MIN_ATTEMPT, cfg.connect_timeout / len(cfg.servers))
     try:
         async with asyncio.timeout(cfg.connect_timeout) as deadline:
             await nc.connect(
@@ -57,7 +60,7 @@ async def connect_first(
                 user=cfg.user,
                 password=cfg.password,
                 token=cfg.token,
-                connect_timeout=cfg.connect_timeout,  # type: ignore[arg-type]  # a float works
+                connect_timeout=attempt,  # type: ignore[arg-type]  # a float works
                 reconnect_time_wait=RECONNECT_WAIT,  # type: ignore[arg-type]
                 max_reconnect_attempts=-1,
                 allow_reconnect=True,
@@ -100,6 +103,11 @@ async def discard(nc: Client) -> None:
         await nc.close()
     except Exception as exc:
         _log.debug("closing the NATS client: %s", exc)
+    # Between two reconnection attempts nats-py leaves the client marked closed, and close()
+    # then returns at once, leaving its subscriptions' tasks (the request inbox's) running.
+    for sub in list(nc._subs.values()):
+        sub._stop_processing()
+    nc._subs.clear()
 
 
 def _unreachable(broker: NatsBroker) -> str:

@@ -126,21 +126,48 @@ class NatsSubscription:
         )
 
     async def close(self) -> None:
-        """Leave the group: give back every held message in order, then the leases."""
+        """Leave the group: give back every held message in order, then the leases.
+
+        Disconnected from the server, it leaves at once: ``ack_wait`` brings the held
+        messages back and ``lease_ttl`` frees the partitions. Cancelled midway, it still
+        stops the coordinator and its subscriptions, then lets the cancellation through."""
         if self.closed:
             return
         self.closed = True
         self._ready.set()
         component, self._component = self._component, None
-        if component is not None:
-            # Let a running coordination step finish (a lease update cancelled midway would
-            # leave us without the lease's revision), then stop.
-            self._kick.set()
-            try:
-                async with asyncio.timeout(2 * self.broker.config.request_timeout):
-                    await component.wait()
-            except TimeoutError:
+        connected = self.nc.is_connected
+        try:
+            if component is not None and connected:
+                # Let a running coordination step finish (a lease update cancelled midway
+                # would leave us without the lease's revision), then stop.
+                self._kick.set()
+                try:
+                    async with asyncio.timeout(2 * self.broker.config.request_timeout):
+                        await component.wait()
+                except TimeoutError:
+                    pass
+            if connected:
+                await self._leave()
+            else:
+                _log.warning(
+                    "%s: leaving group %s while disconnected from NATS: its messages come "
+                    "back after ack_wait, its partitions after lease_ttl",
+                    self.pattern,
+                    self.group,
+                )
+        finally:
+            if component is not None:
                 await component.stop()
+            for sub in (self._inbox_sub, self._ctl_sub):
+                if sub is not None:
+                    try:
+                        await sub.unsubscribe()
+                    except Exception as exc:  # connection already closed
+                        _log.debug("unsubscribe failed: %s", exc)
+            self.broker._forget(self)
+
+    async def _leave(self) -> None:
         try:
             await self._wait_pulls(list(self._parts.values()))
             for part in list(self._parts.values()):
@@ -149,16 +176,8 @@ class NatsSubscription:
             self._parts.clear()
             await self._announce("leave")
             await self.nc.flush(timeout=max(1, round(self.broker.config.request_timeout)))
-        except Exception as exc:  # the server is gone: ack_wait and lease_ttl take over
+        except Exception as exc:  # the server went away: ack_wait and lease_ttl take over
             _log.warning("%s: leaving group %s uncleanly: %s", self.pattern, self.group, exc)
-        finally:
-            for sub in (self._inbox_sub, self._ctl_sub):
-                if sub is not None:
-                    try:
-                        await sub.unsubscribe()
-                    except Exception as exc:  # connection already closed
-                        _log.debug("unsubscribe failed: %s", exc)
-            self.broker._forget(self)
 
     def kick(self) -> None:
         """Wake the coordinator (a delayed nack, a drained partition, a member change)."""
