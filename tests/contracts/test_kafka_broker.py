@@ -5,23 +5,32 @@ URL options, topic naming, contiguous commits and the idempotent-producer fallba
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from aiokafka.errors import KafkaConnectionError, UnsupportedVersionError
 
 from eventflow.adapters.kafka import KafkaBroker, KafkaBrokerConfig
 from eventflow.adapters.kafka.config import kafka_topic, pattern_regex
+from eventflow.adapters.nats import NatsBroker
 from eventflow.brokers import open_broker
-from eventflow.errors import ConfigurationError
+from eventflow.errors import BrokerError, ConfigurationError, MessageRefusedError
+from eventflow.supervision import ComponentState, Supervisor
 from eventflow.testing import (
     BrokerContract,
     BrokerFactory,
     broker_pool,
     collect,
     drain,
+    eventually,
     unique_name,
 )
+from eventflow.testing.broker_contract import SilentServer
 from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
+from eventflow.testing.services import free_port
 
 pytestmark = pytest.mark.service("kafka")
 
@@ -146,9 +155,242 @@ async def test_delivery_metadata_names_topic_partition_offset(kafka: BrokerFacto
 
 async def test_publish_after_server_goes_away_is_reported(kafka_url: str) -> None:
     """A broker that cannot be reached raises BrokerError with what to check."""
-    from eventflow.errors import BrokerError
-
-    broker = KafkaBroker.from_url("kafka://127.0.0.1:1?publish_timeout=1")
+    broker = KafkaBroker.from_url("kafka://127.0.0.1:1?publish_timeout=1&connect_timeout=1")
     with pytest.raises(BrokerError, match="reachable"):
         await asyncio.wait_for(broker.start(), 60)
     await broker.close()
+
+
+def test_max_message_bytes_and_connect_timeout_options() -> None:
+    """Both have defaults (1 MiB as Kafka's, 10 s) and URL options; nonsense is refused."""
+    cfg = KafkaBrokerConfig()
+    assert (cfg.max_message_bytes, cfg.connect_timeout) == (1024 * 1024, 10.0)
+    cfg = KafkaBrokerConfig.from_url("kafka://k:9092?max_message_bytes=1000&connect_timeout=2.5")
+    assert (cfg.max_message_bytes, cfg.connect_timeout) == (1000, 2.5)
+    for bad in ("max_message_bytes=0", "connect_timeout=0"):
+        with pytest.raises(ConfigurationError):
+            KafkaBrokerConfig.from_url(f"kafka://k:9092?{bad}")
+
+
+async def test_a_record_over_max_message_bytes_is_refused(kafka_url: str) -> None:
+    """``max_message_bytes`` bounds what the producer sends: a larger record is refused
+    before it leaves (Tansu itself enforces no limit), and the broker keeps working."""
+    async with KafkaBroker.from_url(kafka_url + "&max_message_bytes=2000") as broker:
+        topic = f"{unique_name()}.small"
+        sub = await broker.subscribe(topic, group=unique_name("g"))
+        with pytest.raises(MessageRefusedError, match="max_message_bytes"):
+            await broker.publish(topic, b"x" * 3000, key="k")
+        await broker.publish(topic, b"fits", key="k")
+        assert [d.payload for d in await collect(sub, 1, timeout=15)] == [b"fits"]
+
+
+async def test_known_topic_names_are_bounded() -> None:
+    """The broker remembers which topics exist (to create each once), but not without end:
+    an app publishing to a topic per id does not grow it for ever."""
+    broker = KafkaBroker.from_url("kafka://k:9092?create_topics=false")
+    for i in range(5000):
+        assert await broker._kafka_name(f"tenant{i}.event") == f"tenant{i}.event"
+    assert 0 < len(broker._names) <= 4096
+
+
+# -- start-up: bounded, interruptible, and telling what to check ------------------------------
+
+
+async def test_start_on_a_port_that_never_answers_fails_within_connect_timeout() -> None:
+    """A port that accepts and stays silent: ``start`` gives up after ``connect_timeout``
+    (aiokafka alone waits 40 s per server) naming the URL and the port to check, and closes
+    its socket."""
+    async with SilentServer() as silent:
+        broker = KafkaBroker.from_url(f"kafka://127.0.0.1:{silent.port}?connect_timeout=1")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            with pytest.raises(BrokerError) as info:
+                await asyncio.wait_for(broker.start(), 15)
+        finally:
+            await broker.close()
+        assert loop.time() - began < 4
+        text = str(info.value)
+        assert f"127.0.0.1:{silent.port}" in text and "did not answer a Kafka request" in text
+        assert await silent.all_closed(timeout=2), "a socket was left open"
+
+
+async def test_start_without_a_server_fails_within_connect_timeout() -> None:
+    """Nothing listens: a ``BrokerError`` within ``connect_timeout`` asking whether the
+    broker runs (the client retried meanwhile, as a broker may be starting up)."""
+    port = free_port()
+    broker = KafkaBroker.from_url(f"kafka://127.0.0.1:{port}?connect_timeout=1")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(BrokerError, match="running") as info:
+        await asyncio.wait_for(broker.start(), 15)
+    await broker.close()
+    assert 0.9 <= loop.time() - began < 4
+    assert f"127.0.0.1:{port}" in str(info.value)
+
+
+async def test_cancelling_start_stops_it_at_once_and_leaves_nothing_open() -> None:
+    """SIGINT during start-up cancels ``start``: it ends at once, its socket is closed and no
+    client task is left (the module's fixture checks the tasks)."""
+    async with SilentServer() as silent:
+        broker = KafkaBroker.from_url(f"kafka://127.0.0.1:{silent.port}?connect_timeout=60")
+        starting = asyncio.create_task(broker.start())
+        await eventually(lambda: silent.connections, message="the client connected")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        starting.cancel()
+        await asyncio.wait({starting}, timeout=5)
+        assert starting.cancelled()
+        assert loop.time() - began < 1.0
+        assert await silent.all_closed(timeout=2), "a socket was left open"
+        await broker.close()
+
+
+async def test_a_nats_url_at_the_kafka_port_fails_fast(kafka_url: str) -> None:
+    """A user who points ``nats://`` at a Kafka port learns it within ``connect_timeout``
+    instead of a start that never returns."""
+    host = urlsplit(kafka_url).netloc
+    broker = NatsBroker.from_url(f"nats://{host}?connect_timeout=1")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        with pytest.raises(BrokerError, match="client port"):
+            await asyncio.wait_for(broker.start(), 15)
+    finally:
+        await broker.close()
+    assert loop.time() - began < 4
+
+
+# -- the pump: supervised, restarted after transient failures ---------------------------------
+
+
+class _FaultyConsumer:
+    """Delegates to an aiokafka consumer; its ``getmany`` raises the queued errors first,
+    and, with ``slow_stop``, takes that long to end when cancelled."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.faults: list[BaseException] = []
+        self.slow_stop = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    async def getmany(self, *args: Any, **kwargs: Any) -> Any:
+        if self.faults:
+            raise self.faults.pop(0)
+        try:
+            return await self._real.getmany(*args, **kwargs)
+        except asyncio.CancelledError:
+            if self.slow_stop:
+                await asyncio.sleep(self.slow_stop)
+            raise
+
+
+class _FaultyBroker(KafkaBroker):
+    """A Kafka broker whose group consumers are wrapped in :class:`_FaultyConsumer`."""
+
+    consumers: list[_FaultyConsumer]
+
+    def _new_consumer(self, **options: Any) -> Any:
+        consumer = super()._new_consumer(**options)
+        if options["group_id"].startswith("__eventflow"):
+            return consumer  # the companion group's consumer stays as it is
+        faulty = _FaultyConsumer(consumer)
+        self.consumers = [*getattr(self, "consumers", []), faulty]
+        return faulty
+
+
+async def test_the_pump_runs_under_the_given_supervisor(kafka_url: str) -> None:
+    """``start(supervisor)``: each subscription's pump is a component of the app's
+    supervisor, stopped by the subscription's ``close``."""
+    supervisor = Supervisor("app")
+    broker = KafkaBroker.from_url(kafka_url)
+    await broker.start(supervisor)
+    try:
+        topic, group = f"{unique_name()}.sv", unique_name("g")
+        sub = await broker.subscribe(topic, group=group)
+        [component] = supervisor.components
+        assert group in component.name and component.state is ComponentState.RUNNING
+        await sub.close()
+        assert component.state is ComponentState.STOPPED
+    finally:
+        await broker.close()
+        await supervisor.close()
+
+
+async def test_a_transient_pump_failure_is_retried(
+    kafka_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A retriable Kafka error in the pump restarts it after a backoff, logged once however
+    often it recurs: the subscription keeps delivering and ``fetch`` never raises."""
+    supervisor = Supervisor("app")
+    broker = _FaultyBroker(KafkaBrokerConfig.from_url(kafka_url))
+    await broker.start(supervisor)
+    try:
+        topic = f"{unique_name()}.flaky"
+        sub = await broker.subscribe(topic, group=unique_name("g"))
+        [consumer] = broker.consumers
+        caplog.set_level(logging.WARNING)
+        caplog.clear()
+        consumer.faults += [KafkaConnectionError("injected") for _ in range(4)]
+        for i in range(3):
+            await broker.publish(topic, f"m{i}".encode(), key="k")
+        got = await collect(sub, 3, timeout=15)
+        assert [d.payload for d in got] == [b"m0", b"m1", b"m2"]
+        [component] = supervisor.components
+        assert component.restarts == 4
+        assert component.state is ComponentState.RUNNING
+        restarts = [r for r in caplog.records if "injected" in r.getMessage()]
+        assert len(restarts) == 1, [r.getMessage() for r in restarts]
+    finally:
+        await broker.close()
+        await supervisor.close()
+
+
+async def test_a_pump_that_cannot_recover_makes_fetch_raise(kafka_url: str) -> None:
+    """A Kafka error that is not retriable ends the membership: ``fetch`` raises a
+    ``BrokerError`` (the consumer subscribes again, and that works), the app's supervisor
+    is not failed for it."""
+    supervisor = Supervisor("app")
+    broker = _FaultyBroker(KafkaBrokerConfig.from_url(kafka_url))
+    await broker.start(supervisor)
+    try:
+        topic, group = f"{unique_name()}.broken", unique_name("g")
+        sub = await broker.subscribe(topic, group=group)
+        broker.consumers[0].faults.append(UnsupportedVersionError("injected"))
+
+        async def fetch_raises() -> bool:
+            try:
+                await sub.fetch(10, 0.2)
+            except BrokerError as exc:
+                return "UnsupportedVersionError" in str(exc)
+            return False
+
+        await eventually(fetch_raises, timeout=15, message="fetch raises")
+        assert supervisor.failure is None
+        await sub.close()
+        again = await broker.subscribe(topic, group=group)
+        await broker.publish(topic, b"after", key="k")
+        assert [d.payload for d in await collect(again, 1, timeout=15)] == [b"after"]
+    finally:
+        await broker.close()
+        await supervisor.close()
+
+
+async def test_close_lets_its_callers_cancellation_through(kafka_url: str) -> None:
+    """``close`` cancelled while it waits for the pump to end raises ``CancelledError`` to
+    its caller (it used to swallow it), and still stops the clients: no task is left."""
+    broker = _FaultyBroker(KafkaBrokerConfig.from_url(kafka_url))
+    await broker.start()
+    try:
+        sub = await broker.subscribe(f"{unique_name()}.cc", group=unique_name("g"))
+        broker.consumers[0].slow_stop = 0.5
+        closing = asyncio.create_task(sub.close())
+        await asyncio.sleep(0.1)  # close() now waits for the pump, which takes 0.5 s to end
+        closing.cancel()
+        await asyncio.wait({closing}, timeout=10)
+        assert closing.cancelled(), "close() swallowed the cancellation of its caller"
+    finally:
+        await broker.close()
+    await asyncio.sleep(0.6)  # the pump's own slow end

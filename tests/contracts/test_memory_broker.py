@@ -13,7 +13,7 @@ import pytest
 
 from eventflow.adapters.memory.broker import MemoryBroker, MemoryBrokerConfig
 from eventflow.brokers import open_broker
-from eventflow.errors import BackpressureError, ConfigurationError
+from eventflow.errors import BackpressureError, ConfigurationError, MessageRefusedError
 from eventflow.ports import Delivery, Subscription
 from eventflow.testing import (
     BrokerContract,
@@ -148,11 +148,48 @@ async def test_refused_publish_reaches_no_group(memory_broker: MemoryFactory) ->
 
 
 def test_config_is_validated() -> None:
-    """Partitions and max_pending below 1 are refused."""
+    """Partitions, max_pending and max_message_bytes below 1 are refused."""
     with pytest.raises(ConfigurationError):
         MemoryBroker(MemoryBrokerConfig(partitions=0))
     with pytest.raises(ConfigurationError):
         MemoryBroker(MemoryBrokerConfig(max_pending=0))
+    with pytest.raises(ConfigurationError):
+        MemoryBroker(MemoryBrokerConfig(max_message_bytes=0))
+
+
+# -- limits ----------------------------------------------------------------------------------
+
+
+async def test_max_message_bytes_is_configurable(memory_broker: MemoryFactory) -> None:
+    """A payload of exactly ``max_message_bytes`` passes, one byte more is refused, and the
+    default is 1 MiB, as on NATS and Kafka."""
+    assert MemoryBrokerConfig().max_message_bytes == 1024 * 1024
+    broker = await _started(memory_broker(max_message_bytes=100))
+    topic = f"{unique_name()}.lim"
+    sub = await broker.subscribe(topic, group=unique_name("g"))
+    with pytest.raises(MessageRefusedError, match="max_message_bytes=100"):
+        await broker.publish(topic, b"x" * 101)
+    await broker.publish(topic, b"x" * 100)
+    assert [len(d.payload) for d in await collect(sub, 1)] == [100]
+
+
+async def test_route_cache_stays_bounded_with_many_distinct_topics(
+    memory_broker: MemoryFactory,
+) -> None:
+    """Topics made per id (``tenant-<n>.created``) do not grow the hub's route cache
+    without end, and every message still reaches the group that matches it."""
+    broker = await _started(memory_broker())
+    root = unique_name()
+    sub = await broker.subscribe(f"{root}.*.created", group=unique_name("g"))
+    count = 6000  # past the cache's bound of 4096 topics
+    for i in range(count):
+        await broker.publish(f"{root}.t{i}.created", b"x")
+        await broker.publish(f"{root}.t{i}.ignored", b"x")  # routed nowhere, cached too
+    hub = broker._live_hub()
+    assert 0 < len(hub.routes) <= 4096
+    got = await collect(sub, count, max_messages=500)
+    assert len({d.topic for d in got}) == count
+    assert await drain(sub, 0.1) == []
 
 
 # -- hubs ------------------------------------------------------------------------------------

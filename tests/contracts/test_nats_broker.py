@@ -7,17 +7,39 @@ Each test uses fresh topics and groups, so all share one server and one stream.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import zlib
 from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit
 
+import nats
 import pytest
+from nats.js.api import StorageType, StreamConfig
+from nats.js.errors import NotFoundError
 
+from eventflow.adapters.kafka import KafkaBroker
 from eventflow.adapters.nats import NatsBroker, NatsBrokerConfig
-from eventflow.adapters.nats.config import partition_of
+from eventflow.adapters.nats.config import consumer_name, group_id, partition_of
 from eventflow.brokers import open_broker
-from eventflow.errors import ConfigurationError
-from eventflow.testing.broker_contract import BrokerContract, BrokerFactory, broker_pool
-from eventflow.testing.nats_server import nats_service_url
+from eventflow.errors import (
+    BackpressureError,
+    BrokerError,
+    ConfigurationError,
+    MessageRefusedError,
+)
+from eventflow.supervision import ComponentState, Supervisor
+from eventflow.testing.broker_contract import (
+    BrokerContract,
+    BrokerFactory,
+    SilentServer,
+    broker_pool,
+    collect,
+    eventually,
+    unique_name,
+)
+from eventflow.testing.nats_server import find_nats_server, nats_service_url
+from eventflow.testing.services import free_port
 
 pytestmark = pytest.mark.service("nats")
 
@@ -69,6 +91,8 @@ def test_open_broker_builds_a_nats_broker() -> None:
         "nats://h:4222?stream=has.dot",
         "nats://h:4222?ack_wait=30&lease_ttl=10",
         "nats://h:4222?max_deliver=1",
+        "nats://h:4222?max_deliver=0",
+        "nats://h:4222?max_deliver=-2",
         "kafka://h:9092",
     ],
 )
@@ -84,3 +108,270 @@ def test_partition_of_is_stable() -> None:
     assert [partition_of(k, 8) for k in ("a", "b", "c")] == [
         zlib.crc32(k.encode()) % 8 for k in "abc"
     ]
+
+
+# -- start-up: bounded, interruptible, and telling what to check ------------------------------
+
+
+async def _refused_start(broker: NatsBroker, within: float) -> BrokerError:
+    """Start ``broker``, expecting a ``BrokerError`` within ``within`` seconds."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        with pytest.raises(BrokerError) as info:
+            await asyncio.wait_for(broker.start(), within + 10)
+    finally:
+        await broker.close()
+    assert loop.time() - began < within, "start gave up later than its connect_timeout"
+    return info.value
+
+
+async def test_start_without_a_server_fails_within_connect_timeout() -> None:
+    """Nothing listens: ``start`` gives up after ``connect_timeout`` (not retrying for ever)
+    with a ``BrokerError`` that names the URL, without its password, and what to check."""
+    port = free_port()
+    broker = NatsBroker.from_url(f"nats://alice:s3cret@127.0.0.1:{port}?connect_timeout=1")
+    error = await _refused_start(broker, within=4)
+    text = str(error)
+    assert f"127.0.0.1:{port}" in text
+    assert "s3cret" not in text
+    assert "connect_timeout=1s" in text and "running" in text
+
+
+async def test_start_on_a_port_that_never_answers_fails_and_closes_its_socket() -> None:
+    """A port that accepts and stays silent (another protocol's): a ``BrokerError`` naming
+    the client port to check, and the client closes its connection."""
+    async with SilentServer() as silent:
+        broker = NatsBroker.from_url(f"nats://127.0.0.1:{silent.port}?connect_timeout=1")
+        error = await _refused_start(broker, within=4)
+        assert "client port" in str(error)
+        assert silent.connections, "the client did connect"
+        assert await silent.all_closed(timeout=2), "a socket was left open"
+
+
+async def test_cancelling_start_stops_it_at_once_and_leaves_nothing_open() -> None:
+    """SIGINT during start-up cancels ``start``: it ends at once, its socket is closed and
+    no task is left (the module's fixture checks the tasks)."""
+    async with SilentServer() as silent:
+        broker = NatsBroker.from_url(f"nats://127.0.0.1:{silent.port}?connect_timeout=60")
+        starting = asyncio.create_task(broker.start())
+        await eventually(lambda: silent.connections, message="the client connected")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        starting.cancel()
+        await asyncio.wait({starting}, timeout=5)
+        assert starting.cancelled()
+        assert loop.time() - began < 1.0
+        assert await silent.all_closed(timeout=2), "a socket was left open"
+        await broker.close()
+
+
+async def test_start_on_a_server_without_jetstream_says_so() -> None:
+    """A plain nats-server (no ``-js``): ``start`` fails within ``connect_timeout`` and the
+    error says to enable JetStream."""
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        find_nats_server(),
+        "-a",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+
+        async def listening() -> bool:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                return False
+            writer.close()
+            return True
+
+        await eventually(listening, message="nats-server listening")
+        broker = NatsBroker.from_url(f"nats://127.0.0.1:{port}?connect_timeout=1")
+        error = await _refused_start(broker, within=4)
+        assert "JetStream" in str(error) and "-js" in str(error)
+    finally:
+        server.terminate()
+        await asyncio.wait_for(server.wait(), 10)
+
+
+async def test_a_kafka_url_at_the_nats_port_fails_fast(nats_url: str) -> None:
+    """A user who points ``kafka://`` at a NATS port learns it in ``connect_timeout``: the
+    server answers, but not as a Kafka broker."""
+    host = urlsplit(nats_url).netloc
+    broker = KafkaBroker.from_url(f"kafka://{host}?connect_timeout=2")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        with pytest.raises(BrokerError, match="not as a Kafka broker"):
+            await asyncio.wait_for(broker.start(), 20)
+    finally:
+        await broker.close()
+    assert loop.time() - began < 5
+
+
+# -- refusals ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def contract_broker(nats_url: str) -> AsyncIterator[NatsBroker]:
+    """A started broker on the contract's stream (short publish timeout)."""
+    broker = NatsBroker.from_url(f"{nats_url}?stream=EF_CONTRACT&storage=memory&publish_timeout=2")
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.close()
+
+
+async def test_headers_count_towards_the_servers_max_payload(contract_broker: NatsBroker) -> None:
+    """A payload under ``max_payload`` whose headers take it over is refused before it is
+    sent (the server would drop the connection), and the connection stays up."""
+    broker = contract_broker
+    topic, group = f"{unique_name()}.hdr", unique_name("g")
+    sub = await broker.subscribe(topic, group=group)
+    nc = broker._connection()
+    payload = b"x" * (nc.max_payload - 50)
+    with pytest.raises(MessageRefusedError, match="max_payload"):
+        await broker.publish(topic, payload, key="k", headers={"x-pad": "y" * 100})
+    await broker.publish(topic, b"fine", key="k")
+    got = await collect(sub, 1)
+    assert [d.payload for d in got] == [b"fine"]
+    assert nc.stats["reconnects"] == 0, "the server did not see the oversized message"
+
+
+@pytest.fixture
+async def own_stream(nats_url: str) -> AsyncIterator[tuple[str, nats.NATS]]:
+    """A fresh stream name and a plain client to set it up and inspect it; deleted after."""
+    stream = unique_name("EF").upper()
+    nc = await nats.connect(nats_url)
+    try:
+        yield stream, nc
+    finally:
+        js = nc.jetstream()
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(stream)
+        for bucket in (f"{stream}_leases", f"{stream}_releases"):
+            with contextlib.suppress(NotFoundError):
+                await js.delete_key_value(bucket)
+        await nc.close()
+
+
+async def test_a_message_jetstream_refuses_raises_message_refused(
+    nats_url: str, own_stream: tuple[str, nats.NATS]
+) -> None:
+    """A stream whose ``max_msg_size`` a message exceeds refuses it for good (an API error
+    400): ``MessageRefusedError`` at once, not retried; the next message is stored."""
+    stream, nc = own_stream
+    await nc.jetstream().add_stream(
+        StreamConfig(
+            name=stream,
+            subjects=[f"{stream.lower()}.>"],
+            max_msg_size=1000,
+            storage=StorageType.MEMORY,
+        )
+    )
+    broker = NatsBroker.from_url(f"{nats_url}?stream={stream}&storage=memory&publish_timeout=5")
+    await broker.start()
+    try:
+        topic, group = f"{unique_name()}.small", unique_name("g")
+        sub = await broker.subscribe(topic, group=group)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(MessageRefusedError, match="max_msg_size"):
+            await broker.publish(topic, b"x" * 2000, key="k")
+        assert loop.time() - began < 1, "a refusal is not retried until publish_timeout"
+        await broker.publish(topic, b"fits", key="k")
+        assert [d.payload for d in await collect(sub, 1)] == [b"fits"]
+    finally:
+        await broker.close()
+
+
+async def test_a_full_stream_is_backpressure_not_a_refusal(
+    nats_url: str, own_stream: tuple[str, nats.NATS]
+) -> None:
+    """``maximum messages exceeded`` (503) may pass: retried until ``publish_timeout``, then
+    ``BackpressureError``, never ``MessageRefusedError``."""
+    stream, _ = own_stream
+    broker = NatsBroker.from_url(
+        f"{nats_url}?stream={stream}&storage=memory&max_msgs=1&publish_timeout=0.5"
+    )
+    await broker.start()
+    try:
+        topic = f"{unique_name()}.full"
+        await broker.publish(topic, b"one", key="k")
+        with pytest.raises(BackpressureError, match="full"):
+            await broker.publish(topic, b"two", key="k")
+    finally:
+        await broker.close()
+
+
+# -- consumers: no server-side delivery limit ---------------------------------------------------
+
+
+async def _max_delivers(nc: nats.NATS, stream: str, group: str, pattern: str) -> set[int]:
+    js = nc.jetstream()
+    gid = group_id(group, pattern)
+    infos = [await js.consumer_info(stream, consumer_name(gid, p)) for p in range(2)]
+    return {info.config.max_deliver for info in infos if info.config.max_deliver is not None}
+
+
+def test_max_deliver_defaults_to_no_limit() -> None:
+    """``max_deliver`` is -1 (no limit) unless set; a limit must be at least 2."""
+    assert NatsBrokerConfig().max_deliver == -1
+    assert NatsBrokerConfig.from_url("nats://h:4222?max_deliver=-1").max_deliver == -1
+    assert NatsBrokerConfig(max_deliver=100).max_deliver == 100
+
+
+async def test_group_consumers_get_no_server_side_delivery_limit(
+    nats_url: str, own_stream: tuple[str, nats.NATS]
+) -> None:
+    """The consumer counts attempts itself, so the server must never stop redelivering: the
+    durable consumers are created with ``max_deliver=-1``, and those an older version made
+    with a limit are updated when a group subscribes again."""
+    stream, nc = own_stream
+    topic = f"{unique_name()}.md"
+    old = NatsBroker.from_url(
+        f"{nats_url}?stream={stream}&storage=memory&partitions=2&max_deliver=50"
+    )
+    await old.start()
+    try:
+        await (await old.subscribe(topic, group="billing")).close()
+        assert await _max_delivers(nc, stream, "billing", topic) == {50}
+    finally:
+        await old.close()
+    new = NatsBroker.from_url(f"{nats_url}?stream={stream}&storage=memory&partitions=2")
+    await new.start()
+    try:
+        await (await new.subscribe(topic, group="billing")).close()
+        assert await _max_delivers(nc, stream, "billing", topic) == {-1}
+        await (await new.subscribe(topic, group="shipping")).close()
+        assert await _max_delivers(nc, stream, "shipping", topic) == {-1}
+    finally:
+        await new.close()
+
+
+# -- supervision -------------------------------------------------------------------------------
+
+
+async def test_group_coordination_runs_under_the_given_supervisor(nats_url: str) -> None:
+    """``start(supervisor)``: each subscription's coordinator is a component of the app's
+    supervisor, running while the subscription lives and stopped by its ``close``."""
+    supervisor = Supervisor("app")
+    broker = NatsBroker.from_url(f"{nats_url}?stream=EF_CONTRACT&storage=memory")
+    await broker.start(supervisor)
+    try:
+        topic, group = f"{unique_name()}.sv", unique_name("g")
+        sub = await broker.subscribe(topic, group=group)
+        [component] = supervisor.components
+        assert group in component.name and component.state is ComponentState.RUNNING
+        await broker.publish(topic, b"m", key="k")
+        assert [d.payload for d in await collect(sub, 1)] == [b"m"]
+        await sub.close()
+        assert component.state is ComponentState.STOPPED
+    finally:
+        await broker.close()
+        await supervisor.close()

@@ -4,12 +4,15 @@
   another member of the group;
 - a graceful leave during a rebalance redelivers nothing;
 - a poison message reaches the dead-letter queue after exactly ``max_attempts`` attempts
-  while the other messages keep flowing, in one process and across crashing processes.
+  while the other messages keep flowing, in one process and across crashing processes;
+- the server gone for seconds: a bounded number of log records, and ``close`` still ends
+  promptly, leaving no task behind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -22,8 +25,15 @@ import pytest
 
 from eventflow import App, Context, Envelope, Event, RetryPolicy, subscribe
 from eventflow.adapters.kafka import KafkaBroker
+from eventflow.adapters.kafka.logs import CLIENT_LOG_THROTTLE
 from eventflow.testing import eventually, unique_name
-from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
+from eventflow.testing.kafka_server import (
+    KafkaServer,
+    KafkaServerUnavailable,
+    fast_test_url,
+    kafka_service_url,
+)
+from eventflow.testing.services import service_unavailable
 
 pytestmark = pytest.mark.service("kafka")
 
@@ -272,3 +282,46 @@ async def test_poison_that_kills_its_process_is_dead_lettered_as_a_crash_loop(
     assert letter.reason == "crash-loop"
     assert letter.attempts == 3
     assert letter.source["topic"] == topic
+
+
+async def test_a_dead_server_logs_a_bounded_number_of_records_and_close_still_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With the server gone, aiokafka retries (and used to log an error) dozens of times a
+    second; each recurring record is let through once. ``close`` then ends within about
+    ``session_timeout`` (aiokafka would retry the final commit for ever), without raising
+    and without leaving a client task running."""
+    try:
+        server = KafkaServer()
+    except KafkaServerUnavailable as exc:
+        service_unavailable(str(exc))
+    before = asyncio.all_tasks()
+    with server:
+        broker = KafkaBroker.from_url(fast_test_url(server.url))
+        await broker.start()
+        try:
+            topic = f"{unique_name()}.gone"
+            sub = await broker.subscribe(topic, group=unique_name("g"))
+            await broker.publish(topic, b"m", key="k")
+            [d] = await sub.fetch(1, 15)
+            await d.ack()
+            caplog.set_level(logging.WARNING)
+            caplog.clear()
+            CLIENT_LOG_THROTTLE.reset()  # what earlier tests logged does not count here
+            await asyncio.to_thread(server.stop)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 3.0
+            while loop.time() < deadline:
+                await sub.fetch(10, 0.5)
+            records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+            assert any(r.name.startswith("aiokafka") for r in records), "the outage shows"
+            assert len(records) <= 15, [f"{r.name}: {r.getMessage()}" for r in records]
+        finally:
+            began = asyncio.get_running_loop().time()
+            await asyncio.wait_for(broker.close(), 30)
+            took = asyncio.get_running_loop().time() - began
+    assert took < 10, f"close took {took:.1f}s"
+    await asyncio.sleep(0.1)
+    left = {t for t in asyncio.all_tasks() - before if not t.done()}
+    left.discard(asyncio.current_task())  # type: ignore[arg-type]
+    assert not left, left

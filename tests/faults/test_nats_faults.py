@@ -3,7 +3,9 @@
 - a member killed with SIGKILL mid-batch: its unacked messages reach another member;
 - a graceful leave of an app: nothing is handled twice, no attempt is counted twice;
 - the server killed and restarted mid-stream: no acked publish is lost;
-- a poison message: dead-lettered after exactly ``max_attempts`` attempts, the rest flow.
+- a poison message: dead-lettered after exactly ``max_attempts`` attempts, the rest flow;
+- a server down for seconds: a bounded number of warnings, not one per reconnect attempt;
+- closing while the server is down: prompt, and no task of the client is left.
 
 The server is started here (it is restarted by one test), from the bundled binary; without
 one the module skips, or fails under ``CI=true``.
@@ -12,6 +14,7 @@ one the module skips, or fails under ``CI=true``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 import tempfile
@@ -257,3 +260,61 @@ async def test_poison_message_reaches_dlq_after_max_attempts(nats_url: str, stre
     assert letter.envelope_id == envelopes[poison].id
     assert letter.source["stream"] == stream
     assert isinstance(letter.source["stream_seq"], int) and letter.source["stream_seq"] > 0
+
+
+async def test_a_dead_server_logs_a_bounded_number_of_warnings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While the server is down the client retries four times a second and the group's
+    coordinator every tick; each condition is logged once (then at most every 30 s), and
+    everything works again once the server is back."""
+    with _server() as server:
+        stream = unique_name("EF").upper()
+        broker = NatsBroker(NatsBrokerConfig.from_url(f"{server.url}?stream={stream}&{FAST}"))
+        await broker.start()
+        try:
+            topic = f"{unique_name()}.quiet"
+            sub = await broker.subscribe(topic, group=unique_name("g"))
+            caplog.set_level(logging.WARNING, logger="eventflow.nats")
+            caplog.clear()
+            await asyncio.to_thread(server.kill)
+            await asyncio.sleep(3.0)  # 12 reconnect attempts and 12 coordinator ticks
+            warnings = [
+                r.getMessage()
+                for r in caplog.records
+                if r.name == "eventflow.nats" and r.levelno >= logging.WARNING
+            ]
+            assert any("disconnected" in w for w in warnings), warnings  # it is reported
+            assert len(warnings) <= 4, warnings
+            await asyncio.to_thread(server.start)
+            await broker.publish(topic, b"back", key="k")
+            assert [d.payload for d in await collect(sub, 1, timeout=30)] == [b"back"]
+        finally:
+            await broker.close()
+
+
+async def test_closing_while_the_server_is_down_is_prompt_and_leaves_no_task() -> None:
+    """SIGTERM during an outage: ``close`` does not wait out request timeouts for round
+    trips that cannot succeed (``ack_wait`` and ``lease_ttl`` bring messages and partitions
+    back), and no task of the client or the group is left running."""
+    before = asyncio.all_tasks()
+    with _server() as server:
+        stream = unique_name("EF").upper()
+        broker = NatsBroker(NatsBrokerConfig.from_url(f"{server.url}?stream={stream}&{FAST}"))
+        await broker.start()
+        topic = f"{unique_name()}.down"
+        sub = await broker.subscribe(topic, group=unique_name("g"))
+        await broker.publish(topic, b"held", key="k")
+        [held] = await collect(sub, 1, ack=False)
+        await asyncio.to_thread(server.kill)
+        await eventually(lambda: not broker._connection().is_connected, message="disconnected")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await asyncio.wait_for(broker.close(), 30)
+        took = loop.time() - began
+    assert took < 1.0, f"close took {took:.1f}s"
+    await asyncio.sleep(0.1)
+    left = {t for t in asyncio.all_tasks() - before if not t.done()}
+    left.discard(asyncio.current_task())  # type: ignore[arg-type]
+    assert not left, left
+    assert held.payload == b"held"

@@ -10,28 +10,42 @@ import asyncio
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, KafkaTimeoutError
+from aiokafka.errors import BrokerResponseError, KafkaError, KafkaTimeoutError, for_code
 
-from ...errors import BackpressureError, BrokerError, ConfigurationError
+from ...errors import BackpressureError, BrokerError, ConfigurationError, MessageRefusedError
 from ...patterns import is_wildcard, validate_pattern
+from ...supervision import Supervisor
 from .config import KafkaBrokerConfig, kafka_topic, pattern_regex
+from .connection import probe
+from .logs import throttle_client_logs
 from .subscription import KafkaSubscription, attempts_group
-
-if TYPE_CHECKING:
-    from ...supervision import Supervisor
 
 __all__ = ["KafkaBroker"]
 
 _log = logging.getLogger("eventflow.kafka")
 _TOPIC_EXISTS = 36
+_MAX_NAMES = 4096
+"""Topics whose Kafka name (and existence) the broker remembers: a bound, as topics may be
+made per tenant or per id."""
 
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
+
+
+async def _close_client(client: AIOKafkaAdminClient | AIOKafkaProducer | AIOKafkaConsumer) -> None:
+    """Close a client whose start failed or was cancelled (it may never have connected)."""
+    try:
+        if isinstance(client, AIOKafkaAdminClient):
+            await client.close()
+        else:
+            await client.stop()
+    except Exception as exc:
+        _log.debug("kafka: closing a client after a failed start: %s", exc)
 
 
 class KafkaBroker:
@@ -50,6 +64,8 @@ class KafkaBroker:
         self._subs: set[KafkaSubscription] = set()
         self._names: dict[str, str] = {}  # eventflow topic -> Kafka topic known to exist
         self._lock = asyncio.Lock()
+        self._supervisor: Supervisor | None = None
+        self._own_supervisor: Supervisor | None = None  # when start() was given none
 
     @classmethod
     def from_url(cls, url: str) -> KafkaBroker:
@@ -64,25 +80,46 @@ class KafkaBroker:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, supervisor: Supervisor | None = None) -> None:
-        """Connect the producer and the admin client. Idempotent."""
+        """Connect the producer and the admin client within ``connect_timeout`` (then a
+        ``BrokerError`` names the URL and what to check); cancelling it stops it at once and
+        leaves no client open. Each subscription's pump runs as a component of
+        ``supervisor``, or of a supervisor of the broker's own. Idempotent."""
         async with self._lock:
             if self._producer is not None:
                 return
+            cfg = self.config
+            throttle_client_logs()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + cfg.connect_timeout
+            await probe(cfg.bootstrap_servers, cfg.client_id, self.url, cfg.connect_timeout)
             admin = AIOKafkaAdminClient(
-                bootstrap_servers=list(self.config.bootstrap_servers),
-                client_id=self.config.client_id,
+                bootstrap_servers=list(cfg.bootstrap_servers),
+                client_id=cfg.client_id,
             )
+            opened: list[AIOKafkaAdminClient | AIOKafkaProducer] = [admin]
             try:
-                await admin.start()
-                producer = await self._start_producer()
+                async with asyncio.timeout_at(deadline):
+                    await admin.start()
+                    producer = await self._start_producer(opened)
             except BaseException as exc:
-                await admin.close()
+                for client in reversed(opened):
+                    await _close_client(client)
+                if isinstance(exc, TimeoutError):
+                    raise BrokerError(
+                        f"kafka: a broker at {self.url} answered, but the clients did not "
+                        f"connect within connect_timeout={cfg.connect_timeout:g}s; check that "
+                        "the addresses the brokers advertise (advertised.listeners) are "
+                        "reachable from here, or raise connect_timeout="
+                    ) from exc
                 if not isinstance(exc, KafkaError):
                     raise
                 raise BrokerError(
                     f"kafka: cannot connect to {self.url}: {exc!r}; check that the brokers "
                     "are running and reachable"
                 ) from exc
+            if supervisor is None:
+                supervisor = self._own_supervisor = Supervisor(f"kafka broker {self.url}")
+            self._supervisor = supervisor
             self._admin, self._producer = admin, producer
 
     def _make_producer(self, idempotent: bool) -> AIOKafkaProducer:
@@ -94,16 +131,23 @@ class KafkaBroker:
             enable_idempotence=idempotent,
             linger_ms=_ms(cfg.linger) if cfg.linger > 0 else 0,
             request_timeout_ms=_ms(cfg.publish_timeout),
+            max_request_size=cfg.max_message_bytes,
         )
 
-    async def _start_producer(self) -> AIOKafkaProducer:
+    async def _start_producer(
+        self, opened: list[AIOKafkaAdminClient | AIOKafkaProducer]
+    ) -> AIOKafkaProducer:
+        """Start the producer (idempotent if asked and possible); every producer made is
+        put in ``opened`` first, so the caller closes it whatever happens."""
         mode = self.config.idempotence
         if mode != "off":
             producer = self._make_producer(True)
+            opened.append(producer)
             try:
                 await producer.start()
             except KafkaError as exc:
                 await producer.stop()
+                opened.remove(producer)
                 if mode == "on":
                     raise BrokerError(
                         f"kafka: the broker at {self.url} refused the idempotent producer "
@@ -120,30 +164,32 @@ class KafkaBroker:
                 self.idempotent = True
                 return producer
         producer = self._make_producer(False)
-        try:
-            await producer.start()
-        except BaseException:
-            await producer.stop()
-            raise
+        opened.append(producer)
+        await producer.start()
         self.idempotent = False
         return producer
 
     async def close(self) -> None:
         """Close every subscription (committing finished work), then disconnect. Idempotent."""
         async with self._lock:
-            for sub in list(self._subs):
-                try:
-                    await sub.close()
-                except Exception as exc:
-                    _log.warning("kafka: closing a subscription failed: %s", exc)
-            self._subs.clear()
+            own, self._own_supervisor = self._own_supervisor, None
             producer, admin = self._producer, self._admin
             self._producer = self._admin = None
             self._names.clear()
-            if producer is not None:
-                await producer.stop()
-            if admin is not None:
-                await admin.close()
+            try:
+                for sub in list(self._subs):
+                    try:
+                        await sub.close()
+                    except Exception as exc:
+                        _log.warning("kafka: closing a subscription failed: %s", exc)
+                self._subs.clear()
+            finally:
+                if own is not None:
+                    await own.close()
+                if producer is not None:
+                    await producer.stop()
+                if admin is not None:
+                    await admin.close()
 
     async def __aenter__(self) -> KafkaBroker:
         await self.start()
@@ -164,6 +210,11 @@ class KafkaBroker:
 
     async def ensure_topics(self, names: Sequence[str]) -> None:
         """Create the Kafka topics ``names`` (with ``partitions``) unless they exist."""
+        await self._create_topics(names, BrokerError)
+
+    async def _create_topics(self, names: Sequence[str], refused: type[BrokerError]) -> None:
+        """``ensure_topics``, raising ``refused`` when the broker refuses for good (not
+        authorised, an invalid topic, a policy)."""
         admin = self._live_admin()
         cfg = self.config
         topics = [NewTopic(n, cfg.partitions, cfg.replication_factor) for n in names]
@@ -174,16 +225,21 @@ class KafkaBroker:
         for entry in getattr(response, "topic_errors", ()):
             name, code = entry[0], entry[1]
             if code not in (0, _TOPIC_EXISTS):
-                raise BrokerError(
-                    f"kafka: could not create topic {name!r} (error code {code}); create it "
-                    "yourself or check the broker's permissions"
+                error = for_code(code)
+                kind = BrokerError if error.retriable else refused
+                raise kind(
+                    f"kafka: could not create topic {name!r} ({error.__name__}, error code "
+                    f"{code}); create it yourself or check the broker's permissions"
                 )
 
-    async def _kafka_name(self, topic: str) -> str:
+    async def _kafka_name(self, topic: str, refused: type[BrokerError] = BrokerError) -> str:
         name = kafka_topic(topic, self.config.topic_prefix)
         if self.config.create_topics:
-            await self.ensure_topics([name])
-        self._names[topic] = name
+            await self._create_topics([name], refused)
+        names = self._names
+        if len(names) >= _MAX_NAMES:
+            names.clear()  # one creation request per topic again: bounded memory instead
+        names[topic] = name
         return name
 
     # -- publishing --------------------------------------------------------------------------
@@ -202,7 +258,7 @@ class KafkaBroker:
             raise BrokerError("kafka broker is not started: call `await broker.start()` first")
         name = self._names.get(topic)
         if name is None:
-            name = await self._kafka_name(topic)
+            name = await self._kafka_name(topic, MessageRefusedError)
         try:
             # aiokafka bounds both the wait for buffer space and the wait for the broker's
             # acknowledgement by request_timeout_ms (= publish_timeout): no timer per message.
@@ -218,6 +274,16 @@ class KafkaBroker:
                 f"kafka: publishing to {topic!r} was not acknowledged within "
                 f"{self.config.publish_timeout}s; the brokers are slow or unreachable"
             ) from None
+        except BrokerResponseError as exc:
+            if exc.retriable:
+                raise BrokerError(f"kafka: publishing to {topic!r} failed: {exc!r}") from exc
+            # The broker (or the producer, for a record over max_message_bytes) answered
+            # for good: sending the same record again gets the same answer.
+            raise MessageRefusedError(
+                f"kafka refuses the message for {topic!r}: {exc!r}; it is not retried: make "
+                "it smaller than max_message_bytes (and the topic's max.message.bytes) or "
+                "check the client's permissions on the topic"
+            ) from exc
         except KafkaError as exc:
             raise BrokerError(f"kafka: publishing to {topic!r} failed: {exc!r}") from exc
 
@@ -237,9 +303,7 @@ class KafkaBroker:
         cfg = self.config
         regex = pattern_regex(pattern, cfg.topic_prefix)
         exact = None if is_wildcard(pattern) else await self._kafka_name(pattern)
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=list(cfg.bootstrap_servers),
-            client_id=cfg.client_id,
+        consumer = self._new_consumer(
             group_id=group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -250,17 +314,13 @@ class KafkaBroker:
             metadata_max_age_ms=_ms(cfg.metadata_max_age),
             max_poll_records=cfg.max_buffer,
         )
-        companion = AIOKafkaConsumer(
-            bootstrap_servers=list(cfg.bootstrap_servers),
-            client_id=cfg.client_id,
+        companion = self._new_consumer(
             group_id=attempts_group(group),
             enable_auto_commit=False,
         )
-        started: list[AIOKafkaConsumer] = []
         try:
             for client in (consumer, companion):
                 await client.start()
-                started.append(client)
             start_offsets = await self._end_offsets(admin, consumer, regex, exact)
             sub = KafkaSubscription(self, pattern, group, consumer, companion, start_offsets)
             if exact is not None:
@@ -268,9 +328,11 @@ class KafkaBroker:
             else:
                 consumer.subscribe(pattern=regex, listener=sub.listener)
             self._subs.add(sub)
-        except KafkaError as exc:
-            for client in started:
-                await client.stop()
+        except BaseException as exc:  # cancelled too: no client is left running
+            for client in (consumer, companion):
+                await _close_client(client)
+            if not isinstance(exc, KafkaError):
+                raise
             raise BrokerError(f"kafka: cannot join group {group!r}: {exc!r}") from exc
         try:
             await sub.wait_assigned(cfg.rebalance_timeout + cfg.session_timeout)
@@ -278,6 +340,13 @@ class KafkaBroker:
             await sub.close()
             raise
         return sub
+
+    def _new_consumer(self, **options: Any) -> AIOKafkaConsumer:
+        """A consumer client of the brokers (one place, so a fault test can wrap it)."""
+        cfg = self.config
+        return AIOKafkaConsumer(
+            bootstrap_servers=list(cfg.bootstrap_servers), client_id=cfg.client_id, **options
+        )
 
     async def _end_offsets(
         self,

@@ -22,8 +22,10 @@ from ...patterns import is_wildcard, validate_pattern, validate_topic
 
 __all__ = [
     "DEFAULT_COMMIT_INTERVAL",
+    "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_HEARTBEAT_INTERVAL",
     "DEFAULT_MAX_BUFFER",
+    "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_MAX_POLL_INTERVAL",
     "DEFAULT_METADATA_MAX_AGE",
     "DEFAULT_PARTITIONS",
@@ -46,6 +48,8 @@ DEFAULT_REVOKE_TIMEOUT = 30.0
 DEFAULT_COMMIT_INTERVAL = 0.5
 DEFAULT_METADATA_MAX_AGE = 30.0
 DEFAULT_MAX_BUFFER = 2000
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 _IDEMPOTENCE = ("auto", "on", "off")
 _LEGAL = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -71,6 +75,12 @@ class KafkaBrokerConfig:
     - ``metadata_max_age``: how soon a new topic matching a wildcard subscription is seen.
     - ``max_buffer``: records prefetched per subscription before its partitions are paused.
     - ``publish_timeout``: a publish not accepted in this time raises ``BackpressureError``.
+    - ``connect_timeout``: ``start`` fails with a ``BrokerError`` when no bootstrap server
+      has answered and the clients have not connected within this time (aiokafka's own
+      timeouts are far longer); after that the clients reconnect for ever.
+    - ``max_message_bytes``: the producer refuses a record larger than this (key, value and
+      headers, as encoded) with ``MessageRefusedError``, before sending it. Kafka's own
+      default limit (``message.max.bytes``) is about 1 MB too; raise both together.
     """
 
     bootstrap_servers: tuple[str, ...] = ("127.0.0.1:9092",)
@@ -90,6 +100,8 @@ class KafkaBrokerConfig:
     commit_interval: float = DEFAULT_COMMIT_INTERVAL
     metadata_max_age: float = DEFAULT_METADATA_MAX_AGE
     max_buffer: int = DEFAULT_MAX_BUFFER
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers or not all(self.bootstrap_servers):
@@ -102,6 +114,10 @@ class KafkaBrokerConfig:
         if self.partitions < 1 or self.replication_factor < 1 or self.max_buffer < 1:
             raise ConfigurationError(
                 "kafka: partitions, replication_factor and max_buffer must be >= 1"
+            )
+        if self.connect_timeout <= 0 or self.max_message_bytes < 1:
+            raise ConfigurationError(
+                "kafka: connect_timeout must be > 0 seconds and max_message_bytes >= 1"
             )
         if self.heartbeat_interval >= self.session_timeout:
             raise ConfigurationError(

@@ -2,8 +2,28 @@
 
 A partition keeps the records fetched but not handed out (``queue``, in offset order) and
 those handed out but not settled (``inflight``); ``nack``/``release`` put a record back at
-the head of its queue. The delivery counts carried to the next owner are packed as
-(first unfinished offset, handed-out span, its count) in a companion consumer group.
+the head of its queue.
+
+Delivery counts carried to the next owner: with each commit of the group's first unfinished
+offset (the *head*), the member commits a value in a companion consumer group that packs, in
+one int64 "offset", how many offsets past the head were handed out (the *span*, 16 bits) and
+how often the head was delivered (the *count*, 8 bits), both saturating, and the head's low
+39 bits as a *check* (63 bits in all, so any value is a valid offset; the sign bit stays 0).
+
+The full head is not stored: it is the group's own committed offset, committed just before
+(:func:`_unpack` takes it). Only the main commit can succeed without the companion's (a
+crash, or a failure in between), so the companion value is the head's or an older head's:
+the *stale* head is the largest offset not above the main offset whose low bits are the
+check, exact while the main offset moved less than 2**39 past it. A stale value still says
+something true: the offsets from the main offset to the old head plus its span were
+delivered once before; the old head's count concerns a finished offset and is unused.
+
+Values written before this encoding (``head << 24 | span << 8 | count``) are the same bits:
+they could only be committed for heads below 2**39 (larger ones overflowed int64 and failed),
+where the check is the head itself, so they are read as they were meant. A companion value
+ahead of the main offset (someone reset the group's offsets backwards) cannot be told from a
+stale one; it is read as a stale one, which only claims deliveries for offsets that were
+indeed delivered before the reset, or, when no such head exists, ignored.
 """
 
 from __future__ import annotations
@@ -24,9 +44,10 @@ _EMPTY: Mapping[str, str] = {}
 _POLL_MS = 100
 _PAUSED_POLL_MS = 20
 _SETTLE_POLL = 0.005
-# The companion value packs (first unfinished offset, handed-out span, its count).
-_SPAN_BITS, _COUNT_BITS = 16, 8
+_SPAN_BITS, _COUNT_BITS, _CHECK_BITS = 16, 8, 39
 _SPAN_MAX, _COUNT_MAX = (1 << _SPAN_BITS) - 1, (1 << _COUNT_BITS) - 1
+_CHECK_MOD = 1 << _CHECK_BITS
+_LOW_BITS = _SPAN_BITS + _COUNT_BITS
 
 
 def attempts_group(group: str) -> str:
@@ -35,19 +56,23 @@ def attempts_group(group: str) -> str:
 
 
 def _pack(head: int, span: int, count: int) -> int:
+    """The companion value of (head, span, count): below 2**63 for any head Kafka has."""
     return (
-        (head << (_SPAN_BITS + _COUNT_BITS))
-        | (min(span, _SPAN_MAX) << _COUNT_BITS)
+        (head % _CHECK_MOD) << _LOW_BITS
+        | min(span, _SPAN_MAX) << _COUNT_BITS
         | min(count, _COUNT_MAX)
     )
 
 
-def _unpack(value: int) -> tuple[int, int, int]:
-    return (
-        value >> (_SPAN_BITS + _COUNT_BITS),
-        (value >> _COUNT_BITS) & _SPAN_MAX,
-        value & _COUNT_MAX,
-    )
+def _unpack(value: int, done: int) -> tuple[int, int, int] | None:
+    """(head, span, count) of a companion ``value`` read with the group's committed offset
+    ``done``: the head is ``done`` or the latest offset before it with the value's check;
+    None when no such offset exists (the value cannot belong to this position)."""
+    check = (value >> _LOW_BITS) % _CHECK_MOD
+    head = done - (done - check) % _CHECK_MOD
+    if head < 0:
+        return None
+    return head, (value >> _COUNT_BITS) & _SPAN_MAX, value & _COUNT_MAX
 
 
 class _Partition:
@@ -83,6 +108,21 @@ class _Partition:
         # prior_head `prior_count` times.
         self.prior_lo = self.prior_hi = self.prior_head = -1
         self.prior_count = 0
+
+    def set_prior(self, done: int, value: int | None) -> None:
+        """Take what earlier members knew from the companion ``value`` committed with the
+        group's offset ``done`` (see the module docstring)."""
+        self.prior_lo = self.prior_hi = self.prior_head = -1
+        self.prior_count = 0
+        unpacked = _unpack(value, done) if value is not None else None
+        if unpacked is None:
+            return
+        head, span, count = unpacked
+        # Offsets below `done` are finished; a stale head's count is of one of them.
+        self.prior_lo = done
+        self.prior_hi = head + span
+        if head == done:
+            self.prior_head, self.prior_count = head, count
 
     def prior(self, offset: int) -> int:
         """Deliveries of ``offset`` by earlier members of the group (as far as known)."""

@@ -19,15 +19,21 @@ a partition assigned back to it resumes where it was, with nothing redelivered.
 
 Delivery counts: Kafka has none, so the member counts deliveries per offset. To carry them
 to the next owner it commits, next to the group's offsets, a value per partition in a
-companion group ``__eventflow_attempts.<group>``: the first unfinished offset, how many
-offsets past it were handed out, and how often that first one was delivered. (Commit
-metadata strings would do, but not every Kafka-protocol broker keeps them; Tansu does not.)
+companion group ``__eventflow_attempts.<group>``: how many offsets past the first
+unfinished one were handed out, and how often that first one was delivered (the encoding is
+described in :mod:`.partition`). (Commit metadata strings would do, but not every
+Kafka-protocol broker keeps them; Tansu does not.)
+
+The pump runs as a component of the broker's supervisor. A retriable Kafka error ends the
+run with a ``BrokerError``, and the supervisor starts it again after a backoff (logging at
+most once per interval); any other error ends the membership: ``fetch`` raises a
+``BrokerError`` and the consumer subscribes again (an error that is not Kafka's, a bug,
+also fails the component, which the supervisor reports).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,6 +43,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
 from ...errors import BrokerError
+from ...supervision import Component, ComponentState
 from .partition import (
     _EMPTY,
     _PAUSED_POLL_MS,
@@ -45,7 +52,6 @@ from .partition import (
     KafkaDelivery,
     _pack,
     _Partition,
-    _unpack,
     attempts_group,
 )
 
@@ -91,6 +97,7 @@ class KafkaSubscription:
         self._max_buffer = cfg.max_buffer
         self._commit_interval = cfg.commit_interval
         self._revoke_timeout = cfg.revoke_timeout
+        self._session_timeout = cfg.session_timeout
         self._parts: dict[Any, _Partition] = {}
         self._order: list[_Partition] = []
         self._rr = 0
@@ -102,8 +109,7 @@ class KafkaSubscription:
         self._assigned = asyncio.Event()
         self._closed = False
         self._failure: BaseException | None = None
-        self._pump_task: asyncio.Task[None] | None = None
-        self._topics: dict[str, str] = {}
+        self._component: Component | None = None
         loop = asyncio.get_running_loop()
         self._now = loop.time
 
@@ -114,12 +120,14 @@ class KafkaSubscription:
 
     async def wait_assigned(self, timeout: float) -> None:
         """Start the pump and wait for the first assignment (positions set and committed)."""
-        self._pump_task = asyncio.create_task(self._pump(), name=f"eventflow-kafka-{self.group}")
+        supervisor = self._broker._supervisor
+        if supervisor is None:
+            raise BrokerError("kafka broker is not started: call `await broker.start()` first")
+        self._component = supervisor.spawn(f"kafka:{self.group}:{self.pattern}", self._run_pump)
         try:
             async with asyncio.timeout(timeout):
                 while not self._assigned.is_set():
-                    if self._failure is not None:
-                        raise self._failure
+                    self._check()
                     try:
                         async with asyncio.timeout(0.1):
                             await self._assigned.wait()
@@ -131,6 +139,19 @@ class KafkaSubscription:
                 "check that the brokers are reachable and the group coordinator works"
             ) from None
 
+    def _check(self) -> None:
+        """Raise ``BrokerError`` once the membership cannot recover (see the module doc)."""
+        failure = self._failure
+        if failure is None:
+            component = self._component
+            if component is None or component.state is not ComponentState.FAILED:
+                return
+            failure = component.last_error
+        raise BrokerError(
+            f"kafka consumer of group {self.group!r} on {self.pattern!r} failed: "
+            f"{failure!r}; subscribe again"
+        ) from failure
+
     # -- fetching ----------------------------------------------------------------------------
 
     def _wake(self) -> None:
@@ -140,8 +161,7 @@ class KafkaSubscription:
         """Return 1..max_messages deliveries, or none after ``timeout`` seconds."""
         if self._closed:
             raise BrokerError("fetch on a closed kafka subscription; subscribe again")
-        if self._failure is not None:
-            raise BrokerError(f"kafka consumer of group {self.group!r} failed: {self._failure}")
+        self._check()
         out = self._take(max_messages) if self._buffered else []
         if out or timeout <= 0:
             return out
@@ -158,6 +178,7 @@ class KafkaSubscription:
                     await wakeup.wait()
             except TimeoutError:
                 pass
+            self._check()
 
     def _next_due(self, remaining: float) -> float:
         """Wait no longer than until the earliest delayed (nacked) record is due."""
@@ -210,71 +231,88 @@ class KafkaSubscription:
 
     # -- the pump ----------------------------------------------------------------------------
 
+    async def _run_pump(self) -> None:
+        """The supervised component: the pump, its errors sorted (see the module doc)."""
+        try:
+            await self._pump()
+        except KafkaError as exc:
+            if exc.retriable:
+                raise BrokerError(
+                    f"kafka consumer of group {self.group!r} on {self.pattern!r}: {exc!r}"
+                ) from exc
+            self._fail(exc)
+        except Exception as exc:
+            self._fail(exc)
+            raise
+        finally:
+            self._wakeup.set()  # a fetch waiting now looks at the failure
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            _log.error(
+                "kafka consumer of group %r on %r failed and cannot recover: %r; its "
+                "subscription ends (fetch raises) and the consumer must subscribe again",
+                self.group,
+                self.pattern,
+                exc,
+            )
+            self._failure = exc
+
     async def _pump(self) -> None:
         consumer = self._consumer
         getmany = consumer.getmany
         parts = self._parts
         prefix_len = self._prefix_len
-        topics = self._topics
         next_commit = self._now() + self._commit_interval
-        try:
-            while not self._closed:
-                if self._dirty and self._now() >= next_commit:
-                    next_commit = self._now() + self._commit_interval
-                    await self._commit(list(parts.values()))
-                room = self._max_buffer - self._buffered
-                if room <= 0:
-                    if not self._paused:
-                        consumer.pause(*consumer.assignment())
-                        self._paused = True
-                    await getmany(timeout_ms=_PAUSED_POLL_MS)
-                    continue
-                if self._paused:
-                    consumer.resume(*consumer.assignment())
-                    self._paused = False
-                batch = await getmany(timeout_ms=_POLL_MS, max_records=room)
-                if not batch:
-                    continue
-                filed = 0
-                for tp, records in batch.items():
-                    part = parts.get(tp)
-                    if part is None:
-                        continue  # revoked while the batch was in flight; refetched by its owner
-                    queue = part.queue
-                    floor = part.next_offset if part.next_offset is not None else -1
-                    topic = topics.get(tp.topic)
-                    if topic is None:
-                        topic = topics[tp.topic] = tp.topic[prefix_len:]
-                    for rec in records:
-                        offset = rec.offset
-                        if offset < floor:
-                            continue  # already queued or handed out (refetch after a seek)
-                        key = rec.key
-                        hdrs = rec.headers
-                        queue.append(
-                            KafkaDelivery(
-                                part,
-                                offset,
-                                topic,
-                                rec.value if rec.value is not None else b"",
-                                key.decode("utf-8", "replace") if key is not None else None,
-                                {k: v.decode("utf-8", "replace") for k, v in hdrs}
-                                if hdrs
-                                else _EMPTY,
-                                0,
-                            )
+        while not self._closed:
+            if self._dirty and self._now() >= next_commit:
+                next_commit = self._now() + self._commit_interval
+                await self._commit(list(parts.values()))
+            room = self._max_buffer - self._buffered
+            if room <= 0:
+                if not self._paused:
+                    consumer.pause(*consumer.assignment())
+                    self._paused = True
+                await getmany(timeout_ms=_PAUSED_POLL_MS)
+                continue
+            if self._paused:
+                consumer.resume(*consumer.assignment())
+                self._paused = False
+            batch = await getmany(timeout_ms=_POLL_MS, max_records=room)
+            if not batch:
+                continue
+            filed = 0
+            for tp, records in batch.items():
+                part = parts.get(tp)
+                if part is None:
+                    continue  # revoked while the batch was in flight; refetched by its owner
+                queue = part.queue
+                floor = part.next_offset if part.next_offset is not None else -1
+                # One slice per batch (no copy without a prefix); a name cache would grow
+                # with every topic a wildcard subscription ever saw.
+                topic = tp.topic[prefix_len:]
+                for rec in records:
+                    offset = rec.offset
+                    if offset < floor:
+                        continue  # already queued or handed out (refetch after a seek)
+                    key = rec.key
+                    hdrs = rec.headers
+                    queue.append(
+                        KafkaDelivery(
+                            part,
+                            offset,
+                            topic,
+                            rec.value if rec.value is not None else b"",
+                            key.decode("utf-8", "replace") if key is not None else None,
+                            {k: v.decode("utf-8", "replace") for k, v in hdrs} if hdrs else _EMPTY,
+                            0,
                         )
-                        filed += 1
-                    part.next_offset = records[-1].offset + 1
-                if filed:
-                    self._buffered += filed
-                    self._wakeup.set()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            _log.error("kafka consumer of group %r failed: %s", self.group, exc)
-            self._failure = exc
-            self._wakeup.set()
+                    )
+                    filed += 1
+                part.next_offset = records[-1].offset + 1
+            if filed:
+                self._buffered += filed
+                self._wakeup.set()
 
     # -- commits -----------------------------------------------------------------------------
 
@@ -393,12 +431,7 @@ class KafkaSubscription:
                 self._buffered -= len(part.queue) - len(kept)
                 part.queue = deque(kept)
             part.start = done
-            if value is not None:
-                head, span, count = _unpack(value)
-                part.prior_lo = min(head, done)
-                part.prior_hi = head + span
-                part.prior_head = head
-                part.prior_count = count
+            part.set_prior(done, value)
         if to_commit:
             await consumer.commit(to_commit)
         for part in new:
@@ -407,26 +440,56 @@ class KafkaSubscription:
     # -- closing -----------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Commit what is finished and leave the group; unacked messages are redelivered."""
+        """Commit what is finished and leave the group; unacked messages are redelivered.
+
+        Cancelled midway, it still stops the clients, then lets the cancellation through."""
         if self._closed:
             return
         self._closed = True
         self._wakeup.set()
-        task = self._pump_task
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        component, self._component = self._component, None
         try:
+            if component is not None:
+                await component.stop()
             if self._failure is None:
-                await self._commit(list(self._parts.values()))
-        except Exception as exc:
-            _log.warning("kafka group %r: final commit failed: %s", self.group, exc)
+                try:
+                    # aiokafka retries a commit for ever while the brokers are away; past
+                    # session_timeout the group has evicted this member and would refuse it.
+                    async with asyncio.timeout(self._session_timeout):
+                        await self._commit(list(self._parts.values()))
+                except TimeoutError:
+                    _log.warning(
+                        "kafka group %r: the final commit got no answer within "
+                        "session_timeout=%ss; unfinished messages will be redelivered",
+                        self.group,
+                        self._session_timeout,
+                    )
+                except Exception as exc:
+                    _log.warning("kafka group %r: final commit failed: %s", self.group, exc)
         finally:
             for part in self._parts.values():
                 part.drop()
             try:
-                await self._consumer.stop()
+                await _stop_consumer(self._consumer)
             finally:
-                await self._companion.stop()
+                await _stop_consumer(self._companion)
                 self._broker._forget(self)
+
+
+async def _stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    """Stop an aiokafka consumer, also when its brokers are unreachable.
+
+    Then aiokafka's fetcher cancels its pending fetch requests and awaits them without
+    catching their cancellation: ``stop`` raises ``CancelledError`` (although nobody
+    cancelled the caller) before closing the client, whose metadata task would be left
+    running. That cancellation is not the caller's, so it ends here, and the client is
+    closed; the caller's own cancellation still goes through."""
+    task = asyncio.current_task()
+    asked = task.cancelling() if task is not None else 0
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        if task is None or task.cancelling() > asked:
+            raise
+        _log.debug("kafka: a consumer's stop was cut short by its own fetcher; closing it")
+        await consumer._client.close()

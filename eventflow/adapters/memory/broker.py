@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...errors import BackpressureError, BrokerError, ConfigurationError
+from ...errors import BackpressureError, BrokerError, ConfigurationError, MessageRefusedError
 from ...patterns import matches, validate_pattern, validate_topic
 
 if TYPE_CHECKING:
@@ -32,6 +32,8 @@ __all__ = ["MemoryBroker", "MemoryBrokerConfig"]
 DEFAULT_PARTITIONS = 8
 DEFAULT_MAX_PENDING = 10_000
 DEFAULT_PUBLISH_TIMEOUT = 5.0
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+_MAX_ROUTES = 4096  # topics whose target groups a hub remembers (then it starts over)
 _SPACE_POLL = 0.05
 _EMPTY: Mapping[str, str] = {}
 _alloc = object.__new__
@@ -43,13 +45,16 @@ class MemoryBrokerConfig:
 
     ``max_pending`` bounds each group's unacked messages (queued plus in flight); a publisher
     finding a group full waits up to ``publish_timeout`` seconds, then gets
-    ``BackpressureError``.
+    ``BackpressureError``. A payload over ``max_message_bytes`` (1 MiB, as NATS's and
+    Kafka's defaults, so code tried here meets the same limit there) is refused with
+    ``MessageRefusedError``.
     """
 
     name: str = ""
     partitions: int = DEFAULT_PARTITIONS
     max_pending: int = DEFAULT_MAX_PENDING
     publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
 
 class _Partition:
@@ -144,10 +149,13 @@ class _Hub:
         self.refs = 0
 
     def route(self, topic: str) -> list[_Group]:
-        groups = self.routes.get(topic)
+        routes = self.routes
+        groups = routes.get(topic)
         if groups is None:
             groups = [g for g in self.groups.values() if matches(g.pattern, topic)]
-            self.routes[topic] = groups
+            if len(routes) >= _MAX_ROUTES:
+                routes.clear()  # topics made per id must not grow the hub without end
+            routes[topic] = groups
         return groups
 
 
@@ -384,10 +392,14 @@ class MemoryBroker:
 
     def __init__(self, config: MemoryBrokerConfig | None = None) -> None:
         self.config = config or MemoryBrokerConfig()
-        if self.config.partitions < 1 or self.config.max_pending < 1:
-            raise ConfigurationError("memory broker partitions and max_pending must be >= 1")
+        cfg = self.config
+        if cfg.partitions < 1 or cfg.max_pending < 1 or cfg.max_message_bytes < 1:
+            raise ConfigurationError(
+                "memory broker partitions, max_pending and max_message_bytes must be >= 1"
+            )
         self._hub: _Hub | None = None
         self._subs: set[_MemorySubscription] = set()
+        self._max_bytes = cfg.max_message_bytes
 
     @property
     def url(self) -> str:
@@ -444,6 +456,12 @@ class MemoryBroker:
         hub = self._hub
         if hub is None:
             raise BrokerError("memory broker is not started: call `await broker.start()` first")
+        if len(payload) > self._max_bytes:
+            raise MessageRefusedError(
+                f"memory broker refuses the message for {topic!r}: {len(payload)} bytes, over "
+                f"max_message_bytes={self._max_bytes}; it is not retried: make "
+                "it smaller (NATS and Kafka refuse it too by default)"
+            )
         groups = hub.routes.get(topic)
         if groups is None:
             validate_topic(topic)

@@ -14,17 +14,24 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...errors import BackpressureError, BrokerError, ConfigurationError, MissingDependencyError
+from ..._logging import Throttled
+from ...errors import (
+    BackpressureError,
+    BrokerError,
+    ConfigurationError,
+    MessageRefusedError,
+    MissingDependencyError,
+)
 from ...patterns import validate_pattern, validate_topic
 from ...ports import Subscription
+from ...supervision import Supervisor
 from .config import NatsBrokerConfig, consumer_name, group_id, partition_of
 
 try:
-    import nats
     from nats.aio.client import Client
-    from nats.errors import ConnectionClosedError, NoRespondersError
+    from nats.errors import ConnectionClosedError, MaxPayloadError, NoRespondersError
     from nats.errors import Error as NatsError
     from nats.js import JetStreamContext
     from nats.js.api import (
@@ -42,10 +49,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("nats-py", "nats") from exc
 
+from .connection import connect_first, discard, header_bytes
 from .subscription import KEY_HEADER, MSG_ID_HEADER, NatsSubscription
-
-if TYPE_CHECKING:
-    from ...supervision import Supervisor
 
 __all__ = ["NatsBroker"]
 
@@ -76,6 +81,10 @@ class NatsBroker:
         self._rr = 0
         self._closed = False
         self._lock = asyncio.Lock()
+        self._supervisor: Supervisor | None = None
+        self._own_supervisor: Supervisor | None = None  # when start() was given none
+        self._connect_error: Exception | None = None  # the last error of the first connect
+        self._warn = Throttled(_log)
 
     @classmethod
     def from_url(cls, url: str) -> NatsBroker:
@@ -98,73 +107,69 @@ class NatsBroker:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, supervisor: Supervisor | None = None) -> None:
-        """Connect and create or check the stream and KV buckets. Idempotent."""
+        """Connect and create or check the stream and KV buckets, within ``connect_timeout``
+        (then a ``BrokerError`` names the URL and what to check); cancelling it stops it at
+        once and leaves nothing open. Group coordination runs as components of
+        ``supervisor``, or of a supervisor of the broker's own. Idempotent."""
         async with self._lock:
             if self._nc is not None:
                 return
             if self._closed:
                 raise BrokerError("this NATS broker was closed; create a new one")
-            cfg = self.config
-            try:
-                nc = await nats.connect(
-                    servers=list(cfg.servers),
-                    name=cfg.name,
-                    user=cfg.user,
-                    password=cfg.password,
-                    token=cfg.token,
-                    connect_timeout=cfg.connect_timeout,
-                    reconnect_time_wait=0.25,
-                    max_reconnect_attempts=-1,
-                    allow_reconnect=True,
-                    reconnected_cb=self._on_reconnected,
-                    disconnected_cb=self._on_disconnected,
-                    error_cb=self._on_error,
-                )
-            except Exception as exc:
-                raise BrokerError(
-                    f"cannot connect to NATS at {', '.join(cfg.servers)}: {exc}; check that "
-                    "the server runs with JetStream (-js) and the URL is right"
-                ) from exc
-            try:
-                js = nc.jetstream(timeout=cfg.request_timeout)
-                await self._ensure_stream(js)
-                self._lease_kv = await self._ensure_kv(
-                    js, cfg.lease_bucket, cfg.effective_lease_ttl, strict=True
-                )
-                self._release_kv = await self._ensure_kv(
-                    js, cfg.release_bucket, cfg.release_ttl, strict=False
-                )
-            except BaseException:
-                await nc.close()
-                raise
+            self._connect_error = None
+            nc, js = await connect_first(self, self._setup)
+            if supervisor is None:
+                supervisor = self._own_supervisor = Supervisor(f"nats broker {self.url}")
+            self._supervisor = supervisor
             self._nc, self._js = nc, js
+
+    async def _setup(self, js: JetStreamContext) -> None:
+        cfg = self.config
+        await self._ensure_stream(js)
+        self._lease_kv = await self._ensure_kv(
+            js, cfg.lease_bucket, cfg.effective_lease_ttl, strict=True
+        )
+        self._release_kv = await self._ensure_kv(
+            js, cfg.release_bucket, cfg.release_ttl, strict=False
+        )
 
     async def close(self) -> None:
         """Leave every group (held messages go back), then disconnect. Idempotent."""
         async with self._lock:
             self._closed = True
             nc, self._nc = self._nc, None
+            own, self._own_supervisor = self._own_supervisor, None
             if nc is None:
                 return
-            for sub in list(self._subs):
-                await sub.close()
-            self._subs.clear()
             try:
-                await nc.close()
-            except Exception as exc:
-                _log.debug("closing the NATS connection: %s", exc)
+                for sub in list(self._subs):
+                    await sub.close()
+                self._subs.clear()
+            finally:
+                if own is not None:
+                    await own.close()
+                await discard(nc)
 
     async def _on_reconnected(self) -> None:
-        _log.info("reconnected to NATS at %s", self._nc.connected_url if self._nc else "?")
+        _log.info("reconnected to NATS at %s", self.url)
+        self._warn.clear("disconnected")
+        self._warn.clear("error")
         for sub in list(self._subs):
             sub.on_reconnect()
 
     async def _on_disconnected(self) -> None:
-        if not self._closed:
-            _log.warning("disconnected from NATS; reconnecting")
+        if self._nc is not None and not self._closed:
+            self._warn.warning(
+                "disconnected", "disconnected from NATS at %s; reconnecting", self.url
+            )
 
     async def _on_error(self, exc: Exception) -> None:
-        _log.warning("NATS client error: %s", exc)
+        if self._nc is None:
+            # Still connecting for the first time: the error goes into start's BrokerError.
+            self._connect_error = exc
+            _log.debug("connecting to NATS at %s: %s", self.url, exc)
+        elif not self._closed:
+            self._warn.warning("error", "NATS client error (%s): %s", self.url, exc)
 
     def _connection(self) -> Client:
         nc = self._nc
@@ -281,6 +286,8 @@ class NatsBroker:
             inactive_threshold=cfg.group_inactive_threshold,
         )
         try:
+            # The server updates an existing consumer whose editable settings differ (such
+            # as max_deliver), so a deployment upgraded to new settings gets them.
             await js.add_consumer(cfg.stream, config=config)
             return
         except APIError as exc:
@@ -294,6 +301,21 @@ class NatsBroker:
                 f"NATS consumer {name!r} exists with filter {info.config.filter_subject!r}, "
                 f"not {subject!r}; delete it (nats consumer rm {cfg.stream} {name})"
             )
+        have = info.config.max_deliver
+        if have is not None and have != cfg.max_deliver:
+            _log.warning(
+                "NATS consumer %s keeps max_deliver=%s and could not be updated to %s (%s): "
+                "the server drops a message delivered that often without a trace; change it "
+                "(nats consumer edit %s %s --max-deliver=%s) or delete the consumer",
+                name,
+                have,
+                cfg.max_deliver,
+                error,
+                cfg.stream,
+                name,
+                cfg.max_deliver,
+            )
+            return
         _log.warning("NATS consumer %s exists with other settings (%s); using it", name, error)
 
     # -- KV helpers used by subscriptions -----------------------------------------------------
@@ -319,7 +341,9 @@ class NatsBroker:
         except KeyNotFoundError:
             return 0
         except NatsError as exc:
-            _log.warning("could not read release count of %s/%d: %s", consumer, seq, exc)
+            self._warn.warning(
+                "release-count", "could not read release count of %s/%d: %s", consumer, seq, exc
+            )
             return 0
         return int(entry.value or b"0")
 
@@ -367,6 +391,10 @@ class NatsBroker:
         hdrs[MSG_ID_HEADER] = hdrs.get(_ENVELOPE_ID_HEADER) or uuid.uuid4().hex
         if key is not None:
             hdrs[KEY_HEADER] = key
+        size = len(payload) + header_bytes(hdrs)
+        if size > nc.max_payload:
+            # The server would answer a PUB over its max_payload by closing the connection.
+            raise MessageRefusedError(self._too_large(topic, size, nc.max_payload))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + cfg.publish_timeout
         pause = _RETRY_PAUSE
@@ -382,6 +410,8 @@ class NatsBroker:
                 )
             except ConnectionClosedError as exc:
                 raise BrokerError("NATS broker is closed; cannot publish") from exc
+            except MaxPayloadError as exc:  # the limit of a server reconnected to meanwhile
+                raise MessageRefusedError(self._too_large(topic, size, nc.max_payload)) from exc
             except (NoRespondersError, NatsError, TimeoutError) as exc:
                 problem: str = f"{type(exc).__name__}: {exc}"
             else:
@@ -408,7 +438,17 @@ class NatsBroker:
             await asyncio.sleep(min(pause, remaining))
             pause = min(pause * 2, _MAX_RETRY_PAUSE)
 
+    def _too_large(self, topic: str, size: int, limit: int) -> str:
+        return (
+            f"NATS refuses the message for {topic!r}: {size} bytes with its headers, over the "
+            f"server's max_payload of {limit} bytes; it is not retried: make the message "
+            "smaller (or store the data elsewhere and send a reference), or raise max_payload "
+            "in the server's configuration"
+        )
+
     def _publish_error(self, data: bytes, topic: str) -> str:
+        """The problem JetStream's error reply names, if it may pass (retried until the
+        deadline); raise ``MessageRefusedError`` for a refusal that will not."""
         import orjson
 
         try:
@@ -416,9 +456,24 @@ class NatsBroker:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return data.decode(errors="replace")
         text = str(error.get("description", error))
-        if "maximum" in text or "insufficient resources" in text or error.get("code") == 503:
+        code = error.get("code")
+        if (
+            code == 503
+            or "maximum messages" in text
+            or "maximum bytes" in text
+            or "insufficient resources" in text
+        ):
             return text  # stream full, or the server not ready: retried until the deadline
-        raise BrokerError(f"JetStream refused a message for {topic!r}: {text}")
+        if isinstance(code, int) and 400 <= code < 500:
+            raise MessageRefusedError(
+                f"JetStream refused a message for {topic!r} for good: {text} (error "
+                f"{error.get('err_code', code)}); it is not retried: fix the message, or the "
+                f"limits of stream {self.config.stream!r} (max_msg_size)"
+            )
+        raise BrokerError(
+            f"JetStream could not store a message for {topic!r}: {text}; this may pass, "
+            "publish it again later"
+        )
 
     async def subscribe(self, pattern: str, *, group: str) -> Subscription:
         """Join ``group`` on ``pattern``; returns once this member holds its partitions."""

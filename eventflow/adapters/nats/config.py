@@ -35,7 +35,7 @@ DEFAULT_PARTITIONS = 8
 DEFAULT_MAX_AGE = 7 * 24 * 3600.0
 DEFAULT_DUPLICATE_WINDOW = 120.0
 DEFAULT_ACK_WAIT = 30.0
-DEFAULT_MAX_DELIVER = 50
+DEFAULT_MAX_DELIVER = -1
 DEFAULT_MAX_ACK_PENDING = 1000
 DEFAULT_HEARTBEAT_INTERVAL = 1.0
 DEFAULT_JOIN_TIMEOUT = 2.0
@@ -63,8 +63,14 @@ class NatsBrokerConfig:
     - ``lease_ttl``: how long a partition stays claimed by a member that stopped refreshing
       its lease (a crashed process); must exceed ``ack_wait`` so a dead member's messages are
       redelivered before the partition's next messages (key order survives a crash).
-    - ``max_deliver``: the server stops redelivering after this many deliveries (its default
-      is infinite); keep it above every handler's ``retry`` so the consumer dead-letters first.
+    - ``max_deliver``: the server stops redelivering a message after this many deliveries and
+      the message is gone without a trace. The default, ``-1``, is no limit: the consumer
+      counts attempts from recorded handler failures and dead-letters a message itself, so a
+      server-side limit could only drop messages silently. Set it (``>= 2``) only above the
+      consumer's own bound on attempts, as a last safety net.
+    - ``connect_timeout``: ``start`` fails with a ``BrokerError`` when the first connection
+      (and the check of the stream and buckets) has not succeeded within this time; after
+      that the client reconnects for ever.
     - ``max_ack_pending``: unacked messages per partition consumer (bounded buffers).
     - ``max_msgs`` / ``max_bytes``: stream limits (``-1`` none); a full stream refuses
       publishes, which wait up to ``publish_timeout`` and then raise ``BackpressureError``.
@@ -113,9 +119,11 @@ class NatsBrokerConfig:
             raise ConfigurationError("partitions must be between 1 and 1024")
         if self.storage not in ("file", "memory"):
             raise ConfigurationError("storage must be 'file' or 'memory'")
-        if self.max_deliver < 2:
+        if self.max_deliver != -1 and self.max_deliver < 2:
             raise ConfigurationError(
-                "max_deliver must be at least 2 (and above every handler's retry)"
+                f"max_deliver must be -1 (no limit, the default) or at least 2, got "
+                f"{self.max_deliver}; a limit must stay above the consumer's own bound on "
+                "attempts, or the server drops messages before they are dead-lettered"
             )
         for field in (
             "ack_wait",

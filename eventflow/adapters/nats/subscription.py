@@ -11,6 +11,13 @@ publish order across members.
 Within a member, each partition's received messages wait in a buffer sorted by stream
 sequence. A message given back (``nack``/``release``) blocks its partition until its
 redelivery comes back, so later messages of its key do not overtake it.
+
+The coordination loop (heartbeats, leases, delayed nacks, in-progress heartbeats) runs as a
+component of the broker's supervisor. A step that fails on the server (it restarts, the
+connection is down) is tried again with a growing pause, capped at ``heartbeat_interval``
+so leases are refreshed as soon as the server is back, and logged at most once per interval;
+any other error (a bug) ends the component, which the supervisor reports, and ``fetch``
+then raises a ``BrokerError`` so the consumer subscribes again.
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ import orjson
 from nats.errors import Error as NatsError
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
+from ..._logging import Throttled
 from ...errors import BrokerError
+from ...supervision import Component, ComponentState
 from .config import consumer_name
 from .delivery import (
     _EMPTY,
@@ -49,6 +58,9 @@ if TYPE_CHECKING:
 __all__ = ["KEY_HEADER", "MSG_ID_HEADER", "NatsDelivery", "NatsSubscription"]
 
 _log = logging.getLogger("eventflow.nats")
+_RETRY_MIN = 0.05
+# What a coordination step may raise while the server restarts or the connection is down.
+_TRANSIENT = (NatsError, BrokerError, OSError, TimeoutError)
 
 
 class NatsSubscription:
@@ -79,7 +91,9 @@ class NatsSubscription:
         self._next_keepalive = 0.0
         self._inbox_sub: NatsSub | None = None
         self._ctl_sub: NatsSub | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._component: Component | None = None
+        self._failures = 0  # coordination steps failed in a row
+        self._log = Throttled(_log)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -91,7 +105,10 @@ class NatsSubscription:
         await nc.flush()
         self._members[self.member_id] = self.now()
         await self._announce("join")
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        supervisor = self.broker._supervisor
+        if supervisor is None:
+            raise BrokerError("NATS broker is not started: call `await broker.start()` first")
+        self._component = supervisor.spawn(f"nats:{self.group}:{self.pattern}", self._coordinate)
         deadline = self.now() + self.broker.config.join_timeout
         while not self._joined() and self.now() < deadline:
             self._ready.clear()
@@ -109,22 +126,48 @@ class NatsSubscription:
         )
 
     async def close(self) -> None:
-        """Leave the group: give back every held message in order, then the leases."""
+        """Leave the group: give back every held message in order, then the leases.
+
+        Disconnected from the server, it leaves at once: ``ack_wait`` brings the held
+        messages back and ``lease_ttl`` frees the partitions. Cancelled midway, it still
+        stops the coordinator and its subscriptions, then lets the cancellation through."""
         if self.closed:
             return
         self.closed = True
         self._ready.set()
-        task, self._task = self._task, None
-        if task is not None:
-            # Let a running coordination step finish (a lease update cancelled midway would
-            # leave us without the lease's revision), then stop.
-            self._kick.set()
-            try:
-                async with asyncio.timeout(2 * self.broker.config.request_timeout):
-                    await asyncio.gather(task, return_exceptions=True)
-            except TimeoutError:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        component, self._component = self._component, None
+        connected = self.nc.is_connected
+        try:
+            if component is not None and connected:
+                # Let a running coordination step finish (a lease update cancelled midway
+                # would leave us without the lease's revision), then stop.
+                self._kick.set()
+                try:
+                    async with asyncio.timeout(2 * self.broker.config.request_timeout):
+                        await component.wait()
+                except TimeoutError:
+                    pass
+            if connected:
+                await self._leave()
+            else:
+                _log.warning(
+                    "%s: leaving group %s while disconnected from NATS: its messages come "
+                    "back after ack_wait, its partitions after lease_ttl",
+                    self.pattern,
+                    self.group,
+                )
+        finally:
+            if component is not None:
+                await component.stop()
+            for sub in (self._inbox_sub, self._ctl_sub):
+                if sub is not None:
+                    try:
+                        await sub.unsubscribe()
+                    except Exception as exc:  # connection already closed
+                        _log.debug("unsubscribe failed: %s", exc)
+            self.broker._forget(self)
+
+    async def _leave(self) -> None:
         try:
             await self._wait_pulls(list(self._parts.values()))
             for part in list(self._parts.values()):
@@ -133,16 +176,8 @@ class NatsSubscription:
             self._parts.clear()
             await self._announce("leave")
             await self.nc.flush(timeout=max(1, round(self.broker.config.request_timeout)))
-        except Exception as exc:  # the server is gone: ack_wait and lease_ttl take over
+        except Exception as exc:  # the server went away: ack_wait and lease_ttl take over
             _log.warning("%s: leaving group %s uncleanly: %s", self.pattern, self.group, exc)
-        finally:
-            for sub in (self._inbox_sub, self._ctl_sub):
-                if sub is not None:
-                    try:
-                        await sub.unsubscribe()
-                    except Exception as exc:  # connection already closed
-                        _log.debug("unsubscribe failed: %s", exc)
-            self.broker._forget(self)
 
     def kick(self) -> None:
         """Wake the coordinator (a delayed nack, a drained partition, a member change)."""
@@ -162,6 +197,7 @@ class NatsSubscription:
         """Return 1..max_messages deliveries, or none after ``timeout`` seconds."""
         if self.closed:
             raise BrokerError("fetch on a closed subscription; subscribe again")
+        self._check()
         out = self._take(max_messages)
         expires = min(max(timeout, 0.05), self.broker.config.pull_expires)
         if out or timeout <= 0:
@@ -181,6 +217,17 @@ class NatsSubscription:
                     await self._ready.wait()
             except TimeoutError:
                 return [] if self.closed else self._take(max_messages)
+            self._check()
+
+    def _check(self) -> None:
+        """Raise ``BrokerError`` once the coordinator has failed: nothing keeps the leases."""
+        component = self._component
+        if component is not None and component.state is ComponentState.FAILED:
+            raise BrokerError(
+                f"group {self.group!r} on {self.pattern!r}: its NATS coordination failed "
+                f"({type(component.last_error).__name__}: {component.last_error}); "
+                "subscribe again"
+            )
 
     def _take(self, limit: int) -> list[NatsDelivery]:
         out: list[NatsDelivery] = []
@@ -339,17 +386,38 @@ class NatsSubscription:
         self._kick.set()
         self._ready.set()
 
+    async def _coordinate(self) -> None:
+        """The supervised component: ``_run``, waking ``fetch`` when it ends."""
+        try:
+            await self._run()
+        finally:
+            self._ready.set()  # a fetch waiting now sees the component's state
+
     async def _run(self) -> None:
         cfg = self.broker.config
         while not self.closed:
             try:
                 await self._step()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the server may be restarting: try again next tick
-                _log.warning(
-                    "group %s (%s): coordination failed: %s", self.group, self.pattern, exc
+            except _TRANSIENT as exc:  # the server may be restarting: try again soon
+                self._failures += 1
+                self._log.warning(
+                    "coordination",
+                    "group %s (%s): coordination failed (%s: %s); retrying",
+                    self.group,
+                    self.pattern,
+                    type(exc).__name__,
+                    exc,
                 )
+            else:
+                if self._failures:
+                    _log.info(
+                        "group %s (%s): coordination works again after %d failed steps",
+                        self.group,
+                        self.pattern,
+                        self._failures,
+                    )
+                    self._failures = 0
+                    self._log.clear("coordination")
             now = self.now()
             wake = min(self._next_hb, self._next_keepalive, now + cfg.heartbeat_interval)
             for part in self._parts.values():
@@ -357,10 +425,18 @@ class NatsSubscription:
                     wake = min(wake, now + 0.05)
                 for due, _ in part.delayed.values():
                     wake = min(wake, due)
+            if self._failures:
+                # Back off, but no further than a heartbeat: leases need refreshing as soon
+                # as the server answers again.
+                pause = _RETRY_MIN * 2 ** min(self._failures - 1, 16)
+                wake = now + min(pause, cfg.heartbeat_interval)
             self._kick.clear()
             try:
                 async with asyncio.timeout(max(0.0, wake - now)):
                     await self._kick.wait()
+                    while self._failures and not self.closed:
+                        self._kick.clear()  # a kick does not cut a backoff short; close does
+                        await self._kick.wait()
             except TimeoutError:
                 pass
 

@@ -14,7 +14,8 @@ same backend (another "process" of the same deployment), closing them all after 
 Every test uses fresh topic and group names, so a real server can be shared by all tests.
 Waits are bounded polls; a subclass on a slow server raises ``timeout`` (how long to wait
 for something that must happen) or ``quiet_period`` (how long to watch for something that
-must not happen).
+must not happen). ``max_message_bytes`` is the largest payload its brokers accept (1 MiB
+by default, the default of every adapter); one built with a smaller limit says so there.
 """
 
 from .delivery import DeliveryContract
@@ -23,6 +24,7 @@ from .redelivery import RedeliveryContract
 from .support import (
     BrokerFactory,
     Member,
+    SilentServer,
     broker_pool,
     collect,
     drain,
@@ -34,6 +36,7 @@ __all__ = [
     "BrokerContract",
     "BrokerFactory",
     "Member",
+    "SilentServer",
     "broker_pool",
     "collect",
     "drain",

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import orjson
 import pytest
 
-from ...errors import ConfigurationError
+from ...errors import BrokerError, ConfigurationError, MessageRefusedError
 from ...ports import Broker, Delivery, Subscription
 from .support import BrokerContractBase, BrokerFactory, _texts, collect, drain, unique_name
 
@@ -79,6 +79,24 @@ class DeliveryContract(BrokerContractBase):
             await broker.publish(topic, payload, key="same")
         got = await collect(sub, len(payloads), timeout=self.timeout)
         assert [d.payload for d in got] == payloads
+
+    async def test_message_over_the_limit_is_refused_and_the_broker_keeps_working(
+        self, broker_factory: BrokerFactory
+    ) -> None:
+        """A payload over the broker's limit raises ``MessageRefusedError`` (a ``BrokerError``
+        saying it will not pass), is never delivered, and the next message goes through."""
+        broker = await broker_factory()
+        topic, group = f"{unique_name()}.big", unique_name("g")
+        sub = await broker.subscribe(topic, group=group)
+        await broker.publish(topic, b"before", key="k")
+        with pytest.raises(MessageRefusedError) as refused:
+            await broker.publish(topic, b"x" * (self.max_message_bytes + 1), key="k")
+        assert isinstance(refused.value, BrokerError)
+        assert refused.value.reason == "publish-refused"
+        await broker.publish(topic, b"after", key="k")
+        got = await collect(sub, 2, timeout=self.timeout)
+        assert _texts(got) == ["before", "after"]
+        assert await drain(sub, self.quiet_period) == []
 
     async def test_metadata_identifies_the_message(self, broker_factory: BrokerFactory) -> None:
         """``metadata`` is a JSON-serialisable mapping that differs between two messages."""

@@ -16,6 +16,7 @@ __all__ = [
     "BrokerContractBase",
     "BrokerFactory",
     "Member",
+    "SilentServer",
     "broker_pool",
     "collect",
     "drain",
@@ -121,6 +122,50 @@ async def broker_pool(make: Callable[[], Broker]) -> AsyncIterator[BrokerFactory
             await broker.close()
 
 
+class SilentServer:
+    """A TCP server on 127.0.0.1 that accepts connections and never says a word, as a port
+    of another protocol (or a stuck proxy) does to a client waiting to be greeted. It keeps
+    the connections, so a test can check that a client that gave up closed them::
+
+        async with SilentServer() as silent:
+            broker = NatsBroker.from_url(f"nats://127.0.0.1:{silent.port}?connect_timeout=1")
+            ...
+            assert await silent.all_closed()
+    """
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> SilentServer:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for _, writer in self.connections:
+            writer.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections.append((reader, writer))
+
+    async def all_closed(self, timeout: float = DEFAULT_TIMEOUT) -> bool:
+        """True once the client closed every connection it made (reads reach end of file)
+        within ``timeout`` seconds; False if one stays open."""
+        try:
+            async with asyncio.timeout(timeout):
+                for reader, _ in self.connections:
+                    while await reader.read(65536):
+                        pass  # what the client sent while it waited for an answer
+        except TimeoutError:
+            return False
+        return True
+
+
 class Member:
     """A group member that fetches and acks in the background, recording what it got.
 
@@ -173,3 +218,6 @@ class BrokerContractBase:
     """Seconds to watch for something that must not happen (an extra delivery)."""
     nack_delay: float = 1.0
     """The delay used in the ``nack(delay)`` tests."""
+    max_message_bytes: int = 1024 * 1024
+    """The largest payload the brokers of ``broker_factory`` accept (1 MiB, the default of
+    every adapter; a module may configure its brokers with a smaller limit and say so)."""

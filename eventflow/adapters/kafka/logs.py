@@ -1,0 +1,69 @@
+"""Rate-limited aiokafka logs.
+
+While a Kafka broker is unreachable, aiokafka logs an error for every reconnection attempt,
+metadata refresh and fetch, dozens a second for one consumer ("Unable connect to node",
+"Unable to update metadata", "Failed fetch messages"). The adapter puts a filter on
+aiokafka's loggers, once per process, that lets each recurring record through once per
+interval (30 s, as :class:`eventflow._logging.Throttled`), the next one saying how many were
+left out. A record recurs when it has the same logger, level and message template; records
+below WARNING pass untouched. To see every record, remove :data:`CLIENT_LOG_THROTTLE` from
+the ``aiokafka`` loggers (``logging.getLogger(name).removeFilter(CLIENT_LOG_THROTTLE)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..._logging import DEFAULT_LOG_INTERVAL
+
+__all__ = ["CLIENT_LOG_THROTTLE", "ClientLogThrottle", "throttle_client_logs"]
+
+_MAX_KEYS = 1024
+
+
+class ClientLogThrottle(logging.Filter):
+    """Lets a recurring WARNING-or-worse record through once per ``interval`` seconds."""
+
+    def __init__(self, interval: float = DEFAULT_LOG_INTERVAL) -> None:
+        super().__init__()
+        self.interval = interval
+        self._last: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a recurrence within the interval; True otherwise (the record then
+        counts the recurrences left out since the last one)."""
+        if record.levelno < logging.WARNING:
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last[0] < self.interval:
+            self._last[key] = (last[0], last[1] + 1)
+            return False
+        if len(self._last) >= _MAX_KEYS and key not in self._last:
+            self._last.clear()  # templates are few; this only guards against a surprise
+        self._last[key] = (now, 0)
+        if last is not None and last[1]:
+            record.msg = (
+                f"{record.msg} ({last[1]} similar messages in the last {now - last[0]:.0f}s)"
+            )
+        return True
+
+    def reset(self) -> None:
+        """Forget every record seen: the next of each passes at once."""
+        self._last.clear()
+
+
+CLIENT_LOG_THROTTLE = ClientLogThrottle()
+"""The filter the adapter puts on aiokafka's loggers."""
+
+
+def throttle_client_logs() -> None:
+    """Put :data:`CLIENT_LOG_THROTTLE` on every ``aiokafka`` logger that exists. Idempotent."""
+    manager = logging.Logger.manager
+    names = [n for n in list(manager.loggerDict) if n == "aiokafka" or n.startswith("aiokafka.")]
+    for name in ["aiokafka", *names]:
+        logger = logging.getLogger(name)
+        if CLIENT_LOG_THROTTLE not in logger.filters:
+            logger.addFilter(CLIENT_LOG_THROTTLE)

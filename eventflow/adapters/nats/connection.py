@@ -1,0 +1,151 @@
+"""The NATS broker's first connection: bounded by ``connect_timeout``, interruptible, and
+leaving nothing behind when it fails.
+
+nats-py retries a first connection for ever when reconnecting is unlimited, which is what
+the broker wants *after* it has connected once (a server restart must not end the app), but
+not before: an app pointed at a wrong port, a server without JetStream or a host that
+accepts connections and stays silent would hang in ``start`` and log every retry. So the
+whole first connection (the client handshake, then the check of the stream and buckets) runs
+under one deadline; on expiry or cancellation the half-made client is closed (its socket and
+tasks with it) and ``start`` raises a ``BrokerError`` naming the URL and what to check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.errors import ServiceUnavailableError
+
+from ...errors import BrokerError
+
+if TYPE_CHECKING:
+    from .broker import NatsBroker
+
+__all__ = ["connect_first", "header_bytes"]
+
+_log = logging.getLogger("eventflow.nats")
+RECONNECT_WAIT = 0.25
+"""Seconds between two reconnection attempts to one server (after the first connection)."""
+_SETUP_RETRY = 0.1
+_MIN_ATTEMPT = 0.5
+# JetStream answers "no responders" / 503 while the server is still starting it, and for
+# good when it is not enabled: the setup is tried again until the deadline tells which.
+_NOT_READY = (ServiceUnavailableError, NoRespondersError, NatsTimeoutError)
+
+
+async def connect_first(
+    broker: NatsBroker, setup: Callable[[JetStreamContext], Awaitable[None]]
+) -> tuple[Client, JetStreamContext]:
+    """Connect ``broker``'s client and run ``setup`` (stream and buckets) within the
+    configured ``connect_timeout``; raise ``BrokerError`` (or what ``setup`` raised, such as
+    a ``ConfigurationError``) after closing the client if that fails or is cancelled."""
+    cfg = broker.config
+    nc = Client()
+    not_ready: BaseException | None = None
+    # One silent server must leave time for the others within the one deadline.
+    attempt = max(_MIN_ATTEMPT, cfg.connect_timeout / len(cfg.servers))
+    try:
+        async with asyncio.timeout(cfg.connect_timeout) as deadline:
+            await nc.connect(
+                servers=list(cfg.servers),
+                name=cfg.name,
+                user=cfg.user,
+                password=cfg.password,
+                token=cfg.token,
+                connect_timeout=attempt,  # type: ignore[arg-type]  # a float works
+                reconnect_time_wait=RECONNECT_WAIT,  # type: ignore[arg-type]
+                max_reconnect_attempts=-1,
+                allow_reconnect=True,
+                reconnected_cb=broker._on_reconnected,
+                disconnected_cb=broker._on_disconnected,
+                error_cb=broker._on_error,
+            )
+            js = nc.jetstream(timeout=cfg.request_timeout)
+            while True:
+                try:
+                    await setup(js)
+                    break
+                except _NOT_READY as exc:
+                    not_ready = exc
+                    await asyncio.sleep(_SETUP_RETRY)
+    except TimeoutError as exc:
+        connected, silent = nc.is_connected, nc.is_connecting
+        await discard(nc)
+        if not deadline.expired():
+            raise  # not ours: a bug below, reported as it is
+        if connected or not_ready is not None:
+            raise BrokerError(_no_jetstream(broker, not_ready)) from exc
+        raise BrokerError(_silent(broker) if silent else _unreachable(broker)) from exc
+    except NatsError as exc:
+        await discard(nc)
+        raise BrokerError(
+            f"setting up JetStream on NATS at {broker.url} failed: {type(exc).__name__}: "
+            f"{exc}; check the server's JetStream limits and this account's permissions"
+        ) from exc
+    except BaseException:
+        await discard(nc)
+        raise
+    return nc, js
+
+
+async def discard(nc: Client) -> None:
+    """Close a client that is connecting, connected or reconnecting, so that no socket
+    or task of it is left; errors of a connection already gone are only logged."""
+    try:
+        await nc.close()
+    except Exception as exc:
+        _log.debug("closing the NATS client: %s", exc)
+    # Between two reconnection attempts nats-py leaves the client marked closed, and close()
+    # then returns at once, leaving its subscriptions' tasks (the request inbox's) running.
+    for sub in list(nc._subs.values()):
+        sub._stop_processing()
+    nc._subs.clear()
+
+
+def _unreachable(broker: NatsBroker) -> str:
+    cfg = broker.config
+    last = broker._connect_error
+    why = f" (last error: {type(last).__name__}: {last})" if last is not None else ""
+    return (
+        f"cannot connect to NATS at {broker.url} within connect_timeout={cfg.connect_timeout:g}s"
+        f"{why}; check that nats-server is running and reachable there, that the URL names "
+        "its client port (4222 by default) and that the credentials are right; raise "
+        "connect_timeout= on a slow network"
+    )
+
+
+def _silent(broker: NatsBroker) -> str:
+    return (
+        f"cannot connect to NATS at {broker.url}: a server accepted the connection but did "
+        f"not greet it as a NATS server within connect_timeout={broker.config.connect_timeout:g}s"
+        "; check that the URL names the NATS client port (4222 by default), not a port of "
+        "another protocol (such as Kafka's) or a proxy that cannot reach nats-server"
+    )
+
+
+def _no_jetstream(broker: NatsBroker, error: BaseException | None) -> str:
+    cfg = broker.config
+    why = f" ({type(error).__name__}: {error})" if error is not None else ""
+    return (
+        f"connected to NATS at {broker.url}, but JetStream did not answer within "
+        f"connect_timeout={cfg.connect_timeout:g}s{why}; check that the server runs with "
+        "JetStream enabled (nats-server -js, or `jetstream {}` in its config) and that this "
+        "account may use it"
+    )
+
+
+def header_bytes(headers: dict[str, str]) -> int:
+    """The size of ``headers`` on the wire (``NATS/1.0`` line, ``key: value`` lines, blank
+    line): the server counts it with the payload against its ``max_payload``."""
+    size = 12
+    for k, v in headers.items():
+        size += len(k.strip().encode()) + len(v.strip().encode()) + 4
+    return size

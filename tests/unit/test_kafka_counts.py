@@ -1,0 +1,102 @@
+"""The Kafka adapter's delivery counts, carried between group members as a companion
+group's committed offset: the encoding fits an int64 offset for every offset Kafka can have,
+and reading it with the group's own committed offset gives what earlier members knew, also
+when the companion's commit lagged behind (see ``eventflow/adapters/kafka/partition.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from eventflow.adapters.kafka.partition import _pack, _Partition, _unpack
+
+SPAN_MAX, COUNT_MAX = (1 << 16) - 1, (1 << 8) - 1
+OFFSETS = [0, 1, 2**24, 2**39 - 1, 2**39, 2**40, 2**40 + 12345, 2**62, 2**63 - 1]
+
+
+def _partition() -> _Partition:
+    no_subscription: Any = None  # the prior counts need none
+    return _Partition(no_subscription, ("topic", 0))
+
+
+@pytest.mark.parametrize("head", OFFSETS)
+@pytest.mark.parametrize(
+    ("span", "count"), [(0, 0), (1, 1), (SPAN_MAX, COUNT_MAX), (SPAN_MAX + 9, COUNT_MAX + 9)]
+)
+def test_round_trip_at_any_offset(head: int, span: int, count: int) -> None:
+    """Any head below 2**63 packs into a valid offset (0 <= value < 2**63, so a commit
+    cannot overflow) and comes back whole with the group's committed offset; span and
+    count saturate at their limits."""
+    value = _pack(head, span, count)
+    assert 0 <= value < 2**63
+    assert _unpack(value, head) == (head, min(span, SPAN_MAX), min(count, COUNT_MAX))
+
+
+@pytest.mark.parametrize("head", [0, 7, 2**39 - 1, 2**40, 2**62])
+def test_a_stale_companion_value_is_read_for_its_own_head(head: int) -> None:
+    """The main commit succeeded, the companion's did not: the value still names its own
+    (older) head, as long as the main offset moved less than 2**39 past it."""
+    value = _pack(head, 3000, 4)
+    for done in (head, head + 1, head + 2999, head + 3000, head + 2**39 - 1):
+        assert _unpack(value, done) == (head, 3000, 4)
+
+
+def test_prior_counts_with_a_main_commit_ahead_of_a_stale_companion() -> None:
+    """Head P1 had 3000 offsets handed out and was delivered 4 times; then the main group
+    committed P2 = P1 + 1000 without the companion. A new member resumes at P2: P2 up to
+    P1 + 3000 were delivered once before, later ones never, and P1's count (a finished
+    offset) is attributed to nothing it will deliver."""
+    p1 = 2**40 + 5
+    p2 = p1 + 1000
+    part = _partition()
+    part.set_prior(p2, _pack(p1, 3000, 4))
+    assert part.prior(p2) == 1
+    assert part.prior(p1 + 2999) == 1
+    assert part.prior(p1 + 3000) == 0
+    assert part.prior(p2 + 5000) == 0
+
+
+def test_prior_counts_when_both_commits_succeeded() -> None:
+    """The usual case: the head is the committed offset; it carries its count, the rest of
+    the span one delivery each."""
+    done = 2**39 + 77
+    part = _partition()
+    part.set_prior(done, _pack(done, 5, 3))
+    assert [part.prior(done + i) for i in range(7)] == [3, 1, 1, 1, 1, 0, 0]
+
+
+def test_a_stale_value_whose_span_ended_before_the_main_offset_claims_nothing() -> None:
+    """Everything the old value covered is finished: nothing is counted."""
+    part = _partition()
+    part.set_prior(1000, _pack(10, 50, 9))
+    assert all(part.prior(o) == 0 for o in (10, 59, 1000, 1001))
+
+
+@pytest.mark.parametrize("head", [0, 12, 2**30, 2**39 - 1])
+def test_values_of_the_old_encoding_are_read_as_meant(head: int) -> None:
+    """The old encoding (``head << 24 | span << 8 | count``) could only be committed for
+    heads below 2**39, where it is the same bits as the new one: read as it was written,
+    fresh or stale."""
+    old = head << 24 | 40 << 8 | 6
+    assert old == _pack(head, 40, 6)
+    assert _unpack(old, head) == (head, 40, 6)
+    assert _unpack(old, head + 10) == (head, 40, 6)
+    part = _partition()
+    part.set_prior(head + 10, old)
+    assert part.prior(head + 10) == 1 and part.prior(head + 40) == 0
+
+
+def test_a_companion_value_ahead_of_the_main_offset_is_ignored_or_harmless() -> None:
+    """Someone reset the group's offsets backwards: the companion value is ahead. With no
+    matching head at or below the main offset it is ignored; with one, it claims deliveries
+    only for offsets below the value's real head, which were indeed delivered before."""
+    part = _partition()
+    part.set_prior(10, _pack(1000, 5, 3))
+    assert _unpack(_pack(1000, 5, 3), 10) is None
+    assert all(part.prior(o) == 0 for o in range(0, 1100, 7))
+
+    real_head = 2**41 + 100
+    done = 2**41  # reset 100 offsets back: the value reads as a head 2**39 - 100 before
+    part.set_prior(done, _pack(real_head, 200, 3))
+    assert [o for o in range(done - 10, done + 400) if part.prior(o)] == []
