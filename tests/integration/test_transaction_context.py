@@ -320,3 +320,86 @@ async def test_a_projection_runs_numbered_parameters_on_every_sql_store(
 
 async def _count(rows: Callable[[], Awaitable[list[Any]]], n: int) -> bool:
     return len(await rows()) >= n
+
+
+async def test_a_handler_transaction_opened_in_a_child_task_commits_its_dedup_entry_with_it(
+    store: Store, broker_url: str, waiter: Wait
+) -> None:
+    """The first ``ctx.transaction()`` may be opened by a task the handler started: the
+    consumer writes the dedup entry and the outbox rows into that transaction anyway (they
+    are given it), so all of it commits together, and nothing waits for itself."""
+    attempts: list[int] = []
+
+    async def book_in_child(ctx: Context, n: int) -> None:
+        async with ctx.transaction() as tx:
+            await tx.execute(INSERT, n, "child")
+        await ctx.publish(CtxBooked(n=n))
+
+    @subscribe(
+        "it.ctx.deposit", group="ledger", retry=RetryPolicy(2, initial_delay=0.01), timeout=5.0
+    )
+    async def book(event: CtxDeposit, ctx: Context) -> None:
+        attempts.append(ctx.attempt)
+        await asyncio.gather(book_in_child(ctx, event.n))
+        if ctx.attempt == 1:
+            raise RuntimeError(
+                "after the writes: the row, the dedup entry and the outbox roll back"
+            )
+
+    app = App("it-ctx-child", broker=broker_url, store=store, handlers=[book])
+    async with app:
+        async with store.transaction() as tx:
+            await tx.execute(LEDGER)
+        env = await app.publish(CtxDeposit(n=7), key="7")
+        await waiter(
+            lambda: app.stats()["ledger:it.ctx.deposit"]["handled"] == 1,
+            timeout=BOUND,
+            what="the deposit handled at its second attempt",
+        )
+        assert attempts == [1, 2]
+        assert await _rows(store) == [(7, "child")]
+        assert await store.dedup.seen("ledger", env.id)
+        await app.publish(env)  # a copy: the committed dedup entry drops it
+        await waiter(lambda: app.stats()["ledger:it.ctx.deposit"]["duplicates"] == 1)
+        assert await _rows(store) == [(7, "child")]
+
+
+@pytest.mark.service("postgres")
+async def test_a_failed_commit_of_a_child_task_transaction_keeps_its_message(
+    broker_url: str, waiter: Wait
+) -> None:
+    """On PostgreSQL the dedup entry of a transaction opened in a child task commits with
+    it: when that COMMIT fails (a deferred constraint), the message is not taken as handled
+    and comes back, instead of being dropped with its effects rolled back."""
+    calls: list[int] = []
+
+    async def book_in_child(ctx: Context, n: int) -> None:
+        async with ctx.transaction() as tx:
+            await tx.execute("INSERT INTO it_ctx_once (n) VALUES ($1)", n)
+
+    @subscribe("it.ctx.deposit", group="ledger", timeout=5.0)
+    async def book(event: CtxDeposit, ctx: Context) -> None:
+        calls.append(event.n)
+        await asyncio.gather(book_in_child(ctx, event.n))
+
+    async with isolated_schema(postgres_url()) as url:
+        app = App("it-ctx-commit", broker=broker_url, store=url, handlers=[book])
+        async with app:
+            async with app.store.transaction() as tx:
+                await tx.execute(
+                    "CREATE TABLE it_ctx_once (n INTEGER UNIQUE DEFERRABLE INITIALLY DEFERRED)"
+                )
+                await tx.execute("INSERT INTO it_ctx_once (n) VALUES (7)")  # the COMMIT fails
+            env = await app.publish(CtxDeposit(n=7), key="7")
+            await waiter(lambda: len(calls) >= 1, timeout=BOUND)
+            await waiter(lambda: app.stats()["ledger:it.ctx.deposit"]["given_back"] >= 1)
+            async with app.store.transaction() as tx:
+                await tx.execute("DELETE FROM it_ctx_once")  # the next attempt can commit
+            await waiter(
+                lambda: app.stats()["ledger:it.ctx.deposit"]["handled"] == 1,
+                timeout=BOUND,
+                what="handled once its commit went through",
+            )
+            async with app.store.transaction() as tx:
+                assert await tx.fetch("SELECT n FROM it_ctx_once") == [(7,)]
+            assert await app.store.dedup.seen("ledger", env.id)

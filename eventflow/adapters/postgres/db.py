@@ -224,8 +224,9 @@ class PostgresTransaction:
     parameters and run in this transaction from any task (one statement at a time); once it
     has ended they raise ``StoreError``."""
 
-    def __init__(self, shared: _Shared) -> None:
+    def __init__(self, shared: _Shared, db: PostgresDatabase) -> None:
         self._shared = shared
+        self._db = db
 
     async def execute(self, sql: str, *args: Any) -> int:
         """Run one statement; return the number of rows it changed."""
@@ -340,16 +341,31 @@ class PostgresDatabase:
         shared = self._joined.get()
         return shared.conn if shared is not None and shared.open else None
 
+    def _shared_of(self, tx: object) -> _Shared | None:
+        """The transaction a store call runs in: ``tx`` when given (it must be one of this
+        database's), else the context's open one, if any."""
+        if tx is None:
+            return self._joined.get()
+        if not isinstance(tx, PostgresTransaction) or tx._db is not self:
+            raise ConfigurationError(
+                "a PostgreSQL store write was given another store's transaction: open it "
+                "with this store's transaction()"
+            )
+        if not tx._shared.open:
+            raise StoreError(_ENDED)
+        return tx._shared
+
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[Any]:
-        """The context's transaction connection, else a pooled one. Outside a transaction
-        each statement commits on its own (every store operation is one statement), which
-        saves the BEGIN and COMMIT round trips.
+    async def connection(self, tx: object = None) -> AsyncIterator[Any]:
+        """The connection of ``tx`` (given by the caller), else of the context's open
+        transaction, else a pooled one. Outside a transaction each statement commits on its
+        own (every store operation is one statement), which saves the BEGIN and COMMIT round
+        trips.
 
         Inside one, the block holds the connection: other tasks of the transaction wait
         until it exits, so keep it to the statements of one store operation (a savepoint
         with its statements is not interleaved with theirs)."""
-        shared = self._joined.get()
+        shared = self._shared_of(tx)
         if shared is not None and await shared.take():
             try:
                 yield shared.conn
@@ -377,7 +393,7 @@ class PostgresDatabase:
             token = self._joined.set(shared)
             try:
                 try:
-                    yield PostgresTransaction(shared)
+                    yield PostgresTransaction(shared, self)
                 except BaseException:
                     await shared.end()
                     try:
@@ -397,9 +413,10 @@ class PostgresDatabase:
         for hook in hooks or ():  # committed (a rollback raised above)
             hook()
 
-    def after_commit(self, hook: Callable[[], None]) -> None:
-        """Call ``hook`` once the context's open transaction commits (now if none is open)."""
-        shared = self._joined.get()
+    def after_commit(self, hook: Callable[[], None], tx: object = None) -> None:
+        """Call ``hook`` once ``tx`` (or the context's open transaction) commits, now if
+        there is none."""
+        shared = self._shared_of(tx)
         if shared is None or shared.hooks is None:
             hook()
         else:

@@ -45,11 +45,12 @@ _DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 
 @asynccontextmanager
-async def _writing(db: PostgresDatabase, what: str) -> AsyncIterator[Any]:
-    """The connection a checkpoint or outbox write runs on; driver errors (a connection
-    killed, the server restarting) become a ``StoreError`` saying what failed."""
+async def _writing(db: PostgresDatabase, what: str, tx: object = None) -> AsyncIterator[Any]:
+    """The connection a checkpoint or outbox write runs on (``tx``'s when given); driver
+    errors (a connection killed, the server restarting) become a ``StoreError`` saying what
+    failed."""
     try:
-        async with db.connection() as conn:
+        async with db.connection(tx) as conn:
             yield conn
     except _DRIVER_ERRORS as exc:
         raise StoreError(
@@ -277,7 +278,7 @@ class PostgresCheckpoints:
     ) -> None:
         """Upsert (inside the context's open transaction, if any); with ``lease``, in the
         same statement as the check of its epoch, else ``LeaseLostError``."""
-        async with _writing(self._db, f"set checkpoint {name!r}") as conn:
+        async with _writing(self._db, f"set checkpoint {name!r}", tx) as conn:
             if lease is None:
                 await conn.execute(
                     "INSERT INTO ef_checkpoints (name, position) VALUES ($1, $2) "
@@ -298,7 +299,7 @@ class PostgresCheckpoints:
         self, name: str, *, tx: Transaction | None = None, lease: Lease | None = None
     ) -> None:
         """Forget ``name``; fenced like ``set``."""
-        async with _writing(self._db, f"delete checkpoint {name!r}") as conn:
+        async with _writing(self._db, f"delete checkpoint {name!r}", tx) as conn:
             if lease is None:
                 await conn.execute("DELETE FROM ef_checkpoints WHERE name = $1", name)
             elif await conn.fetchval(_DELETE_FENCED, *fence_args(lease), name) is None:
@@ -315,14 +316,14 @@ class PostgresOutbox:
     async def add(
         self, messages: Sequence[tuple[str, Envelope]], *, tx: Transaction | None = None
     ) -> None:
-        """Queue messages (inside the context's open transaction, if any)."""
-        async with self._db.connection() as conn:
+        """Queue messages (inside ``tx``, or the context's open transaction, if any)."""
+        async with self._db.connection(tx) as conn:
             await conn.executemany(
                 "INSERT INTO ef_outbox (topic, msg_key, payload, message_id) "
                 "VALUES ($1, $2, $3, $4)",
                 [(topic, env.key, env.to_bytes(), env.id) for topic, env in messages],
             )
-        self._db.after_commit(self.added.set)
+        self._db.after_commit(self.added.set, tx)
 
     async def pending(self, limit: int = 100) -> list[OutboxMessage]:
         """Oldest first."""
@@ -399,10 +400,10 @@ class PostgresStore(PostgresEventLog):
         return self.db.transaction()
 
     async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
-        """Record a dedup entry inside the context's open transaction; raise
-        ``AlreadyHandled`` if a copy committed one first (a concurrent copy's insert waits
-        for the first transaction, then finds its row)."""
-        async with self.db.connection() as conn:
+        """Record a dedup entry inside ``tx``; raise ``AlreadyHandled`` if a copy committed
+        one first (a concurrent copy's insert waits for the first transaction, then finds its
+        row)."""
+        async with self.db.connection(tx) as conn:
             inserted = await conn.fetchval(
                 "INSERT INTO ef_dedup (grp, message_id) VALUES ($1, $2) "
                 "ON CONFLICT DO NOTHING RETURNING 1",

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
-from ...errors import StoreError
+from ...errors import ConfigurationError, StoreError
 from .params import to_sqlite
 
 __all__ = ["SqliteDatabase", "SqliteTransaction"]
@@ -147,6 +147,19 @@ class SqliteDatabase:
             return await self._submit(self._guarded, fn, args)
         async with self._lock:
             return await self._submit(self._in_tx, fn, args)
+
+    async def run_in(self, tx: object, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` in ``tx`` when given (one of this database's transactions,
+        whichever context opened it), else as ``run`` does: a store call given the caller's
+        transaction commits with it even from a context that did not open it."""
+        if tx is None:
+            return await self.run(fn, *args)
+        if not isinstance(tx, SqliteTransaction) or tx.db is not self:
+            raise ConfigurationError(
+                f"a write to SQLite database {self.path!r} was given another store's "
+                "transaction: open it with this store's transaction()"
+            )
+        return await self._run_in(tx._shared, fn, *args)
 
     async def _run_in(self, shared: _Shared, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in the transaction ``shared`` (a ``SqliteTransaction``'s)."""

@@ -284,7 +284,7 @@ class SqliteCheckpoints:
                 (name, position),
             )
 
-        await self._db.run(write)
+        await self._db.run_in(tx, write)
 
     async def list(self) -> dict[str, int]:
         """Every checkpoint."""
@@ -301,7 +301,7 @@ class SqliteCheckpoints:
                 SqliteLeases.fence(conn, lease)
             conn.execute("DELETE FROM ef_checkpoints WHERE name = ?", (name,))
 
-        await self._db.run(write)
+        await self._db.run_in(tx, write)
 
 
 class SqliteOutbox:
@@ -316,11 +316,12 @@ class SqliteOutbox:
     ) -> None:
         """Queue messages; inside ``tx`` they commit with it."""
         rows = [(topic, env.key, env.to_bytes(), env.id) for topic, env in messages]
-        await self._db.run(
+        await self._db.run_in(
+            tx,
             lambda conn: conn.executemany(
                 "INSERT INTO ef_outbox (topic, msg_key, payload, message_id) VALUES (?, ?, ?, ?)",
                 rows,
-            )
+            ),
         )
         self.added.set()
 

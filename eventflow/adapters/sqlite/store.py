@@ -327,15 +327,16 @@ class SqliteStore(SqliteEventLog):
         return self.db.transaction()
 
     async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
-        """Record a dedup entry inside the caller's open transaction (visible on commit);
-        raise ``AlreadyHandled`` if a copy committed one first."""
-        inserted = await self.db.run(
+        """Record a dedup entry inside ``tx`` (visible on commit); raise ``AlreadyHandled``
+        if a copy committed one first."""
+        inserted = await self.db.run_in(
+            tx,
             lambda conn: (
                 conn.execute(
                     "INSERT OR IGNORE INTO ef_dedup (grp, message_id, handled_at) VALUES (?, ?, ?)",
                     (group, message_id, time.time()),
                 ).rowcount
-            )
+            ),
         )
         if not inserted:
             raise AlreadyHandled(group, message_id)
