@@ -34,7 +34,7 @@ from .projections import Projection, ProjectionRunner
 from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
-from .runtime.relay import EventRelay, OutboxRelay, _id_headers
+from .runtime.relay import RELAY_GROUPS, EventRelay, OutboxRelay, _id_headers
 from .schema.outgoing import check_outgoing
 from .sourcing.aggregate import Aggregate
 from .sourcing.repository import Repository
@@ -156,9 +156,16 @@ class App:
         return tuple(dict.fromkeys(group for _, group, _ in self._bindings))
 
     @property
+    def dead_letter_groups(self) -> tuple[str, ...] | None:
+        """The groups whose dead letters are this app's: its consumer groups, and those of
+        the messages its relays parked (the broker refused them for every group). None for
+        an app without handlers: every group's."""
+        return (*self.groups, *sorted(RELAY_GROUPS)) if self.groups else None
+
+    @property
     def dead_letters(self) -> DeadLetters:
         """The dead letters of this app's groups: ``list``, ``get``, ``replay``, ``purge``."""
-        return DeadLetters(self.store.dead_letters, self.broker, self.groups or None)
+        return DeadLetters(self.store.dead_letters, self.broker, self.dead_letter_groups)
 
     def repository(
         self,

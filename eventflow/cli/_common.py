@@ -210,7 +210,7 @@ def resolve_target(args: argparse.Namespace) -> Target:
             store, broker = app.store, app.broker
             if broker_url:
                 broker = open_broker(broker_url)
-            dead_letters = DeadLetters(store.dead_letters, broker, app.groups or None)
+            dead_letters = DeadLetters(store.dead_letters, broker, app.dead_letter_groups)
             description = f"app {app.name!r} (store {getattr(store, 'url', store)!s})"
         else:
             url = args.store or os.environ.get(STORE_ENV)

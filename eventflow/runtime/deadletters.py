@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from ..errors import DeadLetterNotFound
 from ..ports import Broker, DeadLetter, DeadLetterStore
 from .consumer import TARGET_GROUP_HEADER
+from .relay import RELAY_GROUPS
 
 __all__ = ["DeadLetters"]
 
@@ -15,7 +16,9 @@ class DeadLetters:
     """The dead-letter queue of a set of groups, over a store and a broker.
 
     ``replay`` republishes each letter's original bytes to its topic with a header that
-    targets only the group that failed, then deletes the letter.
+    targets only the group that failed, then deletes the letter. A message a relay parked
+    (group ``eventflow:outbox`` or ``eventflow:event-relay``: the broker refused it) never
+    reached any group, so its replay goes to every group of the topic.
     """
 
     def __init__(
@@ -59,7 +62,8 @@ class DeadLetters:
         letters = [await self.get(i) for i in letter_ids]
         for letter in letters:
             headers = dict(letter.headers)
-            headers[TARGET_GROUP_HEADER] = letter.group
+            if letter.group not in RELAY_GROUPS:
+                headers[TARGET_GROUP_HEADER] = letter.group
             await self._broker.publish(
                 letter.topic, letter.payload, key=letter.key, headers=headers
             )

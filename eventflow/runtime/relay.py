@@ -13,31 +13,56 @@ cannot delete or move anything after another took over. A lost lease ends ``run(
 ``LeaseLostError``; the owner's supervisor starts it again, and it waits for the lease. A
 send that fails is retried with backoff; because message ids are fixed, consumers' dedup
 drops a copy sent twice.
+
+A message the broker refuses for good (``MessageRefusedError``: too large, not authorised)
+is tried ``PARK_AFTER`` times, then parked: it becomes a dead letter of the group
+``eventflow:outbox`` (or ``eventflow:event-relay``), in the same store transaction as its
+removal, and the messages behind it go on. ``eventflow dlq`` lists it; a replay publishes it
+to its topic again, for every group.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from ..errors import LeaseLostError
-from ..ports import Broker, Store
+from .._logging import Throttled
+from ..envelope import new_id
+from ..errors import LeaseLostError, MessageRefusedError
+from ..ports import Broker, DeadLetter, OutboxMessage, Store
 
 if TYPE_CHECKING:
     from ..leases import Lease
 
-__all__ = ["EVENT_RELAY_CHECKPOINT", "OUTBOX_RELAY_LEASE", "EventRelay", "OutboxRelay"]
+__all__ = [
+    "EVENT_RELAY_CHECKPOINT",
+    "EVENT_RELAY_GROUP",
+    "OUTBOX_GROUP",
+    "OUTBOX_RELAY_LEASE",
+    "PARK_AFTER",
+    "RELAY_GROUPS",
+    "EventRelay",
+    "OutboxRelay",
+]
 
 EVENT_RELAY_CHECKPOINT = "eventflow:event-relay"
 OUTBOX_RELAY_LEASE = "eventflow:outbox-relay"
+OUTBOX_GROUP = "eventflow:outbox"
+"""The dead-letter group of outbox messages the broker refused (no consumer group has them)."""
+EVENT_RELAY_GROUP = "eventflow:event-relay"
+"""The dead-letter group of stored events the broker refused."""
+RELAY_GROUPS = frozenset({OUTBOX_GROUP, EVENT_RELAY_GROUP})
+PARK_AFTER = 3
+"""Refusals of one message after which a relay parks it in the dead-letter queue."""
 _IDLE_POLL = 1.0
 _BATCH = 200
 _MAX_BACKOFF = 5.0
 _RETRY = 0.1
 _log = logging.getLogger("eventflow.relay")
+_throttled = Throttled(_log)
 
 
 def _id_headers(id_header: str | None, message_id: str) -> dict[str, str] | None:
@@ -52,15 +77,58 @@ async def _publish(
     key: str | None,
     headers: Mapping[str, str] | None,
 ) -> None:
+    """Send one message: a failure that may pass (the broker is down) is retried with
+    backoff until it goes, keeping the order; a refusal is tried ``PARK_AFTER`` times, then
+    raised (``MessageRefusedError``) for the caller to park the message."""
     delay = 0.05
+    refused = 0
     while True:
         try:
             await broker.publish(topic, payload, key=key, headers=headers)
+            _throttled.clear(topic)
             return
+        except MessageRefusedError:
+            refused += 1
+            if refused >= PARK_AFTER:
+                raise
         except Exception as exc:  # the broker is down: keep the order, wait, retry
-            _log.warning("relay could not publish to %s (%s); retrying", topic, exc)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _MAX_BACKOFF)
+            _throttled.warning(topic, "relay could not publish to %s (%s); retrying", topic, exc)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _MAX_BACKOFF)
+
+
+def _parked(
+    group: str,
+    topic: str,
+    payload: bytes,
+    key: str | None,
+    message_id: str,
+    error: MessageRefusedError,
+    source: Mapping[str, object],
+) -> DeadLetter:
+    """The dead letter of a message a relay parks."""
+    _log.error(
+        "the broker refused message %s for %s %d times (%s); parked in the dead-letter queue "
+        "(group %s): see `eventflow dlq list`",
+        message_id,
+        topic,
+        PARK_AFTER,
+        error,
+        group,
+    )
+    return DeadLetter(
+        id=new_id(),
+        topic=topic,
+        group=group,
+        payload=payload,
+        error=f"{type(error).__name__}: {error}",
+        attempts=PARK_AFTER,
+        failed_at=datetime.now(UTC),
+        reason=error.reason,
+        key=key,
+        envelope_id=message_id,
+        source=dict(source),
+    )
 
 
 class OutboxRelay:
@@ -71,6 +139,7 @@ class OutboxRelay:
         self.broker = broker
         self.id_header = id_header
         self.sent = 0
+        self.parked = 0
 
     async def run(self) -> None:
         """Relay forever (cancel to stop) while holding the outbox relay's lease; raises
@@ -84,17 +153,24 @@ class OutboxRelay:
                     added.clear()
                 try:
                     batch = await outbox.pending(_BATCH)
+                    sent: list[int] = []
                     for msg in batch:
-                        await _publish(
-                            self.broker,
-                            msg.topic,
-                            msg.payload,
-                            msg.key,
-                            _id_headers(self.id_header, msg.message_id),
-                        )
-                    if batch:
-                        await outbox.remove([m.seq for m in batch], lease=lease)
-                        self.sent += len(batch)
+                        try:
+                            await _publish(
+                                self.broker,
+                                msg.topic,
+                                msg.payload,
+                                msg.key,
+                                _id_headers(self.id_header, msg.message_id),
+                            )
+                        except MessageRefusedError as exc:
+                            await self._park(msg, exc, sent, lease)
+                            sent = []
+                            continue
+                        sent.append(msg.seq)
+                    if sent:
+                        await outbox.remove(sent, lease=lease)
+                        self.sent += len(sent)
                 except LeaseLostError:
                     raise  # another relay took over: this one must stop
                 except Exception as exc:  # the store failed: keep the relay alive, retry
@@ -114,6 +190,27 @@ class OutboxRelay:
                 except TimeoutError:
                     pass  # another process may have added messages: look again
 
+    async def _park(
+        self, msg: OutboxMessage, error: MessageRefusedError, sent: list[int], lease: Lease
+    ) -> None:
+        """Move a refused row to the dead-letter queue, in one transaction with the removal
+        of it and of the rows sent before it (fenced by the relay's lease)."""
+        store = self.store
+        letter = _parked(
+            OUTBOX_GROUP,
+            msg.topic,
+            msg.payload,
+            msg.key,
+            msg.message_id,
+            error,
+            {"outbox_seq": msg.seq},
+        )
+        async with store.transaction():
+            await store.dead_letters.add(letter)
+            await store.outbox.remove([*sent, msg.seq], lease=lease)
+        self.sent += len(sent)
+        self.parked += 1
+
 
 class EventRelay:
     """Publishes the store's events to the broker in global order from a checkpoint."""
@@ -132,6 +229,7 @@ class EventRelay:
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
         self.sent = 0
+        self.parked = 0
 
     async def run(self) -> None:
         """Relay forever (cancel to stop) while holding the lease named after its checkpoint;
@@ -157,13 +255,34 @@ class EventRelay:
         try:
             async for rec in store.subscribe(after=position):
                 env = rec.envelope
-                await _publish(
-                    self.broker,
-                    env.type,
-                    env.to_bytes(),
-                    rec.stream_id,
-                    _id_headers(self.id_header, env.id),
-                )
+                payload = env.to_bytes()
+                try:
+                    await _publish(
+                        self.broker,
+                        env.type,
+                        payload,
+                        rec.stream_id,
+                        _id_headers(self.id_header, env.id),
+                    )
+                except MessageRefusedError as exc:
+                    # Parked, and the checkpoint moves past it in the same transaction.
+                    letter = _parked(
+                        EVENT_RELAY_GROUP,
+                        env.type,
+                        payload,
+                        rec.stream_id,
+                        env.id,
+                        exc,
+                        {"position": rec.position, "stream_id": rec.stream_id},
+                    )
+                    async with store.transaction() as tx:
+                        await store.dead_letters.add(letter)
+                        await store.checkpoints.set(
+                            self.checkpoint, rec.position, tx=tx, lease=lease
+                        )
+                    position, unsaved = rec.position, 0
+                    self.parked += 1
+                    continue
                 position = rec.position
                 self.sent += 1
                 unsaved += 1
@@ -172,7 +291,14 @@ class EventRelay:
                     unsaved = 0
         finally:
             if unsaved:  # best effort (refused if the lease was lost): the rest is resent
-                with contextlib.suppress(Exception):
+                try:
                     await asyncio.shield(
                         store.checkpoints.set(self.checkpoint, position, lease=lease)
+                    )
+                except Exception as exc:
+                    _log.warning(
+                        "event relay could not save its checkpoint at %d (%s); the events "
+                        "after the last saved one are sent again (consumers drop copies)",
+                        position,
+                        exc,
                     )
