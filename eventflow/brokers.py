@@ -16,10 +16,9 @@ __all__ = ["open_broker"]
 
 
 def _memory(url: str) -> Broker:
-    from .adapters.memory.broker import MemoryBroker, MemoryBrokerConfig
+    from .adapters.memory.broker import MemoryBroker
 
-    parts = urlsplit(url)
-    return MemoryBroker(MemoryBrokerConfig(name=parts.netloc + parts.path))
+    return MemoryBroker.from_url(url)
 
 
 def _nats(url: str) -> Broker:

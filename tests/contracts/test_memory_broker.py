@@ -393,3 +393,15 @@ async def test_concurrent_fetches_on_one_subscription_are_each_woken() -> None:
             assert len(await long) == 1
     finally:
         await broker.close()
+
+
+def test_memory_urls_take_the_config_options_and_refuse_others() -> None:
+    broker = open_broker("memory://hub-x?partitions=2&max_pending=5&max_message_bytes=100")
+    assert isinstance(broker, MemoryBroker)
+    assert broker.config == MemoryBrokerConfig(
+        name="hub-x", partitions=2, max_pending=5, max_message_bytes=100
+    )
+    with pytest.raises(ConfigurationError, match="unknown option 'partition'"):
+        open_broker("memory://?partition=2")
+    with pytest.raises(ConfigurationError, match="max_pending='lots'"):
+        open_broker("memory://?max_pending=lots")

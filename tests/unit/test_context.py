@@ -20,3 +20,23 @@ def test_a_context_given_its_envelope_returns_it() -> None:
     env = Envelope.create("ut.ctx.given", {})
     assert Context(cast(Any, None), env, "g", 2).envelope is env
     assert Context._of_fields(cast(Any, None), env.to_dict(), env, "g", 1).envelope is env
+
+
+class _App:
+    """What ``ctx.publish`` reads of its app."""
+
+    name = "ut-ctx"
+
+
+async def test_publishing_an_envelope_honours_key_and_headers() -> None:
+    handled = Envelope.create("ut.ctx.in", {}, key="in-key")
+    ctx = Context(cast(Any, _App()), handled, "g", 1)
+    forwarded = Envelope.create("ut.ctx.out", {"n": 1}, key="old", headers={"a": "1", "b": "2"})
+    out = await ctx.publish(forwarded, key="new-key", headers={"b": "3", "c": "4"})
+    assert out.key == "new-key"
+    assert out.headers == {"a": "1", "b": "3", "c": "4"}  # merged over its own
+    assert out.id == forwarded.id and out.data == forwarded.data  # the rest stays
+    [(topic, queued)] = ctx._take_outbox()
+    assert (topic, queued) == ("ut.ctx.out", out)
+    same = await ctx.publish(forwarded)  # nothing given: the envelope as it is
+    assert same is forwarded

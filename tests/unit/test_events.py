@@ -4,6 +4,7 @@ import enum
 import functools
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from pydantic import (
@@ -492,3 +493,31 @@ def test_a_root_envelope_time_is_the_millisecond_its_id_carries() -> None:
         assert out.time == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=id_ms)
         assert out.time.tzinfo is UTC
         assert before <= out.time <= after
+
+
+def test_an_unvalidated_instance_elsewhere_leaves_validated_ones_on_the_fast_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plain-event copy is decided per instance: a ``model_construct`` anywhere in the
+    process (a library, another test) does not send every later event through pydantic's
+    serializer (a process-wide flag once did, for good)."""
+
+    class Counted:
+        """Wraps the class's serializer, counting the calls."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.calls = 0
+
+        def to_python(self, *args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return self.inner.to_python(*args, **kwargs)
+
+    counted = Counted(PlainAll.__pydantic_serializer__)
+    monkeypatch.setattr(PlainAll, "__pydantic_serializer__", counted)
+    unvalidated = Placed.model_construct(order_id="o-1", qty=1)  # noqa: F841 - kept alive
+    assert to_envelope(PlainAll(name="n", count=1), source="s").data["count"] == 1
+    assert counted.calls == 0  # a validated plain event copies its fields
+    odd = PlainAll.model_construct(name="n", count=2)
+    assert to_envelope(odd, source="s").data["count"] == 2
+    assert counted.calls == 1  # the unvalidated one goes through pydantic

@@ -14,7 +14,8 @@ from eventflow.adapters.postgres.db import DEFAULT_CONNECT_TIMEOUT
 from eventflow.adapters.sqlite import SqliteStore
 from eventflow.adapters.sqlite.db import DEFAULT_BUSY_TIMEOUT
 from eventflow.leases import DEFAULT_LEASE_TTL
-from eventflow.stores import redact_url, store_for
+from eventflow.stores import store_for
+from eventflow.urls import redact_url
 
 # -- memory:// ---------------------------------------------------------------------------------
 

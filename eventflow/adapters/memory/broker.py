@@ -20,9 +20,11 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ...errors import BackpressureError, BrokerError, ConfigurationError, MessageRefusedError
 from ...patterns import matches, validate_pattern, validate_topic
+from ...urls import count_option, seconds_option, url_options
 
 if TYPE_CHECKING:
     from ...supervision import Supervisor
@@ -36,6 +38,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 _MAX_ROUTES = 4096  # topics whose target groups a hub remembers (then it starts over)
 _SPACE_POLL = 0.05
 _EMPTY: Mapping[str, str] = {}
+_URL_OPTIONS = ("partitions", "max_pending", "publish_timeout", "max_message_bytes")
 _alloc = object.__new__
 
 
@@ -400,6 +403,28 @@ class MemoryBroker:
         self._hub: _Hub | None = None
         self._subs: set[_MemorySubscription] = set()
         self._max_bytes = cfg.max_message_bytes
+
+    @classmethod
+    def from_url(cls, url: str) -> MemoryBroker:
+        """``memory://[hub][?option=value&...]``, options ``partitions``, ``max_pending``,
+        ``publish_timeout`` and ``max_message_bytes`` (as in :class:`MemoryBrokerConfig`):
+        brokers opened with one hub name share its groups; an unknown option is refused."""
+        parts = urlsplit(url)
+        options = url_options(url, _URL_OPTIONS, kind="memory broker")
+        defaults = MemoryBrokerConfig()
+        return cls(
+            MemoryBrokerConfig(
+                name=parts.netloc + parts.path,
+                partitions=count_option(url, options, "partitions", defaults.partitions),
+                max_pending=count_option(url, options, "max_pending", defaults.max_pending),
+                publish_timeout=seconds_option(
+                    url, options, "publish_timeout", defaults.publish_timeout
+                ),
+                max_message_bytes=count_option(
+                    url, options, "max_message_bytes", defaults.max_message_bytes
+                ),
+            )
+        )
 
     @property
     def url(self) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import AlreadyHandled, ConfigurationError
 from ...ports import DeadLetter, Heartbeat, Transaction
-from ...stores import url_options
+from ...urls import url_options
 from .attempts import MemoryAttempts
 from .events import (
     MemoryCheckpoints,
@@ -152,7 +152,7 @@ class MemoryStore(MemoryEventLog):
     @classmethod
     def from_url(cls, url: str) -> MemoryStore:
         """``memory://``: it takes no options, so any query option is refused."""
-        url_options(url, (), kind="memory")
+        url_options(url, (), kind="memory store")
         return cls(url)
 
     @asynccontextmanager

@@ -22,7 +22,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from ...errors import ConfigurationError, MissingDependencyError, StoreError
 from ...leases import DEFAULT_LEASE_TTL
-from ...stores import count_option, redact_url, seconds_option, url_options
+from ...urls import count_option, redact_url, seconds_option, url_options
 
 try:
     import asyncpg
@@ -105,7 +105,7 @@ class PostgresConfig:
             raise ConfigurationError(
                 f"not a PostgreSQL URL: {redact_url(url)!r} (use postgresql://user@host/db)"
             )
-        options = url_options(url, OWN_OPTIONS + DRIVER_OPTIONS, kind="PostgreSQL")
+        options = url_options(url, OWN_OPTIONS + DRIVER_OPTIONS, kind="PostgreSQL store")
         schema = options.get("schema", "public")
         if not schema.replace("_", "").isalnum():
             raise ConfigurationError(

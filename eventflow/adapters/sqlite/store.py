@@ -15,7 +15,7 @@ import orjson
 from ...errors import AlreadyHandled, ConfigurationError
 from ...leases import DEFAULT_LEASE_TTL
 from ...ports import DeadLetter, Heartbeat, Transaction
-from ...stores import seconds_option, url_options
+from ...urls import seconds_option, url_options
 from .attempts import ATTEMPTS_SCHEMA, SqliteAttempts
 from .db import DEFAULT_BUSY_TIMEOUT, SqliteDatabase, SqliteTransaction
 from .events import (
@@ -405,7 +405,7 @@ def _url_path(url: str) -> str:
 
 
 def _url_settings(url: str) -> dict[str, float]:
-    options = url_options(url, URL_OPTIONS, kind="SQLite")
+    options = url_options(url, URL_OPTIONS, kind="SQLite store")
     return {
         "busy_timeout": seconds_option(url, options, "busy_timeout", DEFAULT_BUSY_TIMEOUT),
         "lease_ttl": seconds_option(url, options, "lease_ttl", DEFAULT_LEASE_TTL),
