@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
-from cli_support import letter_ids, make_letter
+from cli_support import fill, letter_ids, make_letter
 
 from eventflow.cli import main
 
@@ -178,3 +179,16 @@ def test_bad_store_urls(url: str, message: str, capsys: pytest.CaptureFixture[st
     err = capsys.readouterr().err
     assert message in err and err.startswith("eventflow: error:")
     assert "Traceback" not in err
+
+
+def test_replay_with_nothing_to_replay_starts_no_broker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No letters: nothing to publish, so an unreachable broker is never waited for."""
+    store_url = f"sqlite:///{tmp_path / 'empty.db'}"
+    fill(store_url)
+    began = time.monotonic()
+    argv = ["dlq", "replay", "--all", "--store", store_url, "--broker", "nats://127.0.0.1:1"]
+    assert main(argv) == 0
+    assert time.monotonic() - began < 5
+    assert "no dead letters to replay" in capsys.readouterr().out

@@ -176,15 +176,32 @@ def _silent_server() -> Iterator[int]:
         server.close()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_ends_a_start_up_that_hangs(tmp_path: Path, sig: signal.Signals) -> None:
+@pytest.mark.parametrize(
+    ("sig", "where"),
+    [
+        (signal.SIGTERM, "store"),
+        (signal.SIGINT, "store"),
+        (signal.SIGTERM, "broker"),
+        (signal.SIGINT, "broker"),
+    ],
+)
+def test_a_signal_ends_a_start_up_that_hangs(
+    tmp_path: Path, sig: signal.Signals, where: str
+) -> None:
     with _silent_server() as port:
+        # A store or a broker that never answers, with a connect timeout far longer than
+        # the test: only the signal can end the start-up.
+        target = (
+            f'store="postgresql://postgres@127.0.0.1:{port}/test?connect_timeout=120"'
+            if where == "store"
+            else f'broker="nats://127.0.0.1:{port}?connect_timeout=120"'
+        )
         (tmp_path / "hanging_service.py").write_text(
             textwrap.dedent(
                 f"""
                 from eventflow import App
 
-                app = App("hanging", store="postgresql://postgres@127.0.0.1:{port}/test")
+                app = App("hanging", {target})
                 """
             )
         )

@@ -292,3 +292,17 @@ async def test_a_handler_failure_is_recorded_so_a_redelivery_goes_on_from_it(
         await waiter(lambda: got == [2], what="the second attempt")
     assert attempts == [1]
     assert len(shared_store.attempts) == 0  # type: ignore[arg-type]  # cleared once handled
+
+
+async def test_an_unreachable_broker_fails_start_within_its_connect_timeout() -> None:
+    from eventflow.testing.services import free_port
+
+    url = f"nats://127.0.0.1:{free_port()}?connect_timeout=1"
+    app = App("it-sup-unreachable", broker=url)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(BrokerError, match=r"127\.0\.0\.1"):
+        async with app:
+            pass
+    assert loop.time() - began < 5
+    assert app.health().status == "stopped"
