@@ -8,6 +8,7 @@ from .errors import (
     AlreadyHandled,
     BackpressureError,
     BrokerError,
+    ComponentFailedError,
     ConcurrencyError,
     ConfigurationError,
     DeadLetterNotFound,
@@ -17,7 +18,9 @@ from .errors import (
     EventValidationError,
     FutureVersionError,
     HandlerTimeoutError,
+    LeaseLostError,
     MalformedMessageError,
+    MessageRefusedError,
     MissingDependencyError,
     StoreError,
     UnknownEventTypeError,
@@ -30,6 +33,7 @@ from .runtime.retry import RetryPolicy
 from .sourcing import Aggregate, Repository, on
 from .stores import open_store
 from .subscribe import subscribe
+from .supervision import RestartPolicy
 
 __version__ = "0.1.0"
 
@@ -40,6 +44,7 @@ __all__ = (
     "App",
     "BackpressureError",
     "BrokerError",
+    "ComponentFailedError",
     "ConcurrencyError",
     "ConfigurationError",
     "Context",
@@ -54,12 +59,15 @@ __all__ = (
     "EventflowError",
     "FutureVersionError",
     "HandlerTimeoutError",
+    "LeaseLostError",
     "MalformedMessageError",
+    "MessageRefusedError",
     "MissingDependencyError",
     "Projection",
     "ProjectionContext",
     "RecordedEvent",
     "Repository",
+    "RestartPolicy",
     "RetryPolicy",
     "StoreError",
     "Transaction",

@@ -45,7 +45,10 @@ ERRORS = {
     "BackpressureError",
     "HandlerTimeoutError",
     "BrokerError",
+    "MessageRefusedError",
+    "ComponentFailedError",
     "StoreError",
+    "LeaseLostError",
     "ConcurrencyError",
     "AggregateNotFound",
     "DeadLetterNotFound",
@@ -103,6 +106,8 @@ def test_error_tree_shape() -> None:
     assert issubclass(ef.MissingDependencyError, ImportError)
     assert issubclass(ef.ConcurrencyError, ef.StoreError)
     assert issubclass(ef.AggregateNotFound, ef.StoreError)
+    assert issubclass(ef.LeaseLostError, ef.StoreError)
+    assert issubclass(ef.MessageRefusedError, ef.BrokerError)
 
 
 def test_structured_errors_say_what_to_do() -> None:
