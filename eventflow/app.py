@@ -320,6 +320,8 @@ class App:
             try:
                 await self.broker.start(supervisor)
                 await self.store.open(supervisor)
+                if self._dedup_override is not None:
+                    await self._dedup_override.open()
                 for spec, group, signature in self._bindings:
                     consumer = Consumer(
                         self,

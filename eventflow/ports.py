@@ -168,6 +168,10 @@ class DedupStore(Protocol):
     async def mark(self, group: str, message_id: str) -> None:
         """Record ``message_id`` as handled for ``group``. Idempotent."""
 
+    async def open(self) -> None:
+        """Connect, within the adapter's connect timeout, else raise a ``StoreError`` naming
+        the URL (a store's own dedup table is opened with its store). Idempotent."""
+
     async def close(self) -> None:
         """Release resources. Idempotent."""
 

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from eventflow import App, Event, subscribe
+from eventflow import App, Event, StoreError, subscribe
 from eventflow.adapters.redis import RedisDedupStore
 from eventflow.ports import DedupStore, Store
 from eventflow.stores import dedup_for, store_for
+from eventflow.testing.broker_contract import SilentServer
 from eventflow.testing.postgres import isolated_schema, postgres_url
 from eventflow.testing.redis import redis_url
+from eventflow.testing.services import free_port
 
 Wait = Callable[..., Awaitable[None]]
 
@@ -74,7 +77,7 @@ async def test_redis_entries_expire(tmp_path: Path) -> None:
 
 
 def test_redis_url_options_are_checked() -> None:
-    with pytest.raises(Exception, match="unknown Redis dedup option"):
+    with pytest.raises(Exception, match="unknown option 'retension'"):
         RedisDedupStore.from_url("redis://127.0.0.1:6379/0?retension=5")
     with pytest.raises(Exception, match="unsupported dedup URL"):
         dedup_for("http://x")
@@ -195,3 +198,29 @@ async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark(waiter: Wait)
         await app.publish(RedisDupe(n=2))
         await waiter(lambda: app.stats()["g:contract.redis.dupe"]["handled"] == 1)
     assert swapped.calls == ["seen", "mark"]
+
+
+@pytest.mark.parametrize("answers", [False, True], ids=["nothing-listens", "silent-server"])
+async def test_an_unreachable_redis_fails_the_app_start_within_its_connect_timeout(
+    answers: bool, broker_url: str
+) -> None:
+    """A dedup store that cannot be reached fails ``async with app`` at once, naming the
+    URL (its password hidden), instead of giving every message back for ever."""
+    async with contextlib.AsyncExitStack() as stack:
+        silent = await stack.enter_async_context(SilentServer()) if answers else None
+        port = silent.port if silent is not None else free_port()
+        url = f"redis://:secret@127.0.0.1:{port}/0?connect_timeout=0.5&timeout=0.5"
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        with pytest.raises(StoreError, match="cannot reach the Redis dedup store") as info:
+            async with App("redis-down", broker=broker_url, dedup=url):
+                pass
+        assert loop.time() - began < 5
+        assert "secret" not in str(info.value) and "127.0.0.1" in str(info.value)
+
+
+def test_redis_options_are_typed() -> None:
+    store = RedisDedupStore.from_url("redis://h:6379/1?retention=60&connect_timeout=2&timeout=3")
+    assert (store.retention, store.connect_timeout, store.timeout) == (60, 2.0, 3.0)
+    with pytest.raises(Exception, match="retention='soon'"):
+        RedisDedupStore.from_url("redis://h:6379/1?retention=soon")

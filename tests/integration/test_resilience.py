@@ -42,6 +42,9 @@ class _FlakyDedup:
     async def mark(self, group: str, message_id: str) -> None:
         self.marked.add((group, message_id))
 
+    async def open(self) -> None:
+        return None
+
     async def close(self) -> None:
         return None
 

@@ -202,6 +202,9 @@ async def test_retry_1_with_one_failing_dedup_lookup_still_runs_the_handler(
         async def mark(self, group: str, message_id: str) -> None:
             self.marked.add(message_id)
 
+        async def open(self) -> None:
+            return None
+
         async def close(self) -> None:
             return None
 
@@ -240,6 +243,9 @@ async def test_a_failure_after_the_handler_gives_the_message_back_without_an_att
                 self.failed = True
                 raise OSError("the store went away")
             self.marked.add(message_id)
+
+        async def open(self) -> None:
+            return None
 
         async def close(self) -> None:
             return None

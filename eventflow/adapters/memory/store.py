@@ -70,6 +70,9 @@ class MemoryDedupStore:
         if len(order) > self.capacity:
             ids.discard(order.popleft())
 
+    async def open(self) -> None:
+        """Nothing to connect to."""
+
     async def close(self) -> None:
         """Nothing to release."""
 

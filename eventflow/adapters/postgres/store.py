@@ -101,6 +101,9 @@ class PostgresDedupStore:
             )
         return int(status.split()[-1])
 
+    async def open(self) -> None:
+        """The pool is opened by the store."""
+
     async def close(self) -> None:
         """The pool is closed by the store."""
 

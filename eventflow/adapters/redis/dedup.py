@@ -9,10 +9,12 @@ using its store's own dedup table for that handling.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from ...errors import ConfigurationError, MissingDependencyError, StoreError
+from ...urls import count_option, redact_url, seconds_option, url_options
 
 try:
     from redis import asyncio as aioredis
@@ -24,42 +26,80 @@ __all__ = ["DEFAULT_PREFIX", "DEFAULT_RETENTION", "RedisDedupStore"]
 
 DEFAULT_RETENTION = 7 * 24 * 3600
 DEFAULT_PREFIX = "eventflow:dedup"
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_TIMEOUT = 5.0
+_OPTIONS = ("retention", "prefix", "connect_timeout", "timeout")
 
 
 class RedisDedupStore:
-    """Dedup entries in Redis, kept ``retention`` seconds."""
+    """Dedup entries in Redis, kept ``retention`` seconds.
+
+    ``connect_timeout`` bounds the first connection (``open`` fails with a ``StoreError``
+    naming the URL past it) and ``timeout`` every command, so a Redis that stops answering
+    fails a lookup (the consumer gives the message back) instead of hanging it.
+    """
 
     def __init__(
-        self, url: str, *, retention: int = DEFAULT_RETENTION, prefix: str = DEFAULT_PREFIX
+        self,
+        url: str,
+        *,
+        retention: int = DEFAULT_RETENTION,
+        prefix: str = DEFAULT_PREFIX,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         if retention < 1:
             raise ConfigurationError("the Redis dedup retention must be at least 1 second")
         self.url = url
         self.retention = retention
         self.prefix = prefix
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
         self._client: Any = None
 
     @classmethod
     def from_url(cls, url: str) -> RedisDedupStore:
-        """``redis://host:6379/0?retention=SECONDS&prefix=NAME``."""
+        """``redis://host:6379/0?retention=SECONDS&prefix=NAME&connect_timeout=S&timeout=S``;
+        an unknown option is refused."""
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss"):
-            raise ConfigurationError(f"not a Redis URL: {url!r} (use redis://host:6379/0)")
-        options = dict(parse_qsl(parts.query))
-        retention = int(options.pop("retention", DEFAULT_RETENTION))
-        prefix = options.pop("prefix", DEFAULT_PREFIX)
-        if options:
             raise ConfigurationError(
-                f"unknown Redis dedup option(s) {sorted(options)} in {url!r}; "
-                "known: retention, prefix"
+                f"not a Redis URL: {redact_url(url)!r} (use redis://host:6379/0)"
             )
+        options = url_options(url, _OPTIONS, kind="Redis dedup")
         plain = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-        return cls(plain, retention=retention, prefix=prefix)
+        return cls(
+            plain,
+            retention=count_option(url, options, "retention", DEFAULT_RETENTION),
+            prefix=options.get("prefix", DEFAULT_PREFIX),
+            connect_timeout=seconds_option(
+                url, options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT
+            ),
+            timeout=seconds_option(url, options, "timeout", DEFAULT_TIMEOUT),
+        )
 
     def _redis(self) -> Any:
         if self._client is None:
-            self._client = aioredis.from_url(self.url)
+            self._client = aioredis.from_url(
+                self.url,
+                socket_connect_timeout=self.connect_timeout,
+                socket_timeout=self.timeout,
+            )
         return self._client
+
+    async def open(self) -> None:
+        """Connect and check that Redis answers, within ``connect_timeout``; else raise a
+        ``StoreError`` naming the URL. Idempotent."""
+        try:
+            async with asyncio.timeout(self.connect_timeout + self.timeout):
+                await self._redis().ping()
+        except (RedisError, OSError, TimeoutError) as exc:
+            await self.close()
+            raise StoreError(
+                f"cannot reach the Redis dedup store at {redact_url(self.url)!r} within "
+                f"{self.connect_timeout:g}s ({type(exc).__name__}: {exc}); check that "
+                "redis-server runs there and the URL (host, port, database) is right"
+            ) from exc
 
     def _key(self, group: str, message_id: str) -> str:
         return f"{self.prefix}:{group}:{message_id}"
@@ -68,15 +108,15 @@ class RedisDedupStore:
         """True if the pair was marked (by any process) within the retention."""
         try:
             return bool(await self._redis().exists(self._key(group, message_id)))
-        except RedisError as exc:
-            raise StoreError(f"Redis dedup check failed on {self.url}: {exc}") from exc
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"Redis dedup check failed on {redact_url(self.url)}: {exc}") from exc
 
     async def mark(self, group: str, message_id: str) -> None:
         """Record the pair for ``retention`` seconds. Idempotent."""
         try:
             await self._redis().set(self._key(group, message_id), 1, ex=self.retention, nx=True)
-        except RedisError as exc:
-            raise StoreError(f"Redis dedup mark failed on {self.url}: {exc}") from exc
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"Redis dedup mark failed on {redact_url(self.url)}: {exc}") from exc
 
     async def close(self) -> None:
         """Close the connection pool. Idempotent."""

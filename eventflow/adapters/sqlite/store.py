@@ -129,6 +129,9 @@ class SqliteDedupStore:
         if prune:
             conn.execute("DELETE FROM ef_dedup WHERE handled_at < ?", (now - self.retention,))
 
+    async def open(self) -> None:
+        """The database is opened by its store."""
+
     async def close(self) -> None:
         """The database is closed by its store."""
 
