@@ -396,10 +396,12 @@ class App:
             if self._draining:
                 # Consumers drain within the grace period (then cancel their handlers); one
                 # waiting for its restart is cancelled with the rest below.
-                await asyncio.wait(
-                    [asyncio.ensure_future(c.wait()) for c in self._draining],
-                    timeout=self.grace_period + _DRAIN_MARGIN,
-                )
+                waiters = [asyncio.ensure_future(c.wait()) for c in self._draining]
+                try:
+                    await asyncio.wait(waiters, timeout=self.grace_period + _DRAIN_MARGIN)
+                finally:
+                    for waiter in waiters:
+                        waiter.cancel()
             if supervisor is not None:
                 await supervisor.close()
         finally:

@@ -60,7 +60,9 @@ _TRANSIENT = (BrokerError, StoreError, BackpressureError, OSError, TimeoutError)
 
 def is_transient(exc: BaseException) -> bool:
     """True if ``exc`` may go away by itself (a broker or store outage), so the component
-    that raised it is worth starting again."""
+    that raised it is worth starting again (a group of errors, when all of them are)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(is_transient(e) for e in exc.exceptions)
     if isinstance(exc, MessageRefusedError | ConfigurationError):
         return False
     return isinstance(exc, _TRANSIENT)
@@ -272,7 +274,7 @@ class Supervisor:
                 return
             now = loop.time()
             if component._failing_since is None or now - began >= policy.stable_after:
-                component._failing_since = began  # a new streak (or the first failure)
+                component._failing_since = now  # a new streak: the last run was stable
                 component.restarts_in_streak = 0
             component.last_error = error
             failing_for = now - component._failing_since

@@ -1,0 +1,143 @@
+"""The Supervisor: restarts after transient failures, fails a component that cannot
+recover, never lets a failure reach anything but the component."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from eventflow import BrokerError, ComponentFailedError, ConfigurationError, StoreError
+from eventflow.supervision import ComponentState, RestartPolicy, Supervisor, is_transient
+
+QUICK = RestartPolicy(initial_delay=0.001, max_delay=0.002, give_up_after=1.0, stable_after=0.2)
+
+
+def test_transient_errors_are_those_that_may_pass() -> None:
+    assert is_transient(BrokerError("down"))
+    assert is_transient(StoreError("down"))
+    assert is_transient(ConnectionResetError())
+    assert is_transient(TimeoutError())
+    assert not is_transient(ConfigurationError("bad URL"))
+    assert not is_transient(TypeError("a bug"))
+    assert is_transient(ExceptionGroup("g", [BrokerError("a"), OSError("b")]))
+    assert not is_transient(ExceptionGroup("g", [BrokerError("a"), KeyError("b")]))
+
+
+async def test_a_transient_failure_is_restarted_until_it_works() -> None:
+    runs: list[int] = []
+
+    async def flaky() -> None:
+        runs.append(len(runs))
+        if len(runs) < 4:
+            raise BrokerError("not yet")
+
+    supervisor = Supervisor("t", QUICK)
+    component = supervisor.spawn("flaky", flaky)
+    await asyncio.wait_for(component.wait(), 5)
+    assert runs == [0, 1, 2, 3]
+    assert component.restarts == 3
+    assert component.state is ComponentState.STOPPED  # it returned: done
+    assert supervisor.failure is None
+    await supervisor.close()
+
+
+async def test_a_permanent_failure_fails_the_component_and_tells_the_owner() -> None:
+    told: list[ComponentFailedError] = []
+
+    async def buggy() -> None:
+        raise KeyError("missing")
+
+    supervisor = Supervisor("t", QUICK, on_failure=told.append)
+    component = supervisor.spawn("buggy", buggy)
+    failure = await asyncio.wait_for(supervisor.wait_failed(), 5)
+    assert told == [failure]
+    assert failure.component == "buggy"
+    assert isinstance(failure.__cause__, KeyError)
+    assert component.state is ComponentState.FAILED
+    assert component.restarts == 0
+    assert supervisor.health().status == "failed"
+    await supervisor.close()
+
+
+async def test_a_component_failing_for_give_up_after_fails() -> None:
+    async def always() -> None:
+        raise StoreError("down for good")
+
+    policy = RestartPolicy(initial_delay=0.01, max_delay=0.02, give_up_after=0.2)
+    supervisor = Supervisor("t", policy)
+    supervisor.spawn("down", always)
+    failure = await asyncio.wait_for(supervisor.wait_failed(), 5)
+    assert "kept failing for" in str(failure)
+    await supervisor.close()
+
+
+async def test_a_stable_run_starts_a_new_streak() -> None:
+    """A component that ran well for longer than give_up_after, then fails once, is
+    restarted: the streak starts at that failure, not at the start of the run."""
+    runs: list[int] = []
+
+    async def long_then_fails() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            await asyncio.sleep(1.5)  # longer than give_up_after (1.0) and stable_after
+            raise BrokerError("a blip")
+
+    supervisor = Supervisor("t", QUICK)
+    component = supervisor.spawn("long", long_then_fails)
+    await asyncio.wait_for(component.wait(), 5)
+    assert runs == [0, 1]
+    assert supervisor.failure is None
+    await supervisor.close()
+
+
+async def test_health_is_degraded_until_a_restarted_component_runs_stably() -> None:
+    gate = asyncio.Event()
+    runs: list[int] = []
+
+    async def fails_once() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            raise BrokerError("blip")
+        await gate.wait()
+
+    supervisor = Supervisor("t", QUICK)
+    supervisor.spawn("c", fails_once)
+    while len(runs) < 2:
+        await asyncio.sleep(0.001)
+    health = supervisor.health()
+    assert health.status == "degraded" and "c: running, 1 restarts (BrokerError: blip)" in (
+        health.problems
+    )
+    await asyncio.sleep(0.25)  # past stable_after
+    assert supervisor.health().ok
+    gate.set()
+    await supervisor.close()
+
+
+async def test_a_cancellation_nobody_asked_for_is_a_failure() -> None:
+    async def leaks_a_cancel() -> None:
+        raise asyncio.CancelledError("from a future someone else cancelled")
+
+    supervisor = Supervisor("t", QUICK)
+    supervisor.spawn("leaky", leaks_a_cancel)
+    failure = await asyncio.wait_for(supervisor.wait_failed(), 5)
+    assert "cancelled from within" in str(failure)
+    await supervisor.close()
+
+
+async def test_close_cancels_every_component_and_nothing_else() -> None:
+    outside = asyncio.create_task(asyncio.sleep(0.5))
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    supervisor = Supervisor("t", QUICK)
+    components = [supervisor.spawn(f"c{n}", forever) for n in range(3)]
+    await asyncio.sleep(0)
+    await supervisor.close()
+    assert all(c.state is ComponentState.STOPPED for c in components)
+    assert not outside.done()  # an unrelated task goes on
+    await outside
+    with pytest.raises(RuntimeError, match="closed"):
+        supervisor.spawn("late", forever)
