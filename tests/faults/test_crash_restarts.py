@@ -25,9 +25,8 @@ import pytest
 from eventflow import App, Event
 from eventflow.testing import eventually, unique_name
 from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
-from eventflow.testing.nats_server import NatsServer, NatsServerUnavailable
+from eventflow.testing.nats_server import nats_service_url
 from eventflow.testing.postgres import isolated_schema, postgres_url
-from eventflow.testing.services import service_unavailable
 
 pytestmark = [pytest.mark.service("postgres"), pytest.mark.slow]
 
@@ -45,12 +44,8 @@ class FxWork(Event, type="faults.fx.work"):
 
 @pytest.fixture(scope="module")
 def nats_base() -> Iterator[str]:
-    try:
-        server = NatsServer()
-    except NatsServerUnavailable as exc:
-        service_unavailable(str(exc))
-    with server:
-        yield server.url
+    with nats_service_url() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,7 @@ from eventflow.adapters.nats import NatsBroker, NatsBrokerConfig
 from eventflow.ports import Broker, DeadLetter
 from eventflow.runtime.relay import OUTBOX_GROUP, PARK_AFTER
 from eventflow.testing import unique_name
-from eventflow.testing.nats_server import NatsServer, NatsServerUnavailable
-from eventflow.testing.services import service_unavailable
+from eventflow.testing.nats_server import nats_service_url
 
 Wait = Callable[..., Awaitable[None]]
 LIMIT = 4096  # the memory broker's max_message_bytes in these tests
@@ -42,12 +41,8 @@ class RfShipped(Event, type="it.rf.shipped"):
 
 @pytest.fixture(scope="module")
 def nats_url() -> Iterator[str]:
-    try:
-        server = NatsServer()
-    except NatsServerUnavailable as exc:
-        service_unavailable(str(exc))
-    with server:
-        yield server.url
+    with nats_service_url() as url:
+        yield url
 
 
 @pytest.fixture(params=["memory", pytest.param("nats", marks=pytest.mark.service("nats"))])

@@ -17,7 +17,6 @@ import pytest
 
 from eventflow import Envelope, Event
 from eventflow.adapters.memory import MemoryBroker
-from eventflow.adapters.memory.broker import MemoryBrokerConfig
 from eventflow.adapters.postgres import PostgresStore
 from eventflow.adapters.postgres.db import PostgresConfig
 from eventflow.adapters.sqlite.store import SqliteStore
@@ -61,16 +60,6 @@ async def stores(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         yield made
 
 
-@pytest.fixture
-async def broker(broker_name: str) -> AsyncIterator[MemoryBroker]:
-    broker = MemoryBroker(MemoryBrokerConfig(name=broker_name))
-    await broker.start()
-    try:
-        yield broker
-    finally:
-        await broker.close()
-
-
 def _messages(start: int, count: int) -> list[tuple[str, Envelope]]:
     return [
         ("it.relay.out", Envelope.create(Relayed.event_type, {"n": i}))
@@ -85,11 +74,11 @@ async def _eventually(condition: object, timeout: float = 10.0) -> None:
 
 
 async def test_an_unaware_outbox_relay_deletes_nothing_after_a_takeover(
-    stores: list[Store], broker: MemoryBroker
+    stores: list[Store], hub: MemoryBroker
 ) -> None:
     first, second = stores
     stale = unaware_of_loss(first)
-    relay = OutboxRelay(stale.store, broker, None)
+    relay = OutboxRelay(stale.store, hub, None)
     task = asyncio.create_task(relay.run())
     try:
         await first.outbox.add(_messages(0, 3))
@@ -116,11 +105,11 @@ async def _pending_is(store: Store, count: int) -> bool:
 
 
 async def test_an_unaware_event_relay_cannot_move_the_checkpoint_after_a_takeover(
-    stores: list[Store], broker: MemoryBroker
+    stores: list[Store], hub: MemoryBroker
 ) -> None:
     first, second = stores
     stale = unaware_of_loss(first)
-    relay = EventRelay(stale.store, broker, None, checkpoint_every=1)
+    relay = EventRelay(stale.store, hub, None, checkpoint_every=1)
     task = asyncio.create_task(relay.run())
     try:
         await first.append("relay-1", [Relayed(n=1), Relayed(n=2)])
@@ -168,10 +157,10 @@ async def _renewals_blocked(store: Store, name: str) -> AsyncIterator[None]:
 
 
 async def test_a_relay_whose_renewals_are_blocked_stops_with_lease_lost(
-    stores: list[Store], broker: MemoryBroker
+    stores: list[Store], hub: MemoryBroker
 ) -> None:
     first, _ = stores
-    relay = OutboxRelay(first, broker, None)
+    relay = OutboxRelay(first, hub, None)
     task = asyncio.create_task(relay.run())
     try:
         await first.outbox.add(_messages(0, 2))

@@ -183,38 +183,45 @@ async def test_a_component_failing_past_give_up_after_stops_serve_with_its_error
     assert app.consumers == ()  # and the app stopped
 
 
+class FaultyDedup:
+    """A dedup store whose first ``seen`` calls (``failing_seen``) or first ``mark`` calls
+    (``failing_marks``) fail like a dropped connection."""
+
+    def __init__(self, *, failing_seen: int = 0, failing_marks: int = 0) -> None:
+        self.failing_seen = failing_seen
+        self.failing_marks = failing_marks
+        self.marked: set[str] = set()
+
+    async def seen(self, group: str, message_id: str) -> bool:
+        if self.failing_seen:
+            self.failing_seen -= 1
+            raise OSError("connection reset by peer")
+        return message_id in self.marked
+
+    async def mark(self, group: str, message_id: str) -> None:
+        if self.failing_marks:
+            self.failing_marks -= 1
+            raise OSError("the store went away")
+        self.marked.add(message_id)
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
 async def test_retry_1_with_one_failing_dedup_lookup_still_runs_the_handler(
     broker_url: str, waiter: Wait
 ) -> None:
-    class FlakyDedup:
-        """The first lookup fails like a dropped connection."""
-
-        def __init__(self) -> None:
-            self.calls = 0
-            self.marked: set[str] = set()
-
-        async def seen(self, group: str, message_id: str) -> bool:
-            self.calls += 1
-            if self.calls == 1:
-                raise OSError("connection reset by peer")
-            return message_id in self.marked
-
-        async def mark(self, group: str, message_id: str) -> None:
-            self.marked.add(message_id)
-
-        async def open(self) -> None:
-            return None
-
-        async def close(self) -> None:
-            return None
-
     attempts: list[int] = []
 
     @subscribe("it.sup.tick", group="g", retry=1)
     async def handle(event: Tick, ctx: Context) -> None:
         attempts.append(ctx.attempt)
 
-    app = App("it-sup-dedup", broker=broker_url, handlers=[handle], dedup=FlakyDedup())
+    dedup = FaultyDedup(failing_seen=1)
+    app = App("it-sup-dedup", broker=broker_url, handlers=[handle], dedup=dedup)
     async with app:
         await app.publish(Tick(n=1))
         await waiter(lambda: attempts == [1], what="the handler ran, at its first attempt")
@@ -229,34 +236,14 @@ async def test_a_failure_after_the_handler_gives_the_message_back_without_an_att
 ) -> None:
     """The dedup mark fails once after a successful handler: the message is given back and
     handled again at attempt 1 (no attempt spent), not dead-lettered with retry=1."""
-
-    class MarkFailsOnce:
-        def __init__(self) -> None:
-            self.failed = False
-            self.marked: set[str] = set()
-
-        async def seen(self, group: str, message_id: str) -> bool:
-            return message_id in self.marked
-
-        async def mark(self, group: str, message_id: str) -> None:
-            if not self.failed:
-                self.failed = True
-                raise OSError("the store went away")
-            self.marked.add(message_id)
-
-        async def open(self) -> None:
-            return None
-
-        async def close(self) -> None:
-            return None
-
     attempts: list[int] = []
 
     @subscribe("it.sup.tick", group="g", retry=1)
     async def handle(event: Tick, ctx: Context) -> None:
         attempts.append(ctx.attempt)
 
-    app = App("it-sup-mark", broker=broker_url, handlers=[handle], dedup=MarkFailsOnce())
+    dedup = FaultyDedup(failing_marks=1)
+    app = App("it-sup-mark", broker=broker_url, handlers=[handle], dedup=dedup)
     async with app:
         await app.publish(Tick(n=1))
         await waiter(lambda: app.stats()["g:it.sup.tick"]["handled"] == 1)
