@@ -38,6 +38,7 @@ from eventflow.testing.broker_contract import (
     eventually,
     unique_name,
 )
+from eventflow.testing.broker_contract.startup import BrokerAt, StartupContract, refused_start
 from eventflow.testing.nats_server import find_nats_server, nats_service_url
 from eventflow.testing.services import free_port
 
@@ -113,57 +114,31 @@ def test_partition_of_is_stable() -> None:
 # -- start-up: bounded, interruptible, and telling what to check ------------------------------
 
 
-async def _refused_start(broker: NatsBroker, within: float) -> BrokerError:
-    """Start ``broker``, expecting a ``BrokerError`` within ``within`` seconds."""
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    try:
-        with pytest.raises(BrokerError) as info:
-            await asyncio.wait_for(broker.start(), within + 10)
-    finally:
-        await broker.close()
-    assert loop.time() - began < within, "start gave up later than its connect_timeout"
-    return info.value
+class TestNatsStartup(StartupContract):
+    """The first connection: bounded by ``connect_timeout``, interruptible."""
+
+    @pytest.fixture
+    def broker_at(self) -> BrokerAt:
+        """A NATS broker for ``127.0.0.1:port``."""
+        return lambda port, timeout: NatsBroker.from_url(
+            f"nats://127.0.0.1:{port}?connect_timeout={timeout}"
+        )
 
 
-async def test_start_without_a_server_fails_within_connect_timeout() -> None:
-    """Nothing listens: ``start`` gives up after ``connect_timeout`` (not retrying for ever)
-    with a ``BrokerError`` that names the URL, without its password, and what to check."""
+async def test_a_refused_start_hides_the_password_and_names_the_timeout() -> None:
+    """The error names the URL without its password, and the connect timeout to raise."""
     port = free_port()
     broker = NatsBroker.from_url(f"nats://alice:s3cret@127.0.0.1:{port}?connect_timeout=1")
-    error = await _refused_start(broker, within=4)
-    text = str(error)
-    assert f"127.0.0.1:{port}" in text
+    text = str(await refused_start(broker, within=4))
     assert "s3cret" not in text
-    assert "connect_timeout=1s" in text and "running" in text
+    assert "connect_timeout=1s" in text
 
 
-async def test_start_on_a_port_that_never_answers_fails_and_closes_its_socket() -> None:
-    """A port that accepts and stays silent (another protocol's): a ``BrokerError`` naming
-    the client port to check, and the client closes its connection."""
+async def test_a_silent_port_is_named_as_the_wrong_port() -> None:
+    """A port that accepts and never greets: the error asks for the client port."""
     async with SilentServer() as silent:
         broker = NatsBroker.from_url(f"nats://127.0.0.1:{silent.port}?connect_timeout=1")
-        error = await _refused_start(broker, within=4)
-        assert "client port" in str(error)
-        assert silent.connections, "the client did connect"
-        assert await silent.all_closed(timeout=2), "a socket was left open"
-
-
-async def test_cancelling_start_stops_it_at_once_and_leaves_nothing_open() -> None:
-    """SIGINT during start-up cancels ``start``: it ends at once, its socket is closed and
-    no task is left (the module's fixture checks the tasks)."""
-    async with SilentServer() as silent:
-        broker = NatsBroker.from_url(f"nats://127.0.0.1:{silent.port}?connect_timeout=60")
-        starting = asyncio.create_task(broker.start())
-        await eventually(lambda: silent.connections, message="the client connected")
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        starting.cancel()
-        await asyncio.wait({starting}, timeout=5)
-        assert starting.cancelled()
-        assert loop.time() - began < 1.0
-        assert await silent.all_closed(timeout=2), "a socket was left open"
-        await broker.close()
+        assert "client port" in str(await refused_start(broker, within=4))
 
 
 async def test_start_on_a_server_without_jetstream_says_so() -> None:
@@ -191,7 +166,7 @@ async def test_start_on_a_server_without_jetstream_says_so() -> None:
 
         await eventually(listening, message="nats-server listening")
         broker = NatsBroker.from_url(f"nats://127.0.0.1:{port}?connect_timeout=1")
-        error = await _refused_start(broker, within=4)
+        error = await refused_start(broker, within=4)
         assert "JetStream" in str(error) and "-js" in str(error)
     finally:
         server.terminate()

@@ -16,11 +16,15 @@ Waits are bounded polls; a subclass on a slow server raises ``timeout`` (how lon
 for something that must happen) or ``quiet_period`` (how long to watch for something that
 must not happen). ``max_message_bytes`` is the largest payload its brokers accept (1 MiB
 by default, the default of every adapter); one built with a smaller limit says so there.
+
+A network broker's module also subclasses :class:`StartupContract` (the first connection
+bounded and interruptible), providing ``broker_at``.
 """
 
 from .delivery import DeliveryContract
 from .groups import GroupContract
 from .redelivery import RedeliveryContract
+from .startup import BrokerAt, StartupContract
 from .support import (
     BrokerFactory,
     Member,
@@ -33,10 +37,12 @@ from .support import (
 )
 
 __all__ = [
+    "BrokerAt",
     "BrokerContract",
     "BrokerFactory",
     "Member",
     "SilentServer",
+    "StartupContract",
     "broker_pool",
     "collect",
     "drain",
