@@ -45,6 +45,7 @@ class HandlerSpec:
     dead_letter: bool
     idempotent: bool
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    any_topic: bool = False
 
     @property
     def name(self) -> str:
@@ -62,6 +63,7 @@ def subscribe(
     dead_letter: bool = True,
     idempotent: bool = True,
     max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+    any_topic: bool = False,
 ) -> Callable[[H], H]:
     """Mark an ``async def handler(event, ctx)`` to consume topics matching ``pattern``.
 
@@ -78,6 +80,8 @@ def subscribe(
       finishing (the process died each time) is dead-lettered as a crash loop. Messages
       a dying process had fetched but not started are not charged; neither is a failure
       around the handler (the store or the broker), which gives the message back untouched.
+    - ``any_topic``: the handler's event types arrive on topics not named after them
+      (publishers send them with ``topic=...``), so its pattern is not checked against them.
 
     Mistakes are refused here rather than at the first message: a bare ``@subscribe``
     (without the pattern), a pattern that is not a string, ``retry=0``, ``concurrency=0``.
@@ -115,6 +119,7 @@ def subscribe(
             dead_letter,
             idempotent,
             max_deliveries,
+            any_topic,
         )
         specs = list(getattr(fn, _MARK, ()))
         specs.append(spec)
@@ -226,11 +231,14 @@ def check_reachable(bindings: Iterable[tuple[HandlerSpec, Signature]]) -> None:
     types its patterns match; any other class in its annotation is a mistake (a typo in the
     pattern, a copied decorator) that would otherwise show up as messages that never arrive.
     A function under several ``@subscribe`` decorators may take a union whose members each
-    arrive through one of them. ``Envelope`` and ``Event`` annotations are not checked: they
-    are how a handler takes events that publishers send to another topic (``topic=``).
+    arrive through one of them. ``Envelope`` and ``Event`` annotations, and a handler marked
+    ``any_topic=True`` (publishers send its events to other topics with ``topic=``), are not
+    checked.
     """
     by_fn: dict[Handler, tuple[list[HandlerSpec], dict[str, type[Event]]]] = {}
     for spec, signature in bindings:
+        if spec.any_topic:
+            continue
         if signature.accepts:  # None (Envelope) and {} (Event) take anything
             by_fn.setdefault(spec.fn, ([], signature.accepts))[0].append(spec)
     for specs, accepts in by_fn.values():
@@ -253,6 +261,6 @@ def _unreachable_message(name: str, patterns: list[str], classes: list[type[Even
         f"to the topic named by its type, which {subscribed} never matches, so the handler "
         f"would never receive it. Subscribe to a pattern that matches the type (e.g. "
         f"@subscribe({example!r})), or drop the class from the annotation; if publishers "
-        "really send the event to another topic with topic=..., annotate the handler's "
-        "first parameter with Envelope or Event instead (those are not checked)"
+        "really send the event to another topic with topic=..., say so with "
+        "@subscribe(..., any_topic=True)"
     )

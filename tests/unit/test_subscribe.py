@@ -317,10 +317,12 @@ def test_handler_typed_for_an_event_its_pattern_never_matches_is_refused(
     assert fn.__qualname__ in text
     assert repr(pattern) in text
     assert unreachable in text
-    # It says what to do: fix the pattern, or take Envelope/Event for topic=... publishers.
+    # It says what to do: fix the pattern, or say so when publishers use topic=...
     assert "Subscribe to a pattern that matches" in text
     assert "topic=" in text
-    assert "Envelope or Event" in text
+    assert "any_topic=True" in text
+    # ... and that escape is honoured: typed events arriving on a custom topic.
+    App("ut-sub-any-topic", handlers=[subscribe(pattern, any_topic=True)(make())])
 
 
 @pytest.mark.parametrize(
