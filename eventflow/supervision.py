@@ -198,7 +198,8 @@ class Supervisor:
 
     @property
     def components(self) -> tuple[Component, ...]:
-        """Every component started, in start order."""
+        """The components running (or waiting to restart), and those that failed, in start
+        order; one that ended is forgotten."""
         return tuple(self._components)
 
     @property
@@ -237,8 +238,15 @@ class Supervisor:
         component._task = task
         self._components.append(component)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda done: self._ended(component, done))
         return component
+
+    def _ended(self, component: Component, task: asyncio.Task[None]) -> None:
+        # A stopped component is forgotten (a consumer subscribing again after each failure
+        # would grow the list for ever); a failed one stays, to be reported.
+        self._tasks.discard(task)
+        if component.state is not ComponentState.FAILED:
+            self._components.remove(component)
 
     async def close(self) -> None:
         """Cancel every component and wait for them to end. Idempotent."""
@@ -267,6 +275,11 @@ class Supervisor:
                     raise  # stopped by its owner
                 error: Exception = _unasked_cancel(exc)
             except Exception as exc:
+                if task.cancelling():
+                    # Stopped by its owner, and its clean-up failed (a rollback on a dead
+                    # connection, say): still a stop, not a failure to restart.
+                    component.state = ComponentState.STOPPED
+                    raise asyncio.CancelledError from exc
                 error = exc
             else:
                 component.state = ComponentState.STOPPED
@@ -302,7 +315,11 @@ class Supervisor:
                 delay,
                 component.restarts,
             )
-            await asyncio.sleep(delay)
+            try:
+                await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                component.state = ComponentState.STOPPED  # stopped while waiting to restart
+                raise
 
     def _fail(self, component: Component, error: BaseException, why: str) -> None:
         component.state = ComponentState.FAILED

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from eventflow import (
@@ -403,3 +404,33 @@ async def test_a_failed_commit_of_a_child_task_transaction_keeps_its_message(
             async with app.store.transaction() as tx:
                 assert await tx.fetch("SELECT n FROM it_ctx_once") == [(7,)]
             assert await app.store.dedup.seen("ledger", env.id)
+
+
+@pytest.mark.service("postgres")
+async def test_a_cancellation_stays_one_when_the_rollback_fails_on_a_dead_connection() -> None:
+    """A task cancelled inside a PostgreSQL transaction whose connection died (a failover, a
+    partition) ends cancelled: the failed ROLLBACK is logged, not raised in its place (a
+    stopping projection runner would take it for a failed batch and go on)."""
+    async with isolated_schema(postgres_url()) as url:
+        store = store_for(url)
+        await store.open()
+        try:
+            admin = await asyncpg.connect(postgres_url())
+            in_block = asyncio.Event()
+
+            async def body() -> None:
+                async with store.transaction() as tx:
+                    [(pid,)] = await tx.fetch("SELECT pg_backend_pid()")
+                    await admin.execute("SELECT pg_terminate_backend($1)", pid)
+                    in_block.set()
+                    await asyncio.sleep(30)  # cancelled here
+
+            task = asyncio.create_task(body())
+            await asyncio.wait_for(in_block.wait(), BOUND)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, BOUND)
+            await admin.close()
+            assert await store.stream_version("any") == 0  # the store still works
+        finally:
+            await store.close()

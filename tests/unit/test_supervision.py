@@ -141,3 +141,53 @@ async def test_close_cancels_every_component_and_nothing_else() -> None:
     await outside
     with pytest.raises(RuntimeError, match="closed"):
         supervisor.spawn("late", forever)
+
+
+async def test_a_component_whose_clean_up_fails_while_it_is_stopped_is_stopped() -> None:
+    """Its cancellation came back as another error (closing a dead connection raised): still
+    a stop, not a failure to restart, so ``close`` returns."""
+    runs: list[int] = []
+
+    async def cleanup_fails() -> None:
+        runs.append(len(runs))
+        try:
+            await asyncio.Event().wait()
+        finally:
+            raise BrokerError("closing the subscription failed: not connected")
+
+    supervisor = Supervisor("t", QUICK)
+    component = supervisor.spawn("c", cleanup_fails)
+    await asyncio.sleep(0.01)
+    await asyncio.wait_for(supervisor.close(), 3)
+    assert runs == [0]
+    assert component.state is ComponentState.STOPPED
+    assert supervisor.failure is None
+
+
+async def test_ended_components_are_forgotten_failed_ones_kept() -> None:
+    async def ends() -> None:
+        return None
+
+    async def breaks() -> None:
+        raise KeyError("bug")
+
+    supervisor = Supervisor("t", QUICK)
+    for n in range(50):
+        await supervisor.spawn(f"sub{n}", ends).wait()
+    failed = supervisor.spawn("broken", breaks)
+    await failed.wait()
+    assert supervisor.components == (failed,)
+    await supervisor.close()
+
+
+async def test_a_component_stopped_while_waiting_to_restart_says_stopped() -> None:
+    async def down() -> None:
+        raise StoreError("down")
+
+    policy = RestartPolicy(initial_delay=5.0, max_delay=5.0, give_up_after=None)
+    supervisor = Supervisor("t", policy)
+    component = supervisor.spawn("c", down)
+    while component.state is not ComponentState.RETRYING:
+        await asyncio.sleep(0.001)
+    await supervisor.close()
+    assert component.state is ComponentState.STOPPED

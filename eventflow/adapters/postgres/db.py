@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise MissingDependencyError("asyncpg", "postgres") from exc
 
 __all__ = ["PostgresConfig", "PostgresDatabase", "PostgresTransaction", "reset_connection"]
+
+_log = logging.getLogger("eventflow.postgres")
 
 DEFAULT_MIN_POOL = 2
 DEFAULT_MAX_POOL = 10
@@ -394,10 +397,21 @@ class PostgresDatabase:
             try:
                 try:
                     yield PostgresTransaction(shared, self)
-                except BaseException:
+                except BaseException as exc:
                     await shared.end()
                     try:
                         await tx.rollback()
+                    except Exception as rollback_error:
+                        # The block's error (a cancellation, say) is what the caller must
+                        # see; a connection that cannot roll back is gone (the pool drops
+                        # it), and the server rolls back what it had open.
+                        _log.warning(
+                            "rolling back a PostgreSQL transaction after %s failed (%s: %s); "
+                            "the server rolls back what a lost connection had open",
+                            type(exc).__name__,
+                            type(rollback_error).__name__,
+                            rollback_error,
+                        )
                     finally:
                         shared.give()
                     raise

@@ -202,9 +202,20 @@ class SqliteDatabase:
             try:
                 try:
                     yield SqliteTransaction(self, shared)
-                except BaseException:
+                except BaseException as exc:
                     shared.open = False
-                    await self._settled(self._exec, "ROLLBACK")
+                    try:
+                        await self._settled(self._exec, "ROLLBACK")
+                    except Exception as rollback_error:
+                        # The block's error (a cancellation, say) is what the caller must
+                        # see; the failed ROLLBACK is logged with what it left behind.
+                        _log.warning(
+                            "SQLite ROLLBACK on %r after %s failed: %s; %s",
+                            self.path,
+                            type(exc).__name__,
+                            rollback_error,
+                            await self._left_in(),
+                        )
                     raise
                 shared.open = False
                 await self._settled(self._end, "COMMIT")
