@@ -271,8 +271,12 @@ class App:
                 try:
                     await self._send(topic, env)
                     break
-                except (ConfigurationError, MessageRefusedError):
+                except MessageRefusedError:
                     raise
+                except ConfigurationError as exc:  # the broker can never send it as it is
+                    raise MessageRefusedError(
+                        f"the broker cannot send {env.id} to {topic!r}: {exc}"
+                    ) from exc
                 except Exception as exc:
                     self._log.warning(
                         f"send:{topic}",

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from .._logging import Throttled
 from ..envelope import new_id
-from ..errors import LeaseLostError, MessageRefusedError
+from ..errors import ConfigurationError, LeaseLostError, MessageRefusedError
 from ..ports import Broker, DeadLetter, OutboxMessage, Store
 
 if TYPE_CHECKING:
@@ -87,10 +87,14 @@ async def _publish(
             await broker.publish(topic, payload, key=key, headers=headers)
             _throttled.clear(topic)
             return
-        except MessageRefusedError:
+        except (MessageRefusedError, ConfigurationError) as exc:
+            # ConfigurationError: the broker can never send it as it is (a topic it cannot
+            # name), which is a refusal too.
             refused += 1
             if refused >= PARK_AFTER:
-                raise
+                if isinstance(exc, MessageRefusedError):
+                    raise
+                raise MessageRefusedError(f"the broker cannot send it: {exc}") from exc
         except Exception as exc:  # the broker is down: keep the order, wait, retry
             _throttled.warning(topic, "relay could not publish to %s (%s); retrying", topic, exc)
         await asyncio.sleep(delay)

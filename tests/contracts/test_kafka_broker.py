@@ -364,3 +364,13 @@ async def test_close_lets_its_callers_cancellation_through(kafka_url: str) -> No
     finally:
         await broker.close()
     await asyncio.sleep(0.6)  # the pump's own slow end
+
+
+async def test_a_topic_kafka_cannot_name_is_refused(kafka_url: str) -> None:
+    """eventflow accepts ``tenant/42.orders``; Kafka names allow no ``/``: every send of it
+    would fail, so it is refused for good (not retried as if the broker were down)."""
+    async with KafkaBroker.from_url(kafka_url) as broker:
+        with pytest.raises(MessageRefusedError, match="cannot carry"):
+            await broker.publish("tenant/42.orders", b"{}")
+        with pytest.raises(ConfigurationError):  # subscribing to it is a mistake of config
+            await broker.subscribe("tenant/42.orders", group=unique_name("g"))

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import zlib
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import nats
@@ -350,3 +351,43 @@ async def test_group_coordination_runs_under_the_given_supervisor(nats_url: str)
     finally:
         await broker.close()
         await supervisor.close()
+
+
+async def test_a_subject_the_user_may_not_publish_to_is_refused(tmp_path: Path) -> None:
+    """A permissions violation gets no reply (the server tells the client's error callback):
+    the publish is refused for good within the request timeout, not retried until
+    ``publish_timeout`` as if the server were down, and the next one is refused at once."""
+    port = free_port()
+    conf = tmp_path / "nats.conf"
+    conf.write_text(
+        f'port: {port}\nhost: 127.0.0.1\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
+        'authorization { users = [ { user: "app", password: "pw", permissions: '
+        '{ publish: { allow: [">"], deny: ["*.*.secret.>"] } } } ] }\n'
+    )
+    server = await asyncio.create_subprocess_exec(
+        find_nats_server(),
+        "-c",
+        str(conf),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        url = (
+            f"nats://app:pw@127.0.0.1:{port}?stream={unique_name('PERM').upper()}"
+            "&request_timeout=1&publish_timeout=30&connect_timeout=10"
+        )
+        async with NatsBroker.from_url(url) as broker:
+            await broker.publish("open.x", b"{}")
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            with pytest.raises(MessageRefusedError, match="permissions violation"):
+                await broker.publish("secret.x", b"{}")
+            assert loop.time() - began < 5  # the request timeout, not publish_timeout
+            began = loop.time()
+            with pytest.raises(MessageRefusedError):
+                await broker.publish("secret.x", b"{}")
+            assert loop.time() - began < 0.5
+            await broker.publish("open.y", b"{}")  # the broker goes on
+    finally:
+        server.terminate()
+        await server.wait()

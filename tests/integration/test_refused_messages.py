@@ -5,13 +5,13 @@ NATS server (its ``max_payload``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from eventflow import App, Context, Event, RetryPolicy, subscribe
+from eventflow import App, ConfigurationError, Context, Event, RetryPolicy, subscribe
 from eventflow.adapters.memory import MemoryBroker
 from eventflow.adapters.memory.broker import MemoryBrokerConfig
 from eventflow.adapters.nats import NatsBroker, NatsBrokerConfig
@@ -168,3 +168,55 @@ async def test_a_parked_message_is_replayed_to_every_group(
         assert [d.id for d in await app.dead_letters.list()] == ["parked-1"]
         assert await app.dead_letters.replay(["parked-1"]) == 1
         await waiter(lambda: got == {"a": [9, 9], "b": [9, 9]}, what="both groups got it")
+
+
+class _NamingBroker(MemoryBroker):
+    """A memory broker that cannot name one topic, as Kafka cannot name ``a/b`` (raising a
+    ConfigurationError, as a third-party adapter might, not MessageRefusedError)."""
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if topic == "tenant/42.orders":
+            raise ConfigurationError(f"topic {topic!r} has a character this broker refuses")
+        await super().publish(topic, payload, key=key, headers=headers)
+
+
+@pytest.mark.parametrize("through_outbox", [False, True])
+async def test_a_topic_the_broker_can_never_send_to_is_a_refusal(
+    through_outbox: bool, broker_name: str, tmp_path: Path, waiter: Wait
+) -> None:
+    """A configuration error from the broker's publish can never pass: the handled message
+    is dead-lettered (or the outbox row parked) and the key's next messages flow, instead of
+    the message being given back for ever."""
+    shipped: list[int] = []
+
+    @subscribe("it.rf.order", group="orders", retry=2)
+    async def ship(event: RfOrder, ctx: Context) -> None:
+        topic = "tenant/42.orders" if event.n == 1 else "it.rf.shipped"
+        if through_outbox:
+            async with ctx.transaction():
+                await ctx.publish(RfShipped(n=event.n), topic=topic)
+        else:
+            await ctx.publish(RfShipped(n=event.n), topic=topic)
+
+    @subscribe("it.rf.shipped", group="shipping")
+    async def record(event: RfShipped) -> None:
+        shipped.append(event.n)
+
+    broker = _NamingBroker(MemoryBrokerConfig(name=broker_name))
+    store = f"sqlite:///{tmp_path / 'rf.db'}"
+    app = App("it-rf-naming", broker=broker, store=store, handlers=[ship, record])
+    async with app:
+        for n in range(4):
+            await app.publish(RfOrder(n=n), key="one-key")
+        await waiter(lambda: shipped == [0, 2, 3], what="the key's other messages")
+        [letter] = await app.dead_letters.list()
+        assert letter.reason == "publish-refused"
+        assert letter.group == (OUTBOX_GROUP if through_outbox else "orders")
+        assert app.stats()["orders:it.rf.order"]["given_back"] == 0

@@ -233,7 +233,13 @@ class KafkaBroker:
                 )
 
     async def _kafka_name(self, topic: str, refused: type[BrokerError] = BrokerError) -> str:
-        name = kafka_topic(topic, self.config.topic_prefix)
+        try:
+            name = kafka_topic(topic, self.config.topic_prefix)
+        except ConfigurationError as exc:
+            if refused is not MessageRefusedError:
+                raise  # subscribing to it: a configuration mistake
+            # A topic eventflow accepts but Kafka cannot name: every send of it would fail.
+            raise MessageRefusedError(f"kafka cannot carry a message for {topic!r}: {exc}") from exc
         if self.config.create_topics:
             await self._create_topics([name], refused)
         names = self._names

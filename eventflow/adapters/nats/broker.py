@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -58,6 +59,9 @@ _log = logging.getLogger("eventflow.nats")
 _ENVELOPE_ID_HEADER = "eventflow-id"
 _PARTITIONS_META = "eventflow.partitions"
 _RETRY_PAUSE = 0.05
+_DENIED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
+_DENIED_FOR = 60.0
+_MAX_DENIED = 1024
 _MAX_RETRY_PAUSE = 0.5
 
 
@@ -78,6 +82,7 @@ class NatsBroker:
         self._subs: set[NatsSubscription] = set()
         self._consumers: set[str] = set()
         self._topics: set[str] = set()
+        self._denied: dict[str, float] = {}  # topic -> when the server refused a publish
         self._rr = 0
         self._closed = False
         self._lock = asyncio.Lock()
@@ -164,6 +169,17 @@ class NatsBroker:
             )
 
     async def _on_error(self, exc: Exception) -> None:
+        denied = _DENIED.search(str(exc))
+        if denied is not None:
+            # The server refuses this client publishing to the subject; the request that
+            # caused it only times out, so publish() learns it from here, per topic (its
+            # subjects differ by partition).
+            subject, head = denied.group(1), f"{self.config.prefix}."
+            topic = subject[len(head) :].partition(".")[2] if subject.startswith(head) else ""
+            if topic:
+                if len(self._denied) >= _MAX_DENIED:
+                    self._denied.clear()
+                self._denied[topic] = asyncio.get_running_loop().time()
         if self._nc is None:
             # Still connecting for the first time: the error goes into start's BrokerError.
             self._connect_error = exc
@@ -395,6 +411,7 @@ class NatsBroker:
         if size > nc.max_payload:
             # The server would answer a PUB over its max_payload by closing the connection.
             raise MessageRefusedError(self._too_large(topic, size, nc.max_payload))
+        self._check_allowed(topic)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + cfg.publish_timeout
         pause = _RETRY_PAUSE
@@ -422,6 +439,7 @@ class NatsBroker:
                 full = problem
             if self._nc is None:
                 raise BrokerError("NATS broker closed while publishing")
+            self._check_allowed(topic)
             remaining = deadline - loop.time()
             if remaining <= 0:
                 if full is not None and full == problem:
@@ -437,6 +455,22 @@ class NatsBroker:
                 )
             await asyncio.sleep(min(pause, remaining))
             pause = min(pause * 2, _MAX_RETRY_PAUSE)
+
+    def _check_allowed(self, topic: str) -> None:
+        """Raise ``MessageRefusedError`` if the server refused this client a publish to
+        ``topic`` lately (permissions may change with a reload, so a refusal is believed
+        for ``_DENIED_FOR`` seconds)."""
+        at = self._denied.get(topic)
+        if at is None:
+            return
+        if asyncio.get_running_loop().time() - at > _DENIED_FOR:
+            del self._denied[topic]
+            return
+        raise MessageRefusedError(
+            f"NATS refuses this client publishing to {topic!r} (a permissions violation on "
+            f"its subjects {self.config.prefix}.<partition>.{topic}); it is not retried: "
+            "grant the user publish permission on them in the server's configuration"
+        )
 
     def _too_large(self, topic: str, size: int, limit: int) -> str:
         return (
