@@ -204,7 +204,10 @@ async def _keep(backend: LeaseBackend, lease: Lease, ttl: float, renewed_at: flo
             sent = loop.time()
             remaining = deadline - sent
             if remaining <= 0:
-                lease._lose(f"it was not renewed for {ttl:g}s (the store did not answer)")
+                lease._lose(
+                    f"it was not renewed for {ttl:g}s (the store did not answer in time: it "
+                    "is down, or busy with a transaction of this process longer than that)"
+                )
                 return
             try:
                 async with asyncio.timeout(remaining):

@@ -272,12 +272,24 @@ class ProjectionRunner:
     # -- one batch -------------------------------------------------------------------------
 
     async def _apply(self, batch: list[RecordedEvent], lease: Lease) -> None:
-        """Handle ``batch`` and move the checkpoint to its end, in one transaction that
-        commits only if ``lease`` still holds."""
+        """Handle ``batch`` and move the checkpoint to its end, in transactions that commit
+        only if ``lease`` still holds. One lasts at most a third of the lease's ttl (the rest
+        of the batch goes into the next): a store busy with one long transaction could not
+        renew the lease in time (SQLite has one writer), and the batch would be refused for
+        ever."""
+        while batch:
+            batch = batch[await self._apply_some(batch, lease) :]
+
+    async def _apply_some(self, batch: list[RecordedEvent], lease: Lease) -> int:
+        """Handle the start of ``batch`` (one event at least, more while within the time
+        budget) and move the checkpoint past it, in one transaction; return how many."""
         handlers = self._handlers
         decode = self._registry.decode_as
         checkpoints = self.store.checkpoints
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.store.leases.ttl / 3
         done = 0
+        handling = True  # False once every event of this transaction was handled
         rec = batch[0]
         try:
             async with self.store.transaction() as tx:
@@ -289,15 +301,19 @@ class ProjectionRunner:
                         ctx.record = rec
                         await handler(decode(rec.envelope, event_cls), ctx)
                     done += 1
-                await checkpoints.set(self.name, batch[-1].position, tx=tx, lease=lease)
+                    if loop.time() >= deadline:
+                        break
+                handling = False
+                await checkpoints.set(self.name, batch[done - 1].position, tx=tx, lease=lease)
         except BaseException as exc:
             if not self.atomic_state and done > 0 and not isinstance(exc, LeaseLostError):
                 # Python state keeps the handled events' effects: record that they are in.
                 async with self.store.transaction() as tx:
                     await checkpoints.set(self.name, batch[done - 1].position, tx=tx, lease=lease)
-            if isinstance(exc, Exception) and done < len(batch):
+            if isinstance(exc, Exception) and handling:
                 raise ProjectionHandlerError(self.name, rec, exc) from exc
             raise
+        return done
 
     # -- rebuild ---------------------------------------------------------------------------
 

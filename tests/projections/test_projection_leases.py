@@ -29,6 +29,7 @@ from eventflow.ports import Store, Transaction
 from eventflow.projections import Projection, ProjectionContext, ProjectionRunner, lease_name
 from eventflow.sourcing.on import on
 from eventflow.supervision import RestartPolicy, Supervisor
+from eventflow.testing import unique_name
 from eventflow.testing.lease_faults import unaware_of_loss
 from eventflow.testing.postgres import isolated_schema, postgres_url
 
@@ -308,3 +309,56 @@ async def test_a_runner_unaware_of_its_lost_lease_is_refused_by_the_fence(
 
 async def _checkpoint(store: Store, position: int) -> bool:
     return await store.checkpoints.get("projtest_applied") == position
+
+
+class SlowApplied(Applied, name="projtest_applied"):
+    """``Applied`` whose handler takes a while (an I/O-bound handler)."""
+
+    async def _added(self, e: ItemAdded, ctx: ProjectionContext) -> None:
+        await asyncio.sleep(TTL / 20)
+        await super()._added(e, ctx)
+
+
+async def test_a_batch_longer_than_the_lease_ttl_still_progresses(
+    backend: Backend, waiter: Waiter
+) -> None:
+    """A batch whose events take longer than the lease's ttl in all: the runner commits it
+    in parts (each at most ttl / 3), so the store is never kept busy past a renewal; on
+    SQLite one long transaction blocked the renewals, the lease was lost and the same batch
+    was retried for ever."""
+    store, writer_store = await backend.store(), await backend.store()
+    total = 60  # 60 x TTL/20 = 3 ttl
+    for n in range(total):
+        await writer_store.append(f"item-{n}", [ItemAdded(sku="s", qty=1)])
+    projection = SlowApplied("slow")
+    runner = ProjectionRunner(projection, store, batch_size=total)
+    supervisor = Supervisor("test", RestartPolicy(initial_delay=0.05, max_delay=0.2))
+    supervisor.spawn("slow", runner.run)
+    try:
+        await waiter(lambda: _checkpoint(store, total), timeout=30, what="every event applied")
+        assert_each_once(await applied(store), total)
+        assert runner.failures == 0  # no batch was refused on the way
+    finally:
+        await supervisor.close()
+
+
+@pytest.mark.service("postgres")
+async def test_a_pool_taken_by_slow_transactions_does_not_cost_the_lease() -> None:
+    """Renewals run on a connection of the leases' own: handlers holding every pooled
+    connection for longer than the ttl do not make the holder lose its lease."""
+    async with isolated_schema(postgres_url()) as url:
+        config = dataclasses.replace(PostgresConfig.from_url(url), lease_ttl=1.0, max_pool=3)
+        store = PostgresStore(config)
+        await store.open()
+        try:
+            async with store.leases.hold(unique_name("pool")) as lease:
+
+                async def slow() -> None:
+                    async with store.transaction() as tx:
+                        await tx.execute("SELECT pg_sleep(2)")
+
+                await asyncio.gather(*(slow() for _ in range(3)))
+                await asyncio.sleep(0)  # a lost lease would cancel the block here
+                assert lease.lost is None
+        finally:
+            await store.close()

@@ -13,12 +13,15 @@ row, so it waits for that transaction, and the write waits for a takeover under 
 sees its new epoch: no takeover can commit between the check and the write.
 
 Nothing here depends on a connection staying up (no session state, no advisory lock): a
-holder whose connections are killed reconnects through the pool and keeps its lease as long
-as a renewal gets through within ``ttl``.
+holder whose connections are killed reconnects and keeps its lease as long as a renewal
+gets through within ``ttl``. Renewals and releases run on a connection of the leases' own
+(one statement at a time), so a pool taken up by the process's own slow transactions never
+starves them; taking a lease and looking up its holder use the pool.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -82,6 +85,8 @@ class PostgresLeases:
         # ends that wait at once instead of being missed.
         self._notified: dict[str, int] = {}
         self._tried_at: dict[str, int] = {}
+        self._own: Any = None  # the connection renewals and releases run on
+        self._own_lock = asyncio.Lock()
 
     def hold(self, name: str) -> AbstractAsyncContextManager[Lease]:
         """Wait for the lease on ``name`` and keep it renewed for the block (see ``Leases``)."""
@@ -102,15 +107,22 @@ class PostgresLeases:
 
     async def renew(self, name: str, owner: str, epoch: int, ttl: float) -> bool:
         """Extend the lease by ``ttl`` if ``(owner, epoch)`` holds it and it has not expired."""
-        async with self._connection("renew lease", name) as conn:
+        async with self._own_connection("renew lease", name) as conn:
             status = await conn.execute(_RENEW, name, owner, epoch, float(ttl))
         return bool(status == "UPDATE 1")
 
     async def release(self, name: str, owner: str, epoch: int) -> None:
         """Expire the lease (keeping its epoch) if ``(owner, epoch)`` holds it, and notify
         the contenders of every process."""
-        async with self._connection("release lease", name) as conn:
+        async with self._own_connection("release lease", name) as conn:
             await conn.execute(_RELEASE, name, owner, epoch, self._schema)
+
+    async def close(self) -> None:
+        """Close the leases' own connection. Idempotent."""
+        async with self._own_lock:
+            conn, self._own = self._own, None
+            if conn is not None:
+                await _close(conn)
 
     async def wait(self, name: str, timeout: float) -> None:
         """Return when a release of ``name`` is notified, or after ``timeout``."""
@@ -128,6 +140,26 @@ class PostgresLeases:
         self._released.wake(name)
 
     @asynccontextmanager
+    async def _own_connection(self, what: str, name: str) -> AsyncIterator[Any]:
+        """The leases' own connection, opened (again) when needed, for one statement at a
+        time; one that failed is dropped, so the next call connects anew."""
+        async with self._own_lock:
+            try:
+                if self._own is None or self._own.is_closed():
+                    self._own = await self._db.connect(
+                        "renew leases", server_settings={"search_path": self._schema}
+                    )
+                yield self._own
+            except _DRIVER_ERRORS as exc:
+                conn, self._own = self._own, None
+                if conn is not None:
+                    await _close(conn)
+                raise StoreError(
+                    f"could not {what} {name!r} on PostgreSQL: {type(exc).__name__}: {exc}; "
+                    "check that the server answers"
+                ) from exc
+
+    @asynccontextmanager
     async def _connection(self, what: str, name: str) -> AsyncIterator[Any]:
         try:
             async with self._db._pool().acquire() as conn:
@@ -137,3 +169,11 @@ class PostgresLeases:
                 f"could not {what} {name!r} on PostgreSQL: {type(exc).__name__}: {exc}; "
                 "check that the server answers"
             ) from exc
+
+
+async def _close(conn: Any) -> None:
+    """Close ``conn``, dropping it when it cannot close cleanly (it is broken)."""
+    try:
+        await asyncio.wait_for(conn.close(), 1.0)
+    except Exception:
+        conn.terminate()

@@ -388,8 +388,11 @@ class PostgresStore(PostgresEventLog):
         if not self._opened:
             return
         self._opened = False
-        await self._stop_events()
-        await self.db.close()
+        try:
+            await self._stop_events()
+            await self.leases.close()
+        finally:
+            await self.db.close()
 
     async def __aenter__(self) -> PostgresStore:
         await self.open()
