@@ -434,3 +434,42 @@ async def test_a_cancellation_stays_one_when_the_rollback_fails_on_a_dead_connec
             assert await store.stream_version("any") == 0  # the store still works
         finally:
             await store.close()
+
+
+@pytest.mark.service("postgres")
+async def test_a_write_waiting_for_a_transaction_that_ends_is_not_made_on_its_own() -> None:
+    """A store write given ``tx=`` waits for the transaction's connection (another task of
+    it runs a statement) while the block fails: it raises, and nothing of it commits (it
+    fell back to a pooled connection and committed after the rollback)."""
+    async with isolated_schema(postgres_url()) as url:
+        store = store_for(url)
+        await store.open()
+        try:
+            env = to_envelope(CtxBooked(n=1), source="t")
+            busy = asyncio.Event()
+            tasks: list[asyncio.Task[Any]] = []
+
+            class Boom(Exception):
+                pass
+
+            with pytest.raises(Boom):
+                async with store.transaction() as tx:
+
+                    async def slow() -> None:
+                        busy.set()
+                        await tx.execute("SELECT pg_sleep(0.5)")
+
+                    async def late() -> None:
+                        await asyncio.sleep(0.1)  # queued behind slow()'s statement
+                        await store.outbox.add([("it.ctx.booked", env)], tx=tx)
+
+                    tasks.append(asyncio.create_task(slow()))
+                    await busy.wait()
+                    tasks.append(asyncio.create_task(late()))
+                    raise Boom  # the ROLLBACK waits for slow()'s statement
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            assert isinstance(outcomes[1], StoreError)
+            assert "has ended" in str(outcomes[1])
+            assert await store.outbox.pending() == []
+        finally:
+            await store.close()

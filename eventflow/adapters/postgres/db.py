@@ -369,12 +369,18 @@ class PostgresDatabase:
         until it exits, so keep it to the statements of one store operation (a savepoint
         with its statements is not interleaved with theirs)."""
         shared = self._shared_of(tx)
-        if shared is not None and await shared.take():
+        if shared is not None and shared.open:
+            if not await shared.take():
+                # It ended while this call waited for its connection: the write was meant
+                # for it, so it must not be made on its own (it would commit after the
+                # transaction rolled back).
+                raise StoreError(_ENDED)
             try:
                 yield shared.conn
             finally:
                 shared.give()
             return
+        # No transaction, or one that ended before this call (a task that outlived it).
         async with self._pool().acquire() as conn:
             yield conn
 
