@@ -493,6 +493,9 @@ class Attempts(Protocol):
     def durable(self) -> bool:
         """True if records survive the process (a SQL store), so they count across a crash."""
 
+    async def get(self, group: str, message_id: str) -> AttemptRecord:
+        """The message's record (an empty one when there is none)."""
+
     async def started(self, group: str, message_id: str) -> AttemptRecord:
         """Count a redelivery whose handler starts now; return the record as it was."""
 

@@ -131,6 +131,8 @@ class ConsumerStats:
     dropped: int = 0
     given_back: int = 0
     """Messages given back untouched after a failure around the handler (no attempt spent)."""
+    redelivered: int = 0
+    """Deliveries after one that ended without an outcome (a crash, a stop past the grace)."""
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict."""
@@ -172,6 +174,9 @@ class Consumer:
         # delivery of one of them reads its record even when the broker counts it as a
         # first delivery (it was given back untouched after its failures were recorded).
         self._recorded: dict[str, None] = {}
+        # Ids this consumer gave back after reading their record (bounded likewise): their
+        # next delivery is not a crash's, so it counts no start.
+        self._gave_back: dict[str, None] = {}
         self._failures = 0  # infrastructure failures in a row (reset by a handled message)
         self._begin_run()
         # type -> (version, validator) of the handler's event classes: the common case (the
@@ -497,7 +502,7 @@ class Consumer:
     async def _process(self, delivery: Delivery, watch: _Watch) -> None:
         # `_active` counts running handlers so shutdown can wait for them to finish.
         self._active += 1
-        guarded = False
+        guarded = tracked = False
         try:
             (
                 stats,
@@ -567,11 +572,19 @@ class Consumer:
             attempt = 0  # handler attempts that failed before this one
             tracked = delivery.delivery_count > 1 or env_id in self._recorded
             if tracked:
-                # Not the first delivery (or given back after a recorded failure): earlier
-                # ones ended without an outcome. The record tells which attempt this is,
-                # and how often handlers were started without ever finishing.
+                # Not the first delivery (or given back after a recorded failure): the record
+                # tells which attempt this is, and how often handlers were started without
+                # ever finishing. A start is counted for a delivery after one that ended
+                # without an outcome (a crash), not after this consumer gave it back itself.
                 attempts = self.attempts
-                record = await attempts.started(group, env_id)
+                given_back_here = env_id in self._gave_back
+                if given_back_here:
+                    del self._gave_back[env_id]
+                if delivery.delivery_count > 1 and not given_back_here:
+                    stats.redelivered += 1
+                    record = await attempts.started(group, env_id)
+                else:
+                    record = await attempts.get(group, env_id)
                 self._note_recorded(env_id)
                 unfinished = 1 + record.starts if attempts.durable else delivery.delivery_count - 1
                 if unfinished >= spec.max_deliveries:
@@ -579,8 +592,7 @@ class Consumer:
                         delivery,
                         env_id,
                         CrashLoopError(
-                            f"delivered {delivery.delivery_count} times, its handler started "
-                            f"about {unfinished} times without finishing "
+                            f"its handler was started {unfinished} times and never finished "
                             f"(max_deliveries={spec.max_deliveries}): it looks like a crash "
                             "loop, the process stopping (killed, out of memory, hard timeout) "
                             "while it handles this message; inspect it before replaying"
@@ -671,6 +683,12 @@ class Consumer:
             await delivery.ack()
             if tracked:
                 await self._forget(env_id)
+        except Exception:
+            # A failure around the handler: the caller gives the message back. If its record
+            # was read, the next delivery is this consumer's own give-back, not a crash's.
+            if tracked:
+                self._bounded_put(self._gave_back, env_id)
+            raise
         finally:
             self._active -= 1
             if guarded:
@@ -679,10 +697,14 @@ class Consumer:
                     busy.set_result(None)
 
     def _note_recorded(self, env_id: str) -> None:
-        recorded = self._recorded
-        recorded[env_id] = None
-        if len(recorded) > _RECORDED_MAX:
-            del recorded[next(iter(recorded))]
+        self._bounded_put(self._recorded, env_id)
+
+    @staticmethod
+    def _bounded_put(ids: dict[str, None], env_id: str) -> None:
+        """Remember ``env_id`` in ``ids``, forgetting the oldest past ``_RECORDED_MAX``."""
+        ids[env_id] = None
+        if len(ids) > _RECORDED_MAX:
+            del ids[next(iter(ids))]
 
     async def _forget(self, env_id: str) -> None:
         """Drop the message's attempt record: it was handled or dead-lettered (best effort:

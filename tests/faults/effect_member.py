@@ -50,7 +50,13 @@ async def main() -> None:
                 "INSERT INTO fx_effects (message_id, n) VALUES ($1, $2)", env.id, env.data["n"]
             )
 
-    app = App("effect-member", broker=args.broker, store=args.store, handlers=[apply])
+    app = App(
+        "effect-member",
+        broker=args.broker,
+        store=args.store,
+        handlers=[apply],
+        heartbeat_interval=0.2,  # the test reads the members' counters from the heartbeats
+    )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with app:

@@ -13,6 +13,7 @@ them the module skips, or fails under ``CI=true``; PostgreSQL likewise.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -147,9 +148,14 @@ async def test_killed_five_times_while_messages_flow_dead_letters_none_and_appli
                     before = await applied()
 
                     async def progressed(before: int = before) -> bool:
-                        return await applied() >= before + 20 or (
-                            feeding.done() and (await applied() >= TOTAL)
+                        done = await applied()
+                        if done < before + 20 and not (feeding.done() and done >= TOTAL):
+                            return False
+                        # ... and its heartbeat has counted some (the test reads them).
+                        newest = await conn.fetchval(
+                            "SELECT stats::text FROM ef_heartbeats ORDER BY started_at DESC LIMIT 1"
                         )
+                        return newest is not None and json.loads(newest)["handled"] > 0
 
                     await eventually(progressed, timeout=90, message="the member handles some")
                     await members[-1].kill()  # mid-stream, with fetched messages not started
@@ -169,6 +175,11 @@ async def test_killed_five_times_while_messages_flow_dead_letters_none_and_appli
         assert letters == [], f"dead-lettered although no handler failed: {letters[:3]}"
         leftover = await conn.fetchval("SELECT count(*) FROM ef_attempts")
         assert leftover == 0  # every record of a redelivered message was cleared once handled
+        # The kills did leave messages unfinished: the members counted their redeliveries
+        # (the killed ones' last heartbeats stay behind).
+        beats = await conn.fetch("SELECT stats::text FROM ef_heartbeats")
+        print("BEATS", [r[0] for r in beats])
+        assert sum(json.loads(row[0]).get("redelivered", 0) for row in beats) > 0
     finally:
         for member in members:
             await member.kill()

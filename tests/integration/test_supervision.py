@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -299,3 +300,28 @@ async def test_an_unreachable_broker_fails_start_within_its_connect_timeout() ->
             pass
     assert loop.time() - began < 5
     assert app.health().status == "stopped"
+
+
+async def test_give_backs_of_a_recorded_message_are_not_counted_as_a_crash_loop(
+    broker_url: str, tmp_path: Path, waiter: Wait
+) -> None:
+    """A message whose first attempt failed (so it has a record) is then given back three
+    times by failures around its handler: no process crashed, so with max_deliveries=3 it
+    is still handled, not dead-lettered as a crash loop."""
+    attempts: list[int] = []
+
+    @subscribe("it.sup.tick", group="g", retry=RetryPolicy(3, initial_delay=0.01), max_deliveries=3)
+    async def handle(event: Tick, ctx: Context) -> None:
+        attempts.append(ctx.attempt)
+        if len(attempts) == 1:
+            raise ValueError("the first attempt fails (and is recorded)")
+
+    store = f"sqlite:///{tmp_path / 'sup.db'}"
+    dedup = FaultyDedup(failing_marks=3)
+    app = App("it-sup-gb", broker=broker_url, store=store, handlers=[handle], dedup=dedup)
+    async with app:
+        await app.publish(Tick(n=1))
+        await waiter(lambda: app.stats()["g:it.sup.tick"]["handled"] == 1)
+        assert await app.dead_letters.list() == []
+        assert app.stats()["g:it.sup.tick"]["given_back"] == 3
+    assert attempts == [1, 2, 2, 2, 2]  # every give-back ran attempt 2 again, none spent

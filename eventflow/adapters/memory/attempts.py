@@ -24,6 +24,10 @@ class MemoryAttempts:
         self.capacity = capacity
         self._records: dict[tuple[str, str], AttemptRecord] = {}
 
+    async def get(self, group: str, message_id: str) -> AttemptRecord:
+        """The message's record (an empty one when there is none)."""
+        return self._records.get((group, message_id), AttemptRecord())
+
     async def started(self, group: str, message_id: str) -> AttemptRecord:
         """Count a redelivery whose handler starts now; return the record as it was."""
         key = (group, message_id)

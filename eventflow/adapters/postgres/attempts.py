@@ -47,6 +47,16 @@ class PostgresAttempts:
         self.retention = retention
         self._writes = 0
 
+    async def get(self, group: str, message_id: str) -> AttemptRecord:
+        """The message's record (an empty one when there is none)."""
+        async with self._db.connection() as conn:
+            row = await conn.fetchrow(
+                "SELECT failures, starts FROM ef_attempts WHERE grp = $1 AND message_id = $2",
+                group,
+                message_id,
+            )
+        return AttemptRecord() if row is None else AttemptRecord(int(row[0]), int(row[1]))
+
     async def started(self, group: str, message_id: str) -> AttemptRecord:
         """Count a redelivery whose handler starts now; return the record as it was."""
         async with self._db.connection() as conn:

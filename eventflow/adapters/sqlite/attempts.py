@@ -38,6 +38,14 @@ class SqliteAttempts:
         self.retention = retention
         self._writes = 0
 
+    async def get(self, group: str, message_id: str) -> AttemptRecord:
+        """The message's record (an empty one when there is none)."""
+        rows = await self._db.query(
+            "SELECT failures, starts FROM ef_attempts WHERE grp = ? AND message_id = ?",
+            (group, message_id),
+        )
+        return AttemptRecord(int(rows[0][0]), int(rows[0][1])) if rows else AttemptRecord()
+
     async def started(self, group: str, message_id: str) -> AttemptRecord:
         """Count a redelivery whose handler starts now; return the record as it was."""
         return await self._db.run(self._started, group, message_id, time.time())
