@@ -8,6 +8,7 @@ after an append that see all of it, however many sequencer passes that takes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -19,6 +20,7 @@ from eventflow.adapters.postgres import PostgresStore
 from eventflow.adapters.postgres import events as pg_events
 from eventflow.events import to_envelope
 from eventflow.stores import store_for
+from eventflow.testing import eventually
 from eventflow.testing.postgres import isolated_schema, postgres_url
 
 pytestmark = pytest.mark.service("postgres")
@@ -113,3 +115,32 @@ async def test_a_read_right_after_a_large_append_sees_all_of_it(
             assert [rec.position async for rec in s.read_all(after=20)] == [21, 22, 23, 24, 25, 26]
         finally:
             await s.close()
+
+
+async def test_the_listener_connection_is_reconnected_after_it_is_lost(
+    postgres_store: PostgresStore,
+) -> None:
+    """The connection that hears the store's notifications (new positions, lease releases)
+    is killed (a failover, an idle timeout): it is connected again and listens again, so a
+    subscriber is woken by the next append's notification, not by its slow re-read."""
+    store = postgres_store
+    old = store._listener
+    assert old is not None
+    admin = await asyncpg.connect(postgres_url())
+    try:
+        await admin.execute("SELECT pg_terminate_backend($1)", old.get_server_pid())
+    finally:
+        await admin.close()
+
+    def reconnected() -> bool:
+        new = store._listener
+        return new is not None and new is not old and not new.is_closed()
+
+    await eventually(reconnected, timeout=10, message="a new listener connection")
+    woken = asyncio.get_running_loop().create_future()
+    tick = store._tick
+    assert tick is not None
+    tick.add_done_callback(lambda _: woken.done() or woken.set_result(None))
+    await store.append("listener-s", [ReadItem(n=1)])
+    await store._sync()  # number it now: the sequencer pass notifies ef_sequenced
+    await asyncio.wait_for(woken, 5)  # the notification came through the new connection

@@ -141,35 +141,76 @@ class PostgresEventLog:
         self._supervisor: Supervisor | None = None
         self._own_supervisor = False
         self._sequencer: Component | None = None
+        self._listening: Component | None = None
         self._throttled = Throttled(_log)
 
     async def _start_events(self, supervisor: Supervisor | None) -> None:
         loop = asyncio.get_running_loop()
         self._tick = loop.create_future()
-        cfg = self.db.config
-        self._listener = await self.db.connect(
-            "listen for appended events", server_settings={"search_path": cfg.schema}
-        )
-        await self._listener.add_listener("ef_sequenced", self._on_sequenced)
-        for channel, callback in self._channels.items():
-            await self._listener.add_listener(channel, _payload_to(callback))
-        # A component of the owner's supervisor (the app's), or of the store's own: started
+        await self._listen()  # the first connection fails open() within connect_timeout
+        # Components of the owner's supervisor (the app's), or of the store's own: started
         # in open(), stopped in close().
         self._own_supervisor = supervisor is None
         self._supervisor = supervisor or Supervisor(f"store {self.db.config.schema}")
-        self._sequencer = self._supervisor.spawn("postgres sequencer", self._sequence_loop)
+        try:
+            self._listening = self._supervisor.spawn("postgres listener", self._keep_listening)
+            self._sequencer = self._supervisor.spawn("postgres sequencer", self._sequence_loop)
+        except BaseException:
+            await self._stop_events()
+            raise
         self._pending.set()  # sequence whatever a crashed process left behind
 
+    async def _listen(self) -> None:
+        """Open the listener connection and follow the store's channels on it."""
+        cfg = self.db.config
+        conn = await self.db.connect(
+            "listen for appended events", server_settings={"search_path": cfg.schema}
+        )
+        try:
+            await conn.add_listener("ef_sequenced", self._on_sequenced)
+            for channel, callback in self._channels.items():
+                await conn.add_listener(channel, _payload_to(callback))
+        except BaseException:
+            conn.terminate()
+            raise
+        self._listener = conn
+
+    async def _keep_listening(self) -> None:
+        """A component: while the listener connection lives, wait; once it is lost (a server
+        restart, ``pg_terminate_backend``), fail, so the supervisor starts this again, which
+        connects anew. Until then subscribers and lease contenders poll."""
+        listener = self._listener
+        if listener is None or listener.is_closed():
+            self._listener = None
+            await self._listen()
+            listener = self._listener
+            self._on_sequenced()  # what was notified meanwhile is lost: read again
+            self._pending.set()
+        lost = asyncio.Event()
+        listener.add_termination_listener(lambda _conn: lost.set())
+        if listener.is_closed():
+            lost.set()
+        await lost.wait()
+        raise StoreError(
+            "the PostgreSQL listener connection was lost; reconnecting (meanwhile new events "
+            "and lease releases are found by polling, within a second)"
+        )
+
     async def _stop_events(self) -> None:
-        component, self._sequencer = self._sequencer, None
+        components = (self._sequencer, self._listening)
+        self._sequencer = self._listening = None
+        for component in components:
+            if component is not None:
+                await component.stop()
         supervisor, self._supervisor = self._supervisor, None
-        if component is not None:
-            await component.stop()
         if supervisor is not None and self._own_supervisor:
             await supervisor.close()
         listener, self._listener = self._listener, None
         if listener is not None:
-            await listener.close()
+            try:
+                await asyncio.wait_for(listener.close(), 1.0)
+            except Exception:  # already broken
+                listener.terminate()
 
     def _on_sequenced(self, *_: Any) -> None:
         tick = self._tick
