@@ -136,7 +136,11 @@ class Context:
         topic: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> Envelope:
-        """Queue ``message`` for publishing once this attempt succeeds; return its envelope."""
+        """Queue ``message`` for publishing once this attempt succeeds; return its envelope.
+
+        An event keeps the handled message's key unless ``key`` is given, so what follows
+        from one entity's message (a reply, the next step) is handled in order with it; an
+        ``Envelope`` is sent as it is, with ``key`` and ``headers`` applied if given."""
         if topic is not None:
             validate_topic(topic)  # a bad topic fails this attempt, not the relay or the app
         parent = self.envelope
@@ -150,7 +154,7 @@ class Context:
             env = to_envelope(
                 message,
                 source=self._app.name,
-                key=key,
+                key=key if key is not None else parent.key,  # the same entity, in order
                 headers=headers,
                 correlation_id=parent.correlation_id,
                 causation_id=parent.id,

@@ -12,7 +12,7 @@
         @on(StockReserved)
         async def _reserved(self, e: StockReserved, ctx: ProjectionContext) -> None:
             await ctx.transaction().execute(
-                "UPDATE stock_levels SET qty = qty - ? WHERE sku = ?", e.qty, e.sku
+                "UPDATE stock_levels SET qty = qty - $1 WHERE sku = $2", e.qty, e.sku
             )
 
 A handler is ``async def handler(self, event, ctx)``; events of types without a handler are

@@ -40,3 +40,17 @@ async def test_publishing_an_envelope_honours_key_and_headers() -> None:
     assert (topic, queued) == ("ut.ctx.out", out)
     same = await ctx.publish(forwarded)  # nothing given: the envelope as it is
     assert same is forwarded
+
+
+async def test_a_published_event_keeps_the_handled_messages_key_unless_given() -> None:
+    from eventflow import Event
+
+    class UtCtxOut(Event, type="ut.ctx.keyed"):
+        n: int
+
+    handled = Envelope.create("ut.ctx.in", {}, key="order-1")
+    ctx = Context(cast(Any, _App()), handled, "g", 1)
+    assert (await ctx.publish(UtCtxOut(n=1))).key == "order-1"
+    assert (await ctx.publish(UtCtxOut(n=2), key="other")).key == "other"
+    keyless = Context(cast(Any, _App()), Envelope.create("ut.ctx.in", {}), "g", 1)
+    assert (await keyless.publish(UtCtxOut(n=3))).key is None

@@ -167,7 +167,8 @@ class SqliteDeadLetterStore:
         self._db = db
 
     async def add(self, letter: DeadLetter) -> None:
-        """Insert ``letter`` (committed when this returns)."""
+        """Insert ``letter``: committed when this returns, or with the transaction this
+        context has open."""
         await self._db.run(self._add, letter)
 
     @staticmethod
