@@ -146,7 +146,9 @@ class NatsSubscription:
                     async with asyncio.timeout(2 * self.broker.config.request_timeout):
                         await component.wait()
                 except TimeoutError:
-                    pass
+                    # Stuck past the bound: stop it before leaving, or a partition it claims
+                    # after the leave would stay leased until lease_ttl.
+                    await component.stop()
             if connected:
                 await self._leave()
             else:
