@@ -141,6 +141,7 @@ class Component:
         self.restarts_in_streak = 0
         self._failing_since: float | None = None  # loop time of the streak's first failure
         self._run_began = 0.0
+        self._stopping = False  # its owner asked it to stop (stop() or the supervisor's close)
 
     def __repr__(self) -> str:
         return f"<Component {self.name!r} {self.state.value} restarts={self.restarts}>"
@@ -172,6 +173,7 @@ class Component:
         task = self._task
         if task is None or task.done():
             return
+        self._stopping = True
         task.cancel()
         await asyncio.wait({task})
 
@@ -251,6 +253,8 @@ class Supervisor:
     async def close(self) -> None:
         """Cancel every component and wait for them to end. Idempotent."""
         self._closed = True
+        for component in self._components:
+            component._stopping = True
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -262,20 +266,21 @@ class Supervisor:
     ) -> None:
         loop = asyncio.get_running_loop()
         policy = self.policy
-        task = asyncio.current_task()
-        assert task is not None
         while True:
             component.state = ComponentState.RUNNING
             began = component._run_began = loop.time()
+            # Stop requests are the component's own flag, not task.cancelling(): a task
+            # group whose child fails after its body ended leaves a cancel request counted
+            # on its parent for good (Python 3.11), which would read as a stop.
             try:
                 await run()
             except asyncio.CancelledError as exc:
-                if task.cancelling():
+                if component._stopping:
                     component.state = ComponentState.STOPPED
                     raise  # stopped by its owner
                 error: Exception = _unasked_cancel(exc)
             except Exception as exc:
-                if task.cancelling():
+                if component._stopping:
                     # Stopped by its owner, and its clean-up failed (a rollback on a dead
                     # connection, say): still a stop, not a failure to restart.
                     component.state = ComponentState.STOPPED

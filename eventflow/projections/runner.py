@@ -199,9 +199,6 @@ class ProjectionRunner:
             except LeaseLostError:
                 raise  # another instance holds the projection now: this one must stop
             except Exception as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise asyncio.CancelledError from exc  # stopping: its clean-up failed
                 self.failures += 1
                 self.last_error = exc
                 position = getattr(exc, "position", None)

@@ -191,3 +191,29 @@ async def test_a_component_stopped_while_waiting_to_restart_says_stopped() -> No
         await asyncio.sleep(0.001)
     await supervisor.close()
     assert component.state is ComponentState.STOPPED
+
+
+async def test_a_task_group_failure_inside_a_component_is_restarted_not_taken_for_a_stop() -> None:
+    """A child of a task group inside the component fails after the group's body ended:
+    Python 3.11 then leaves a cancel request counted on the component's task. That is no
+    stop asked by the owner: the transient error restarts the component."""
+    runs: list[int] = []
+
+    async def late_child_failure() -> None:
+        runs.append(len(runs))
+        if len(runs) > 1:
+            return
+        async with asyncio.TaskGroup() as tg:
+
+            async def child() -> None:
+                await asyncio.sleep(0.01)
+                raise StoreError("the store went away")
+
+            tg.create_task(child())  # the body ends here; the child fails afterwards
+
+    supervisor = Supervisor("t", QUICK)
+    component = supervisor.spawn("tg", late_child_failure)
+    await asyncio.wait_for(component.wait(), 5)
+    assert runs == [0, 1]
+    assert component.restarts == 1
+    await supervisor.close()

@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import BrokerResponseError, KafkaError, KafkaTimeoutError, for_code
 
 from ...errors import BackpressureError, BrokerError, ConfigurationError, MessageRefusedError
-from ...patterns import is_wildcard, validate_pattern
+from ...patterns import is_wildcard, validate_pattern, validate_topic
 from ...supervision import Supervisor
 from .config import KafkaBrokerConfig, kafka_topic, pattern_regex
 from .connection import probe
@@ -264,6 +264,7 @@ class KafkaBroker:
             raise BrokerError("kafka broker is not started: call `await broker.start()` first")
         name = self._names.get(topic)
         if name is None:
+            validate_topic(topic)  # not an eventflow topic at all: a ConfigurationError
             name = await self._kafka_name(topic, MessageRefusedError)
         try:
             # aiokafka bounds both the wait for buffer space and the wait for the broker's
