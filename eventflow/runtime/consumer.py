@@ -109,12 +109,15 @@ class _Watch:
     watchdog times a call from the tick that first sees it.
     """
 
-    __slots__ = ("calls", "expired", "seen", "seen_at", "task")
+    __slots__ = ("calls", "cancels_before", "expired", "seen", "seen_at", "task")
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self.task = task
         self.calls = 0
         self.expired = False  # the watchdog cancelled the current call
+        # The task's cancel requests when the watchdog cancelled it: a handler's task group
+        # may have left one counted for good (Python 3.11), so "ours" is one more than that.
+        self.cancels_before = 0
         self.seen = 0  # the call the watchdog is timing (0: none)
         self.seen_at = 0.0
 
@@ -495,6 +498,7 @@ class Consumer:
                     watch.seen, watch.seen_at = calls, now
                 elif now - watch.seen_at >= timeout and not watch.expired:
                     watch.expired = True
+                    watch.cancels_before = watch.task.cancelling()
                     watch.task.cancel()
 
     # -- one delivery ------------------------------------------------------------------------
@@ -613,7 +617,9 @@ class Consumer:
                 except asyncio.CancelledError as exc:
                     # Ours (the watchdog's) only if taking its request back leaves none:
                     # a shutdown cancel arriving at the same time must still stop us.
-                    timed_out = watch.expired and watch.task.cancelling() <= 1
+                    timed_out = (
+                        watch.expired and watch.task.cancelling() <= watch.cancels_before + 1
+                    )
                     if not timed_out:
                         if ctx._tx is not None:
                             await self._roll_back(ctx, exc)

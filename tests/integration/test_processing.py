@@ -608,3 +608,42 @@ async def test_context_fields(broker_url: str, waiter: Wait) -> None:
         await app.publish(Other(text="x"))
         await waiter(lambda: len(seen) == 1)
     assert seen == [("ctx-group", 1, "it.proc.other", True)]
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+async def test_a_timeout_after_a_handlers_task_group_failed_is_still_a_timeout(
+    concurrency: int, broker_url: str, waiter: Callable[..., Awaitable[None]]
+) -> None:
+    """A handler's task group whose child failed after the group's body ended leaves a
+    cancel request counted on the worker's task (Python 3.11). The watchdog's next timeout
+    on that worker is still a timeout (retried), not taken for a shutdown that ends the
+    worker and leaves the subscription without one."""
+    attempts: list[int] = []
+
+    @subscribe(
+        "it.proc.tg",
+        group="g",
+        concurrency=concurrency,
+        timeout=0.2,
+        retry=RetryPolicy(3, initial_delay=0.01),
+    )
+    async def handle(env: Envelope, ctx: Context) -> None:
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            async with asyncio.TaskGroup() as tg:
+
+                async def child() -> None:
+                    await asyncio.sleep(0.01)
+                    raise ValueError("a child fails after the body")
+
+                tg.create_task(child())
+        elif ctx.attempt == 2:
+            await asyncio.sleep(5)  # past the timeout: the watchdog cancels it
+
+    app = App("it-proc-tg", broker=broker_url, handlers=[handle])
+    async with app:
+        await app.broker.publish("it.proc.tg", Envelope.create("it.proc.tg", {}).to_bytes())
+        await waiter(lambda: app.stats()["g:it.proc.tg"]["handled"] == 1, timeout=10)
+        assert attempts == [1, 2, 3]
+        await app.broker.publish("it.proc.tg", Envelope.create("it.proc.tg", {}).to_bytes())
+        await waiter(lambda: app.stats()["g:it.proc.tg"]["handled"] == 2, timeout=10)
