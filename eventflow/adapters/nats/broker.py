@@ -28,36 +28,26 @@ from ...errors import (
 from ...patterns import validate_pattern, validate_topic
 from ...ports import Subscription
 from ...supervision import Supervisor
-from .config import NatsBrokerConfig, consumer_name, group_id, partition_of
+from .config import NatsBrokerConfig, group_id, partition_of
 
 try:
     from nats.aio.client import Client
     from nats.errors import ConnectionClosedError, MaxPayloadError, NoRespondersError
     from nats.errors import Error as NatsError
     from nats.js import JetStreamContext
-    from nats.js.api import (
-        AckPolicy,
-        ConsumerConfig,
-        DeliverPolicy,
-        DiscardPolicy,
-        KeyValueConfig,
-        RetentionPolicy,
-        StorageType,
-        StreamConfig,
-    )
-    from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, NotFoundError
-    from nats.js.kv import KeyValue
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("nats-py", "nats") from exc
 
+from .admin import ensure_consumer, ensure_kv, ensure_stream
 from .connection import connect_first, discard, header_bytes
-from .subscription import KEY_HEADER, MSG_ID_HEADER, NatsSubscription
+from .delivery import KEY_HEADER, MSG_ID_HEADER
+from .ledger import Leases, ReleaseLedger
+from .subscription import NatsSubscription
 
 __all__ = ["NatsBroker"]
 
 _log = logging.getLogger("eventflow.nats")
 _ENVELOPE_ID_HEADER = "eventflow-id"
-_PARTITIONS_META = "eventflow.partitions"
 _RETRY_PAUSE = 0.05
 _DENIED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 _DENIED_FOR = 60.0
@@ -77,8 +67,8 @@ class NatsBroker:
         self.config = config or NatsBrokerConfig()
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
-        self._lease_kv: KeyValue | None = None
-        self._release_kv: KeyValue | None = None
+        self._leases: Leases | None = None
+        self._releases: ReleaseLedger | None = None
         self._subs: set[NatsSubscription] = set()
         self._consumers: set[str] = set()
         self._topics: set[str] = set()
@@ -88,7 +78,6 @@ class NatsBroker:
         self._lock = asyncio.Lock()
         self._supervisor: Supervisor | None = None
         self._own_supervisor: Supervisor | None = None  # when start() was given none
-        self._connect_error: Exception | None = None  # the last error of the first connect
         self._warn = Throttled(_log)
 
     @classmethod
@@ -121,8 +110,14 @@ class NatsBroker:
                 return
             if self._closed:
                 raise BrokerError("this NATS broker was closed; create a new one")
-            self._connect_error = None
-            nc, js = await connect_first(self, self._setup)
+            nc, js = await connect_first(
+                self.config,
+                self.url,
+                self._setup,
+                on_reconnected=self._on_reconnected,
+                on_disconnected=self._on_disconnected,
+                on_error=self._on_error,
+            )
             if supervisor is None:
                 supervisor = self._own_supervisor = Supervisor(f"nats broker {self.url}")
             self._supervisor = supervisor
@@ -130,13 +125,10 @@ class NatsBroker:
 
     async def _setup(self, js: JetStreamContext) -> None:
         cfg = self.config
-        await self._ensure_stream(js)
-        self._lease_kv = await self._ensure_kv(
-            js, cfg.lease_bucket, cfg.effective_lease_ttl, strict=True
-        )
-        self._release_kv = await self._ensure_kv(
-            js, cfg.release_bucket, cfg.release_ttl, strict=False
-        )
+        await ensure_stream(js, cfg)
+        leases = await ensure_kv(js, cfg, cfg.lease_bucket, cfg.effective_lease_ttl, strict=True)
+        releases = await ensure_kv(js, cfg, cfg.release_bucket, cfg.release_ttl, strict=False)
+        self._leases, self._releases = Leases(leases), ReleaseLedger(releases)
 
     async def close(self) -> None:
         """Leave every group (held messages go back), then disconnect. Idempotent."""
@@ -182,7 +174,6 @@ class NatsBroker:
                 self._denied[topic] = asyncio.get_running_loop().time()
         if self._nc is None:
             # Still connecting for the first time: the error goes into start's BrokerError.
-            self._connect_error = exc
             _log.debug("connecting to NATS at %s: %s", self.url, exc)
         elif not self._closed:
             self._warn.warning("error", "NATS client error (%s): %s", self.url, exc)
@@ -196,183 +187,6 @@ class NatsBroker:
                 else "NATS broker is not started: call `await broker.start()` first"
             )
         return nc
-
-    # -- setup -------------------------------------------------------------------------------
-
-    async def _ensure_stream(self, js: JetStreamContext) -> None:
-        cfg = self.config
-        subject = f"{cfg.prefix}.>"
-        try:
-            info = await js.stream_info(cfg.stream)
-        except NotFoundError:
-            stream = StreamConfig(
-                name=cfg.stream,
-                description="eventflow messages: <prefix>.<partition>.<topic>",
-                subjects=[subject],
-                retention=RetentionPolicy.LIMITS,
-                storage=StorageType.FILE if cfg.storage == "file" else StorageType.MEMORY,
-                num_replicas=cfg.replicas,
-                max_age=cfg.max_age,
-                max_msgs=cfg.max_msgs,
-                max_bytes=cfg.max_bytes,
-                discard=DiscardPolicy.NEW,  # a full stream refuses publishes: none is dropped
-                duplicate_window=cfg.duplicate_window,
-                metadata={_PARTITIONS_META: str(cfg.partitions)},
-            )
-            try:
-                info = await js.add_stream(stream)
-            except APIError as exc:
-                if "overlap" in str(exc):
-                    raise ConfigurationError(
-                        f"cannot create NATS stream {cfg.stream!r} on {subject!r}: another "
-                        "stream captures those subjects; choose another subject_prefix="
-                    ) from exc
-                info = await js.stream_info(cfg.stream)  # created concurrently by another app
-        subjects = info.config.subjects or []
-        if subject not in subjects:
-            raise ConfigurationError(
-                f"NATS stream {cfg.stream!r} exists with subjects {subjects}, not {subject!r}; "
-                "choose another stream= or subject_prefix= (or delete the stream)"
-            )
-        stored = (info.config.metadata or {}).get(_PARTITIONS_META)
-        if stored is not None and int(stored) != cfg.partitions:
-            raise ConfigurationError(
-                f"NATS stream {cfg.stream!r} was created with {stored} partitions, this broker "
-                f"uses {cfg.partitions}; every app must use the same partitions= (changing it "
-                "needs a new stream)"
-            )
-
-    async def _ensure_kv(
-        self, js: JetStreamContext, bucket: str, ttl: float, *, strict: bool
-    ) -> KeyValue:
-        try:
-            kv = await js.key_value(bucket)
-        except BucketNotFoundError:
-            cfg = self.config
-            storage = StorageType.FILE if cfg.storage == "file" else StorageType.MEMORY
-            try:
-                return await js.create_key_value(
-                    KeyValueConfig(
-                        bucket=bucket,
-                        history=1,
-                        ttl=ttl,
-                        storage=storage,
-                        replicas=cfg.replicas,
-                    )
-                )
-            except APIError:
-                kv = await js.key_value(bucket)
-        if strict:
-            status = await kv.status()
-            have = status.ttl or 0.0
-            if abs(have - ttl) > 0.01 * ttl:
-                raise ConfigurationError(
-                    f"KV bucket {bucket!r} has a TTL of {have}s but this broker's lease TTL is "
-                    f"{ttl}s; use the same ack_wait/lease_ttl in every app of the deployment "
-                    f"(or delete the bucket when no app runs)"
-                )
-        return kv
-
-    async def _ensure_consumers(self, gid: str, pattern: str) -> None:
-        if gid in self._consumers:
-            return
-        js = self._js
-        assert js is not None
-        await asyncio.gather(
-            *(self._ensure_consumer(js, gid, p, pattern) for p in range(self.config.partitions))
-        )
-        self._consumers.add(gid)
-
-    async def _ensure_consumer(
-        self, js: JetStreamContext, gid: str, partition: int, pattern: str
-    ) -> None:
-        cfg = self.config
-        name = consumer_name(gid, partition)
-        subject = f"{cfg.prefix}.{partition}.{pattern}"
-        config = ConsumerConfig(
-            name=name,
-            durable_name=name,
-            description=f"eventflow group partition {partition} on {pattern}",
-            deliver_policy=DeliverPolicy.NEW,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=cfg.ack_wait,
-            max_deliver=cfg.max_deliver,
-            max_ack_pending=cfg.max_ack_pending,
-            filter_subject=subject,
-            inactive_threshold=cfg.group_inactive_threshold,
-        )
-        try:
-            # The server updates an existing consumer whose editable settings differ (such
-            # as max_deliver), so a deployment upgraded to new settings gets them.
-            await js.add_consumer(cfg.stream, config=config)
-            return
-        except APIError as exc:
-            error = exc
-        try:
-            info = await js.consumer_info(cfg.stream, name)
-        except NotFoundError:
-            raise BrokerError(f"cannot create NATS consumer {name!r}: {error}") from error
-        if info.config.filter_subject != subject:
-            raise ConfigurationError(
-                f"NATS consumer {name!r} exists with filter {info.config.filter_subject!r}, "
-                f"not {subject!r}; delete it (nats consumer rm {cfg.stream} {name})"
-            )
-        have = info.config.max_deliver
-        if have is not None and have != cfg.max_deliver:
-            _log.warning(
-                "NATS consumer %s keeps max_deliver=%s and could not be updated to %s (%s): "
-                "the server drops a message delivered that often without a trace; change it "
-                "(nats consumer edit %s %s --max-deliver=%s) or delete the consumer",
-                name,
-                have,
-                cfg.max_deliver,
-                error,
-                cfg.stream,
-                name,
-                cfg.max_deliver,
-            )
-            return
-        _log.warning("NATS consumer %s exists with other settings (%s); using it", name, error)
-
-    # -- KV helpers used by subscriptions -----------------------------------------------------
-
-    def _leases(self) -> KeyValue:
-        if self._lease_kv is None:
-            raise BrokerError("NATS broker is not started")
-        return self._lease_kv
-
-    async def _record_release(self, consumer: str, seq: int, count: int) -> None:
-        """Remember that message ``seq`` of ``consumer`` was given back unseen ``count`` times."""
-        kv = self._release_kv
-        if kv is not None:
-            await kv.put(f"{consumer}.{seq}", b"%d" % count)
-
-    async def _released(self, consumer: str, seq: int) -> int:
-        """How many deliveries of ``seq`` were released (not to be counted)."""
-        kv = self._release_kv
-        if kv is None:
-            return 0
-        try:
-            entry = await kv.get(f"{consumer}.{seq}")
-        except KeyNotFoundError:
-            return 0
-        except NatsError as exc:
-            self._warn.warning(
-                "release-count", "could not read release count of %s/%d: %s", consumer, seq, exc
-            )
-            return 0
-        return int(entry.value or b"0")
-
-    async def _forget_release(self, consumer: str, seq: int) -> None:
-        kv = self._release_kv
-        if kv is not None:
-            try:
-                await kv.purge(f"{consumer}.{seq}")
-            except NatsError as exc:
-                _log.debug("could not purge release count: %s", exc)
-
-    def _forget(self, sub: NatsSubscription) -> None:
-        self._subs.discard(sub)
 
     # -- the port ----------------------------------------------------------------------------
 
@@ -511,13 +325,31 @@ class NatsBroker:
 
     async def subscribe(self, pattern: str, *, group: str) -> Subscription:
         """Join ``group`` on ``pattern``; returns once this member holds its partitions."""
-        self._connection()
+        nc = self._connection()
+        js, supervisor, leases, releases = self._js, self._supervisor, self._leases, self._releases
+        assert js is not None and supervisor is not None  # set with the connection
+        assert leases is not None and releases is not None
         validate_pattern(pattern)
         if not group:
             raise ConfigurationError("a consumer group name must be non-empty")
+        cfg = self.config
         gid = group_id(group, pattern)
-        await self._ensure_consumers(gid, pattern)
-        sub = NatsSubscription(self, pattern, group, gid)
+        if gid not in self._consumers:
+            await asyncio.gather(
+                *(ensure_consumer(js, cfg, gid, p, pattern) for p in range(cfg.partitions))
+            )
+            self._consumers.add(gid)
+        sub = NatsSubscription(
+            cfg,
+            nc,
+            pattern=pattern,
+            group=group,
+            gid=gid,
+            supervisor=supervisor,
+            leases=leases,
+            releases=releases,
+            on_close=self._subs.discard,
+        )
         self._subs.add(sub)
         try:
             await sub.start()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
@@ -25,9 +24,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import ServiceUnavailableError
 
 from ...errors import BrokerError
-
-if TYPE_CHECKING:
-    from .broker import NatsBroker
+from .config import NatsBrokerConfig
 
 __all__ = ["connect_first", "header_bytes"]
 
@@ -42,14 +39,28 @@ _NOT_READY = (ServiceUnavailableError, NoRespondersError, NatsTimeoutError)
 
 
 async def connect_first(
-    broker: NatsBroker, setup: Callable[[JetStreamContext], Awaitable[None]]
+    cfg: NatsBrokerConfig,
+    url: str,
+    setup: Callable[[JetStreamContext], Awaitable[None]],
+    *,
+    on_reconnected: Callable[[], Awaitable[None]],
+    on_disconnected: Callable[[], Awaitable[None]],
+    on_error: Callable[[Exception], Awaitable[None]],
 ) -> tuple[Client, JetStreamContext]:
-    """Connect ``broker``'s client and run ``setup`` (stream and buckets) within the
-    configured ``connect_timeout``; raise ``BrokerError`` (or what ``setup`` raised, such as
-    a ``ConfigurationError``) after closing the client if that fails or is cancelled."""
-    cfg = broker.config
+    """Connect a client to ``cfg.servers`` and run ``setup`` (stream and buckets) within
+    ``cfg.connect_timeout``; raise ``BrokerError`` naming ``url`` (or what ``setup`` raised,
+    such as a ``ConfigurationError``) after closing the client if that fails or is cancelled.
+
+    The callbacks stay the client's for its life (nats-py calls them on its events)."""
     nc = Client()
     not_ready: BaseException | None = None
+    last_error: Exception | None = None
+
+    async def error_cb(exc: Exception) -> None:
+        nonlocal last_error
+        last_error = exc  # named in the BrokerError if the first connection fails
+        await on_error(exc)
+
     # One silent server must leave time for the others within the one deadline.
     attempt = max(_MIN_ATTEMPT, cfg.connect_timeout / len(cfg.servers))
     try:
@@ -64,9 +75,9 @@ async def connect_first(
                 reconnect_time_wait=RECONNECT_WAIT,  # type: ignore[arg-type]
                 max_reconnect_attempts=-1,
                 allow_reconnect=True,
-                reconnected_cb=broker._on_reconnected,
-                disconnected_cb=broker._on_disconnected,
-                error_cb=broker._on_error,
+                reconnected_cb=on_reconnected,
+                disconnected_cb=on_disconnected,
+                error_cb=error_cb,
             )
             js = nc.jetstream(timeout=cfg.request_timeout)
             while True:
@@ -82,12 +93,14 @@ async def connect_first(
         if not deadline.expired():
             raise  # not ours: a bug below, reported as it is
         if connected or not_ready is not None:
-            raise BrokerError(_no_jetstream(broker, not_ready)) from exc
-        raise BrokerError(_silent(broker) if silent else _unreachable(broker)) from exc
+            raise BrokerError(_no_jetstream(cfg, url, not_ready)) from exc
+        if silent:
+            raise BrokerError(_silent(cfg, url)) from exc
+        raise BrokerError(_unreachable(cfg, url, last_error)) from exc
     except NatsError as exc:
         await discard(nc)
         raise BrokerError(
-            f"setting up JetStream on NATS at {broker.url} failed: {type(exc).__name__}: "
+            f"setting up JetStream on NATS at {url} failed: {type(exc).__name__}: "
             f"{exc}; check the server's JetStream limits and this account's permissions"
         ) from exc
     except BaseException:
@@ -110,32 +123,29 @@ async def discard(nc: Client) -> None:
     nc._subs.clear()
 
 
-def _unreachable(broker: NatsBroker) -> str:
-    cfg = broker.config
-    last = broker._connect_error
+def _unreachable(cfg: NatsBrokerConfig, url: str, last: Exception | None) -> str:
     why = f" (last error: {type(last).__name__}: {last})" if last is not None else ""
     return (
-        f"cannot connect to NATS at {broker.url} within connect_timeout={cfg.connect_timeout:g}s"
+        f"cannot connect to NATS at {url} within connect_timeout={cfg.connect_timeout:g}s"
         f"{why}; check that nats-server is running and reachable there, that the URL names "
         "its client port (4222 by default) and that the credentials are right; raise "
         "connect_timeout= on a slow network"
     )
 
 
-def _silent(broker: NatsBroker) -> str:
+def _silent(cfg: NatsBrokerConfig, url: str) -> str:
     return (
-        f"cannot connect to NATS at {broker.url}: a server accepted the connection but did "
-        f"not greet it as a NATS server within connect_timeout={broker.config.connect_timeout:g}s"
+        f"cannot connect to NATS at {url}: a server accepted the connection but did "
+        f"not greet it as a NATS server within connect_timeout={cfg.connect_timeout:g}s"
         "; check that the URL names the NATS client port (4222 by default), not a port of "
         "another protocol (such as Kafka's) or a proxy that cannot reach nats-server"
     )
 
 
-def _no_jetstream(broker: NatsBroker, error: BaseException | None) -> str:
-    cfg = broker.config
+def _no_jetstream(cfg: NatsBrokerConfig, url: str, error: BaseException | None) -> str:
     why = f" ({type(error).__name__}: {error})" if error is not None else ""
     return (
-        f"connected to NATS at {broker.url}, but JetStream did not answer within "
+        f"connected to NATS at {url}, but JetStream did not answer within "
         f"connect_timeout={cfg.connect_timeout:g}s{why}; check that the server runs with "
         "JetStream enabled (nats-server -js, or `jetstream {}` in its config) and that this "
         "account may use it"

@@ -1,56 +1,102 @@
-"""A JetStream delivery and a partition's buffer of them (used by ``NatsSubscription``).
+"""A JetStream delivery as the consumer sees it, and the NATS headers eventflow sets.
 
-A message given back (``nack``/``release``) goes to the head of its partition's buffer,
-sorted by stream sequence, so later messages of its key do not overtake it.
+A delivery settles once: ``ack``, ``nack`` or ``release`` marks it settled and hands it to
+the partition that received it (a :class:`Settler`), which keeps the partition's order
+(see :mod:`.partition`); a second call is a no-op.
 """
 
 from __future__ import annotations
 
-import logging
-from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .subscription import NatsSubscription
-
-__all__ = ["KEY_HEADER", "MSG_ID_HEADER", "NatsDelivery"]
+__all__ = [
+    "KEY_HEADER",
+    "MSG_ID_HEADER",
+    "NatsDelivery",
+    "Settler",
+    "parse_reply",
+    "split_headers",
+]
 
 KEY_HEADER = "eventflow-key"
 """NATS header carrying the message key (removed from ``Delivery.headers``)."""
 MSG_ID_HEADER = "Nats-Msg-Id"
+"""JetStream's de-duplication id (the envelope id), removed from ``Delivery.headers``."""
 _INTERNAL = frozenset((KEY_HEADER, MSG_ID_HEADER))
 _EMPTY: Mapping[str, str] = {}
-_ACK = b""
-_NAK = b"-NAK"
-_WPI = b"+WPI"
-_MAX_BLOCKED_BUFFER = 1000
-_PULL_LOST_AFTER = 10.0
-_log = logging.getLogger("eventflow.nats")
+
+
+def parse_reply(reply: str) -> tuple[str, int, int, int]:
+    """Consumer, delivery count, stream and consumer sequence of a delivery, read from its
+    ack subject: ``$JS.ACK.<stream>.<consumer>.<count>.<seq>.<cseq>.<time>.<pending>``, or
+    the same with ``<domain>.<account hash>`` after ``$JS.ACK`` and a random token at the
+    end."""
+    tokens = reply.split(".")
+    if len(tokens) == 9:
+        return tokens[3], int(tokens[4]), int(tokens[5]), int(tokens[6])
+    return tokens[5], int(tokens[6]), int(tokens[7]), int(tokens[8])
+
+
+def split_headers(hdrs: Mapping[str, str] | None) -> tuple[str | None, Mapping[str, str]]:
+    """The key and the user's headers of a received message (without eventflow's own)."""
+    if not hdrs:
+        return None, _EMPTY
+    return hdrs.get(KEY_HEADER), {k: v for k, v in hdrs.items() if k not in _INTERNAL}
+
+
+class Settler(Protocol):
+    """What a delivery needs of the partition that received it."""
+
+    @property
+    def stream(self) -> str:
+        """The stream the message is stored in."""
+
+    @property
+    def consumer(self) -> str:
+        """The durable consumer of the partition."""
+
+    @property
+    def index(self) -> int:
+        """The partition number."""
+
+    async def ack(self, d: NatsDelivery) -> None:
+        """Ack ``d`` on the server (``d`` is marked settled already)."""
+
+    async def nack(self, d: NatsDelivery, delay: float) -> None:
+        """Give ``d`` back for a counted redelivery after ``delay``."""
+
+    async def release(self, d: NatsDelivery) -> None:
+        """Give ``d`` back unseen: it is handed out again, not counted."""
+
+    async def in_progress(self, d: NatsDelivery) -> None:
+        """Reset the server's ack timer of ``d``."""
 
 
 class NatsDelivery:
-    """A message pulled from a partition consumer; settled once (ack, nack or release)."""
+    """A message pulled from a partition consumer; settled once (ack, nack or release).
+
+    ``reply`` is the subject its acks go to; ``released`` how many earlier deliveries of it
+    were given back unseen (see :mod:`.ledger`): ``delivery_count`` leaves them out.
+    """
 
     __slots__ = (
-        "_comp",
-        "_part",
-        "_reply",
-        "_settled",
-        "_sub",
+        "_partition",
         "consumer_seq",
         "delivery_count",
         "headers",
         "key",
         "payload",
+        "released",
+        "reply",
         "seq",
+        "settled",
         "topic",
     )
 
     def __init__(
         self,
-        sub: NatsSubscription,
-        part: _Part,
+        partition: Settler,
         reply: str,
         topic: str,
         payload: bytes,
@@ -59,13 +105,12 @@ class NatsDelivery:
         seq: int,
         consumer_seq: int,
         count: int,
-        comp: int,
+        released: int,
     ) -> None:
-        self._sub = sub
-        self._part = part
-        self._reply = reply
-        self._settled = False
-        self._comp = comp
+        self._partition = partition
+        self.reply = reply
+        self.settled = False
+        self.released = released
         self.topic = topic
         self.payload = payload
         self.key = key
@@ -77,64 +122,21 @@ class NatsDelivery:
     @property
     def metadata(self) -> Mapping[str, Any]:
         """Stream, consumer, stream sequence and partition of the message."""
-        part = self._part
+        part = self._partition
         return {
             "broker": "nats",
-            "stream": self._sub.broker.config.stream,
+            "stream": part.stream,
             "consumer": part.consumer,
             "partition": part.index,
             "stream_seq": self.seq,
             "consumer_seq": self.consumer_seq,
         }
 
-    async def ack(self) -> None:
-        """Ack the message (after the handler's effects)."""
-        if self._settled:
-            return
-        self._settled = True
-        part = self._part
-        if part.out.pop(self.seq, None) is not None and part.draining:
-            self._sub.kick()
-        await self._sub.nc.publish(self._reply, _ACK)
-        if self._comp:
-            await self._sub.broker._forget_release(part.consumer, self.seq)
-
-    async def nack(self, delay: float = 0.0) -> None:
-        """Give the message back, redelivered after ``delay``; its partition waits for it."""
-        if self._settled:
-            return
-        self._settled = True
-        sub, part = self._sub, self._part
-        if sub.closed or part.out.pop(self.seq, None) is None:
-            return  # given back already, when the subscription closed or lost the partition
-        now = sub.now()
-        part.awaiting[self.seq] = now + delay + sub.await_guard
-        if delay > 0:
-            # Held here (and kept alive) rather than nak'd with a server-side delay: the
-            # server would meanwhile deliver the key's later messages.
-            part.delayed[self.seq] = (now + delay, self)
-            sub.kick()
-        else:
-            await sub.nc.publish(self._reply, _NAK)
-
-    async def release(self) -> None:
-        """Give the message back without counting this delivery (no handler saw it).
-
-        The message goes back into this member's buffer at its place in sequence order (the
-        server still counts it as delivered once, to us), so it is handed out again first; if
-        the member leaves before that, it is given back to the server with the rest, in
-        order, and its release recorded so the redelivery is not counted.
-        """
-        if self._settled:
-            return
-        self._settled = True
-        sub, part = self._sub, self._part
-        if sub.closed or part.out.pop(self.seq, None) is None:
-            return
-        again = NatsDelivery(
-            sub,
-            part,
-            self._reply,
+    def again(self) -> NatsDelivery:
+        """An unsettled copy of this delivery (a released message handed out again)."""
+        return NatsDelivery(
+            self._partition,
+            self.reply,
             self.topic,
             self.payload,
             self.key,
@@ -142,73 +144,28 @@ class NatsDelivery:
             self.seq,
             self.consumer_seq,
             self.delivery_count,
-            self._comp,
+            self.released,
         )
-        part.insert(again)
-        sub._ready.set()
-        if part.draining:
-            sub.kick()
+
+    async def ack(self) -> None:
+        """Ack the message (after the handler's effects)."""
+        if not self.settled:
+            self.settled = True
+            await self._partition.ack(self)
+
+    async def nack(self, delay: float = 0.0) -> None:
+        """Give the message back, redelivered after ``delay``; its partition waits for it."""
+        if not self.settled:
+            self.settled = True
+            await self._partition.nack(self, delay)
+
+    async def release(self) -> None:
+        """Give the message back without counting this delivery (no handler saw it)."""
+        if not self.settled:
+            self.settled = True
+            await self._partition.release(self)
 
     async def in_progress(self) -> None:
         """Reset the server's ack timer for this message."""
-        if not self._settled:
-            await self._sub.nc.publish(self._reply, _WPI)
-
-
-class _Part:
-    """A partition held (leased) by this member."""
-
-    __slots__ = (
-        "awaiting",
-        "buffer",
-        "consumer",
-        "delayed",
-        "draining",
-        "inbox",
-        "index",
-        "lease_key",
-        "lease_rev",
-        "next_subject",
-        "out",
-        "pull_id",
-        "pull_left",
-        "pull_until",
-        "settling",
-    )
-
-    def __init__(self, index: int, consumer: str, stream: str, inbox: str, lease_key: str) -> None:
-        self.index = index
-        self.consumer = consumer
-        self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
-        self.inbox = f"{inbox}.{index}"
-        self.lease_key = lease_key
-        self.lease_rev = 0
-        self.draining = False
-        self.buffer: deque[NatsDelivery] = deque()  # received, not handed out; by seq
-        self.out: dict[int, NatsDelivery] = {}  # handed out, not settled
-        self.awaiting: dict[int, float] = {}  # seq given back -> give up waiting at
-        self.delayed: dict[int, tuple[float, NatsDelivery]] = {}  # nack(delay): due, delivery
-        # A new owner hands out nothing until the consumer's redelivery queue is drained (a
-        # first delivery or an ended pull shows it is): what earlier owners gave back may sit
-        # in that queue in any order, and the buffer sorts it.
-        self.settling = True
-        self.pull_id = 0  # the current pull request (named in its reply subject)
-        self.pull_left = 0  # messages still owed by the current pull request
-        self.pull_until = 0.0  # after this, the request is taken as lost (no status came)
-
-    def insert(self, d: NatsDelivery) -> None:
-        """Buffer ``d`` in stream-sequence order (a redelivery or a release goes back in)."""
-        buf = self.buffer
-        if buf and buf[-1].seq > d.seq:
-            pos = len(buf)
-            while pos and buf[pos - 1].seq > d.seq:
-                pos -= 1
-            buf.insert(pos, d)
-        else:
-            buf.append(d)
-
-    def held(self) -> list[NatsDelivery]:
-        """Every message this member holds for the partition, by stream sequence."""
-        items = [*self.out.values(), *self.buffer, *(d for _, d in self.delayed.values())]
-        items.sort(key=lambda d: d.seq)
-        return items
+        if not self.settled:
+            await self._partition.in_progress(self)

@@ -1,16 +1,10 @@
-"""One member of a consumer group on JetStream: partition leases, pulls, deliveries.
+"""One member of a consumer group on JetStream: joining, fetching, coordinating, leaving.
 
-A (group, pattern) has one durable pull consumer per partition. Members of the group split
-the partitions between them: each member heartbeats on a core-NATS control subject, every
-member computes the same assignment from the sorted member ids, and a member only pulls from
-a partition whose lease (a KV entry created with compare-and-set, refreshed, expiring after
-``lease_ttl``) it holds. A partition changes hands only after its previous owner settled
-every message it held, so one key is never handled by two members at once and keys keep
-publish order across members.
-
-Within a member, each partition's received messages wait in a buffer sorted by stream
-sequence. A message given back (``nack``/``release``) blocks its partition until its
-redelivery comes back, so later messages of its key do not overtake it.
+A (group, pattern) has one durable pull consumer per partition. Members split the
+partitions between them (see :mod:`.membership`) and a member only pulls from a partition
+whose lease it holds (see :mod:`.ledger`). A partition changes hands only after its
+previous owner settled every message it held (see :mod:`.partition`), so one key is never
+handled by two members at once and keys keep publish order across members.
 
 The coordination loop (heartbeats, leases, delayed nacks, in-progress heartbeats) runs as a
 component of the broker's supervisor. A step that fails on the server (it restarts, the
@@ -25,37 +19,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
-import orjson
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSub
 from nats.errors import Error as NatsError
-from nats.js.errors import APIError, KeyWrongLastSequenceError
 
 from ..._logging import Throttled
 from ...errors import BrokerError
-from ...supervision import Component, ComponentState
-from .config import consumer_name
-from .delivery import (
-    _EMPTY,
-    _INTERNAL,
-    _MAX_BLOCKED_BUFFER,
-    _NAK,
-    _PULL_LOST_AFTER,
-    _WPI,
-    KEY_HEADER,
-    MSG_ID_HEADER,
-    NatsDelivery,
-    _Part,
-)
+from ...supervision import Component, ComponentState, Supervisor
+from .config import NatsBrokerConfig, consumer_name
+from .delivery import NatsDelivery, parse_reply, split_headers
+from .ledger import Leases, ReleaseLedger
+from .membership import Membership
+from .partition import NAK, Partition
 
-if TYPE_CHECKING:
-    from nats.aio.msg import Msg
-    from nats.aio.subscription import Subscription as NatsSub
-
-    from .broker import NatsBroker
-
-__all__ = ["KEY_HEADER", "MSG_ID_HEADER", "NatsDelivery", "NatsSubscription"]
+__all__ = ["NatsSubscription"]
 
 _log = logging.getLogger("eventflow.nats")
 _RETRY_MIN = 0.05
@@ -64,29 +44,45 @@ _TRANSIENT = (NatsError, BrokerError, OSError, TimeoutError)
 
 
 class NatsSubscription:
-    """A live member of one group on one pattern (see the module docstring)."""
+    """A live member of one group on one pattern (see the module docstring).
 
-    def __init__(self, broker: NatsBroker, pattern: str, group: str, gid: str) -> None:
-        cfg = broker.config
-        self.broker = broker
+    The broker creates it with what it uses: the connection, the supervisor its coordinator
+    runs under, the lease and release ledgers, and ``on_close`` (called with it once it
+    left the group)."""
+
+    def __init__(
+        self,
+        config: NatsBrokerConfig,
+        nc: Client,
+        *,
+        pattern: str,
+        group: str,
+        gid: str,
+        supervisor: Supervisor,
+        leases: Leases,
+        releases: ReleaseLedger,
+        on_close: Callable[[NatsSubscription], None],
+    ) -> None:
+        self.config = config
         self.pattern = pattern
         self.group = group
         self._gid = gid
-        nc = broker._connection()
         self.nc = nc
+        self._supervisor = supervisor
+        self._leases = leases
+        self._releases = releases
+        self._on_close = on_close
         self.member_id = f"{uuid.uuid4().hex[:12]}"
-        self.closed = False
+        self._closed = False
         self.now = asyncio.get_running_loop().time
-        self.await_guard = 2 * cfg.ack_wait
         self._inbox = nc.new_inbox()
-        self._ctl_subject = f"{cfg.control_prefix}.{gid}"
-        self._parts: dict[int, _Part] = {}
-        self._members: dict[str, float] = {}
-        self._others_draining: dict[str, set[int]] = {}
+        self._ctl_subject = f"{config.control_prefix}.{gid}"
+        self._parts: dict[int, Partition] = {}
+        self._membership = Membership(self.member_id, config.partitions, self.now())
         self._ready = asyncio.Event()
         self._kick = asyncio.Event()
         self._rotate = 0
-        self._prefix_len = len(cfg.prefix) + 1
+        self._prefix_len = len(config.prefix) + 1
         self._next_hb = 0.0
         self._next_keepalive = 0.0
         self._inbox_sub: NatsSub | None = None
@@ -94,6 +90,11 @@ class NatsSubscription:
         self._component: Component | None = None
         self._failures = 0  # coordination steps failed in a row
         self._log = Throttled(_log)
+
+    @property
+    def closed(self) -> bool:
+        """Whether this member left (or is leaving) its group."""
+        return self._closed
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -103,13 +104,11 @@ class NatsSubscription:
         self._inbox_sub = await nc.subscribe(f"{self._inbox}.*.*", cb=self._on_msg)
         self._ctl_sub = await nc.subscribe(self._ctl_subject, cb=self._on_ctl)
         await nc.flush()
-        self._members[self.member_id] = self.now()
         await self._announce("join")
-        supervisor = self.broker._supervisor
-        if supervisor is None:
-            raise BrokerError("NATS broker is not started: call `await broker.start()` first")
-        self._component = supervisor.spawn(f"nats:{self.group}:{self.pattern}", self._coordinate)
-        deadline = self.now() + self.broker.config.join_timeout
+        self._component = self._supervisor.spawn(
+            f"nats:{self.group}:{self.pattern}", self._coordinate
+        )
+        deadline = self.now() + self.config.join_timeout
         while not self._joined() and self.now() < deadline:
             self._ready.clear()
             try:
@@ -119,11 +118,8 @@ class NatsSubscription:
                 pass
 
     def _joined(self) -> bool:
-        draining = set().union(*self._others_draining.values()) if self._others_draining else set()
-        return all(
-            (p in self._parts and not self._parts[p].draining) or p in draining
-            for p in self._desired()
-        )
+        held = [i for i, p in self._parts.items() if not p.draining]
+        return self._membership.joined(held)
 
     async def close(self) -> None:
         """Leave the group: give back every held message in order, then the leases.
@@ -133,7 +129,7 @@ class NatsSubscription:
         stops the coordinator and its subscriptions, then lets the cancellation through."""
         if self.closed:
             return
-        self.closed = True
+        self._closed = True
         self._ready.set()
         component, self._component = self._component, None
         connected = self.nc.is_connected
@@ -143,7 +139,7 @@ class NatsSubscription:
                 # would leave us without the lease's revision), then stop.
                 self._kick.set()
                 try:
-                    async with asyncio.timeout(2 * self.broker.config.request_timeout):
+                    async with asyncio.timeout(2 * self.config.request_timeout):
                         await component.wait()
                 except TimeoutError:
                     # Stuck past the bound: stop it before leaving, or a partition it claims
@@ -167,17 +163,17 @@ class NatsSubscription:
                         await sub.unsubscribe()
                     except Exception as exc:  # connection already closed
                         _log.debug("unsubscribe failed: %s", exc)
-            self.broker._forget(self)
+            self._on_close(self)
 
     async def _leave(self) -> None:
         try:
             await self._wait_pulls(list(self._parts.values()))
             for part in list(self._parts.values()):
-                await self._give_back(part, everything=True)
+                await part.give_back(everything=True, timeout=self.config.request_timeout)
             await self._release_leases(list(self._parts.values()))
             self._parts.clear()
             await self._announce("leave")
-            await self.nc.flush(timeout=max(1, round(self.broker.config.request_timeout)))
+            await self.nc.flush(timeout=max(1, round(self.config.request_timeout)))
         except Exception as exc:  # the server went away: ack_wait and lease_ttl take over
             _log.warning("%s: leaving group %s uncleanly: %s", self.pattern, self.group, exc)
 
@@ -185,11 +181,14 @@ class NatsSubscription:
         """Wake the coordinator (a delayed nack, a drained partition, a member change)."""
         self._kick.set()
 
+    def wake(self) -> None:
+        """Wake a waiting ``fetch`` (messages arrived or can be handed out again)."""
+        self._ready.set()
+
     def on_reconnect(self) -> None:
         """Outstanding pull requests may have died with the connection: pull again."""
         for part in self._parts.values():
-            part.pull_left = 0
-            part.pull_until = 0.0
+            part.pull_lost()
         self._ready.set()
         self._kick.set()
 
@@ -201,7 +200,7 @@ class NatsSubscription:
             raise BrokerError("fetch on a closed subscription; subscribe again")
         self._check()
         out = self._take(max_messages)
-        expires = min(max(timeout, 0.05), self.broker.config.pull_expires)
+        expires = min(max(timeout, 0.05), self.config.pull_expires)
         if out or timeout <= 0:
             if not self.closed:
                 await self._pull(max_messages, expires)
@@ -237,154 +236,57 @@ class NatsSubscription:
         if not parts:
             return out
         self._rotate = (self._rotate + 1) % len(parts)
+        now = self.now()
         for part in parts[self._rotate :] + parts[: self._rotate]:
-            buf = part.buffer
-            if part.draining or part.settling or not buf:
-                continue
-            awaiting, held = part.awaiting, part.out
-            while buf and len(out) < limit:
-                d = buf[0]
-                if awaiting:
-                    low = min(awaiting)
-                    if d.seq > low:
-                        if awaiting[low] < self.now():
-                            del awaiting[low]  # never came back (max_deliver?): stop waiting
-                            continue
-                        break  # an earlier message of the partition is to be redelivered
-                    awaiting.pop(d.seq, None)
-                buf.popleft()
-                held[d.seq] = d
-                out.append(d)
+            part.take(out, limit, now)
             if len(out) >= limit:
                 break
         return out
 
     async def _pull(self, want: int, expires: float) -> None:
         now = self.now()
-        publish = self.nc.publish
         for part in list(self._parts.values()):
-            if part.draining:
-                continue
-            if part.pull_left:
-                if now <= part.pull_until:
-                    # One request at a time per partition: its end (batch filled, or a
-                    # status) then tells exactly when nothing more can arrive.
-                    continue
-                part.pull_left = 0  # it expired without a status (a reconnect lost it)
-            if part.settling:
-                if len(part.buffer) >= _MAX_BLOCKED_BUFFER:
-                    continue
-                need = want
-            elif part.awaiting:
-                if part.delayed or len(part.buffer) >= _MAX_BLOCKED_BUFFER:
-                    continue  # nothing can be handed out before the delayed nack is due
-                # Blocked until a given-back message returns: the server handles the nak
-                # asynchronously, so a later message may have come first; pull on regardless.
-                need = want
-            else:
-                need = want - len(part.buffer)
-            if need <= 0:
-                continue
-            part.pull_id += 1
-            part.pull_left = need
-            # The server ends a request with a status at `expires`; only a lost connection
-            # loses that, and the reconnect handler resets the count. The long fallback
-            # keeps a late status from letting two requests overlap.
-            part.pull_until = now + expires + _PULL_LOST_AFTER
-            request = b'{"batch":%d,"expires":%d}' % (need, int(expires * 1e9))
-            await publish(part.next_subject, request, reply=f"{part.inbox}.{part.pull_id}")
+            await part.pull(want, expires, now)
 
     async def _on_msg(self, msg: Msg) -> None:
         reply = msg.reply
         if not reply:  # a status: the pull request named in the subject ended (408, 409)
             _, index_text, pull_id = msg.subject.rsplit(".", 2)
             part = self._parts.get(int(index_text))
-            if part is not None and int(pull_id) == part.pull_id:
-                part.pull_left = 0
-                if part.settling:
-                    part.settling = False  # nothing (more) to redeliver
-                    self._ready.set()
-                if part.draining or self.closed:
-                    self._kick.set()
+            if part is not None:
+                part.pull_ended(int(pull_id))
             return
-        subject = msg.subject
-        rest = subject[self._prefix_len :]
-        dot = rest.index(".")
-        index = int(rest[:dot])
-        tokens = reply.split(".")
-        if len(tokens) == 9:
-            consumer, count, seq, cseq = tokens[3], int(tokens[4]), int(tokens[5]), int(tokens[6])
-        else:
-            consumer, count, seq, cseq = tokens[5], int(tokens[6]), int(tokens[7]), int(tokens[8])
-        part = self._parts.get(index)
-        comp = 0
+        index, _, topic = msg.subject[self._prefix_len :].partition(".")
+        consumer, count, seq, cseq = parse_reply(reply)
+        part = self._parts.get(int(index))
+        released = 0
         if count > 1:
-            comp = await self.broker._released(consumer, seq)
+            released = await self._releases.count(consumer, seq)
         if part is None or part.consumer != consumer:
             # A late answer to a pull for a partition no longer ours (we waited for our pull
             # requests to end, so only after a lost status): hand it back unseen.
             _log.warning("group %s: late message %d of %s given back", self.group, seq, consumer)
-            await self.broker._record_release(consumer, seq, comp + 1)
-            await self.nc.publish(reply, _NAK)
+            await self._releases.record(consumer, seq, released + 1)
+            await self.nc.publish(reply, NAK)
             return
-        if part.pull_left:
-            part.pull_left -= 1
-        hdrs = msg.headers
-        key: str | None = None
-        headers = _EMPTY
-        if hdrs:
-            key = hdrs.get(KEY_HEADER)
-            headers = {k: v for k, v in hdrs.items() if k not in _INTERNAL}
+        key, headers = split_headers(msg.headers)
         d = NatsDelivery(
-            self,
-            part,
-            reply,
-            rest[dot + 1 :],
-            msg.data,
-            key,
-            headers,
-            seq,
-            cseq,
-            count - comp,
-            comp,
+            part, reply, topic, msg.data, key, headers, seq, cseq, count - released, released
         )
-        part.insert(d)
-        if count == 1:
-            part.settling = False  # a first delivery: no redelivery is queued ahead of it
-        self._ready.set()
-        if part.draining or self.closed:
-            self._kick.set()
+        part.received(d, count)
 
     # -- coordination ------------------------------------------------------------------------
 
-    def _desired(self) -> set[int]:
-        members = sorted(self._members)
-        me = members.index(self.member_id)
-        n = len(members)
-        return {p for p in range(self.broker.config.partitions) if p % n == me}
-
     async def _announce(self, op: str) -> None:
         draining = [p.index for p in self._parts.values() if p.draining]
-        body = orjson.dumps({"id": self.member_id, "op": op, "draining": draining})
-        await self.nc.publish(self._ctl_subject, body)
+        await self.nc.publish(self._ctl_subject, self._membership.announcement(op, draining))
 
     async def _on_ctl(self, msg: Msg) -> None:
-        try:
-            data = orjson.loads(msg.data)
-            member, op = str(data["id"]), str(data["op"])
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+        answer = self._membership.heard(msg.data, self.now())
+        if answer is None:
             return
-        if member == self.member_id:
-            return
-        if op == "leave":
-            self._members.pop(member, None)
-            self._others_draining.pop(member, None)
-        else:
-            known = member in self._members
-            self._members[member] = self.now()
-            self._others_draining[member] = set(data.get("draining") or ())
-            if op == "join" or not known:
-                self._next_hb = 0.0  # answer a newcomer at once
+        if answer:
+            self._next_hb = 0.0  # answer a newcomer at once
         self._kick.set()
         self._ready.set()
 
@@ -396,7 +298,7 @@ class NatsSubscription:
             self._ready.set()  # a fetch waiting now sees the component's state
 
     async def _run(self) -> None:
-        cfg = self.broker.config
+        cfg = self.config
         while not self.closed:
             try:
                 await self._step()
@@ -443,31 +345,21 @@ class NatsSubscription:
                 pass
 
     async def _step(self) -> None:
-        cfg = self.broker.config
-        nc = self.nc
+        cfg = self.config
         now = self.now()
-        for part in self._parts.values():  # delayed nacks that are due
-            for seq, (due, d) in list(part.delayed.items()):
-                if due <= now:
-                    del part.delayed[seq]
-                    part.awaiting[seq] = now + self.await_guard
-                    await nc.publish(d._reply, _NAK)
+        for part in self._parts.values():
+            await part.nak_due(now)
         # Forget members that stopped heartbeating (crashed): their partitions get reassigned
         # once their leases expire.
-        stale = now - 3 * cfg.heartbeat_interval
-        for member, seen in list(self._members.items()):
-            if member != self.member_id and seen < stale:
-                del self._members[member]
-                self._others_draining.pop(member, None)
-        self._members[self.member_id] = now
-        desired = self._desired()
+        self._membership.beat(now, now - 3 * cfg.heartbeat_interval)
+        desired = self._membership.desired()
         changed = False
         for index, part in list(self._parts.items()):
             if index not in desired and not part.draining:
                 part.draining = True
                 changed = True
-            if part.draining and not part.out and (not part.pull_left or now > part.pull_until):
-                await self._give_back(part, everything=False)
+            if part.draining and not part.out and not part.pulling(now):
+                await part.give_back(everything=False, timeout=cfg.request_timeout)
                 await self._release_leases([part])
                 del self._parts[index]
                 _log.debug(
@@ -480,8 +372,7 @@ class NatsSubscription:
             self._next_keepalive = now + cfg.ack_wait / 3
             await self._refresh_leases()
             for part in self._parts.values():
-                for d in part.held():
-                    await nc.publish(d._reply, _WPI)
+                await part.keep_alive()
         missing = [p for p in desired if p not in self._parts]
         if missing:
             claimed = await asyncio.gather(*(self._claim(p) for p in missing))
@@ -493,79 +384,49 @@ class NatsSubscription:
             self._ready.set()
 
     async def _claim(self, index: int) -> bool:
-        broker = self.broker
         key = f"{self._gid}.{index}"
-        try:
-            rev = await broker._leases().create(key, self.member_id.encode())
-        except KeyWrongLastSequenceError:
+        rev = await self._leases.claim(key, self.member_id)
+        if rev is None:
             return False  # another member holds it; it lets go once it has settled
-        part = _Part(index, consumer_name(self._gid, index), broker.config.stream, self._inbox, key)
-        part.lease_rev = rev
-        self._parts[index] = part
+        self._parts[index] = Partition(
+            index,
+            consumer_name(self._gid, index),
+            self.config.stream,
+            self._inbox,
+            key,
+            rev,
+            member=self,
+            nc=self.nc,
+            releases=self._releases,
+            await_guard=2 * self.config.ack_wait,
+        )
         _log.debug("member %s of %s claimed partition %d", self.member_id, self.group, index)
         return True
 
     async def _refresh_leases(self) -> None:
-        kv = self.broker._leases()
         for index, part in list(self._parts.items()):
-            try:
-                part.lease_rev = await kv.update(
-                    part.lease_key, self.member_id.encode(), last=part.lease_rev
-                )
-            except KeyWrongLastSequenceError:
+            rev = await self._leases.refresh(part.lease_key, self.member_id, part.lease_rev)
+            if rev is None:
                 # Someone else took the partition (we stalled past lease_ttl): drop it at once
                 # without giving messages back; they are redelivered when their ack timers end.
                 _log.warning("group %s lost partition %d (lease expired)", self.group, index)
                 del self._parts[index]
+            else:
+                part.lease_rev = rev
 
-    async def _release_leases(self, parts: list[_Part]) -> None:
-        kv = self.broker._leases()
+    async def _release_leases(self, parts: list[Partition]) -> None:
         for part in parts:
-            try:
-                await kv.delete(part.lease_key, last=part.lease_rev)
-            except (KeyWrongLastSequenceError, APIError) as exc:  # expired, maybe taken
-                _log.debug("lease %s already gone: %s", part.lease_key, exc)
+            await self._leases.release(part.lease_key, part.lease_rev)
         if parts:
             self._kick.set()
 
-    async def _wait_pulls(self, parts: list[_Part]) -> None:
+    async def _wait_pulls(self, parts: list[Partition]) -> None:
         """Wait (bounded by the pull expiry) until no pull request can still deliver."""
-        limit = self.now() + self.broker.config.pull_expires + 1.0
-        while any(p.pull_left and self.now() <= p.pull_until for p in parts) and self.now() < limit:
+        limit = self.now() + self.config.pull_expires + 1.0
+        while any(p.pulling(self.now()) for p in parts) and self.now() < limit:
             self._kick.clear()
             try:
                 async with asyncio.timeout(0.05):
                     await self._kick.wait()
             except TimeoutError:
                 pass
-
-    async def _give_back(self, part: _Part, *, everything: bool) -> None:
-        """Nak what the member holds for ``part`` in sequence order (so it is redelivered in
-        order); messages no handler saw are recorded as released, so they are not counted."""
-        items = (
-            part.held()
-            if everything
-            else sorted([*part.buffer, *(d for _, d in part.delayed.values())], key=lambda d: d.seq)
-        )
-        unseen = [d for d in part.buffer]
-        broker = self.broker
-        await asyncio.gather(
-            *(broker._record_release(part.consumer, d.seq, d._comp + 1) for d in unseen)
-        )
-        part.buffer.clear()
-        part.delayed.clear()
-        part.out.clear()
-        for d in items:
-            d._settled = True
-        for d in items[:-1]:
-            await self.nc.publish(d._reply, _NAK)
-        if items:
-            # The server handles acks apart from other requests: wait until it confirmed the
-            # last nak (so all of them, in order) before the lease goes, or the next owner's
-            # first pull could get a newer message ahead of the given-back ones.
-            try:
-                await self.nc.request(
-                    items[-1]._reply, _NAK, timeout=self.broker.config.request_timeout
-                )
-            except NatsError as exc:
-                _log.warning("group %s: nak not confirmed (%s); order may suffer", self.group, exc)

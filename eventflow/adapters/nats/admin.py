@@ -1,0 +1,166 @@
+"""Creating or checking what the NATS broker needs on the server: the stream, the two KV
+buckets (see :mod:`.ledger`) and a group's durable pull consumers, one per partition.
+
+Every check is one an app of another configuration would fail: a stream on other subjects
+or with another partition count, a lease bucket with another TTL, a consumer on another
+filter. Those raise ``ConfigurationError`` naming the setting and what to do; something
+created concurrently by another app is taken as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from ...errors import BrokerError, ConfigurationError
+from .config import NatsBrokerConfig, consumer_name
+
+__all__ = ["ensure_consumer", "ensure_kv", "ensure_stream"]
+
+_log = logging.getLogger("eventflow.nats")
+_PARTITIONS_META = "eventflow.partitions"
+
+
+async def ensure_stream(js: JetStreamContext, cfg: NatsBrokerConfig) -> None:
+    """Create the stream capturing ``<prefix>.>``, or check that the existing one does and
+    was created with the same number of partitions."""
+    subject = f"{cfg.prefix}.>"
+    try:
+        info = await js.stream_info(cfg.stream)
+    except NotFoundError:
+        stream = StreamConfig(
+            name=cfg.stream,
+            description="eventflow messages: <prefix>.<partition>.<topic>",
+            subjects=[subject],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE if cfg.storage == "file" else StorageType.MEMORY,
+            num_replicas=cfg.replicas,
+            max_age=cfg.max_age,
+            max_msgs=cfg.max_msgs,
+            max_bytes=cfg.max_bytes,
+            discard=DiscardPolicy.NEW,  # a full stream refuses publishes: none is dropped
+            duplicate_window=cfg.duplicate_window,
+            metadata={_PARTITIONS_META: str(cfg.partitions)},
+        )
+        try:
+            info = await js.add_stream(stream)
+        except APIError as exc:
+            if "overlap" in str(exc):
+                raise ConfigurationError(
+                    f"cannot create NATS stream {cfg.stream!r} on {subject!r}: another "
+                    "stream captures those subjects; choose another subject_prefix="
+                ) from exc
+            info = await js.stream_info(cfg.stream)  # created concurrently by another app
+    subjects = info.config.subjects or []
+    if subject not in subjects:
+        raise ConfigurationError(
+            f"NATS stream {cfg.stream!r} exists with subjects {subjects}, not {subject!r}; "
+            "choose another stream= or subject_prefix= (or delete the stream)"
+        )
+    stored = (info.config.metadata or {}).get(_PARTITIONS_META)
+    if stored is not None and int(stored) != cfg.partitions:
+        raise ConfigurationError(
+            f"NATS stream {cfg.stream!r} was created with {stored} partitions, this broker "
+            f"uses {cfg.partitions}; every app must use the same partitions= (changing it "
+            "needs a new stream)"
+        )
+
+
+async def ensure_kv(
+    js: JetStreamContext, cfg: NatsBrokerConfig, bucket: str, ttl: float, *, strict: bool
+) -> KeyValue:
+    """Create KV ``bucket`` with entries expiring after ``ttl``, or open it; with ``strict``
+    an existing bucket must have that TTL (every app must agree on the lease TTL)."""
+    try:
+        kv = await js.key_value(bucket)
+    except BucketNotFoundError:
+        storage = StorageType.FILE if cfg.storage == "file" else StorageType.MEMORY
+        try:
+            return await js.create_key_value(
+                KeyValueConfig(
+                    bucket=bucket,
+                    history=1,
+                    ttl=ttl,
+                    storage=storage,
+                    replicas=cfg.replicas,
+                )
+            )
+        except APIError:
+            kv = await js.key_value(bucket)
+    if strict:
+        status = await kv.status()
+        have = status.ttl or 0.0
+        if abs(have - ttl) > 0.01 * ttl:
+            raise ConfigurationError(
+                f"KV bucket {bucket!r} has a TTL of {have}s but this broker's lease TTL is "
+                f"{ttl}s; use the same ack_wait/lease_ttl in every app of the deployment "
+                f"(or delete the bucket when no app runs)"
+            )
+    return kv
+
+
+async def ensure_consumer(
+    js: JetStreamContext, cfg: NatsBrokerConfig, gid: str, partition: int, pattern: str
+) -> None:
+    """Create or update the durable pull consumer of group ``gid`` on ``partition``; one
+    that cannot be updated is used as it is (with a warning) unless it filters on other
+    subjects."""
+    name = consumer_name(gid, partition)
+    subject = f"{cfg.prefix}.{partition}.{pattern}"
+    config = ConsumerConfig(
+        name=name,
+        durable_name=name,
+        description=f"eventflow group partition {partition} on {pattern}",
+        deliver_policy=DeliverPolicy.NEW,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=cfg.ack_wait,
+        max_deliver=cfg.max_deliver,
+        max_ack_pending=cfg.max_ack_pending,
+        filter_subject=subject,
+        inactive_threshold=cfg.group_inactive_threshold,
+    )
+    try:
+        # The server updates an existing consumer whose editable settings differ (such
+        # as max_deliver), so a deployment upgraded to new settings gets them.
+        await js.add_consumer(cfg.stream, config=config)
+        return
+    except APIError as exc:
+        error = exc
+    try:
+        info = await js.consumer_info(cfg.stream, name)
+    except NotFoundError:
+        raise BrokerError(f"cannot create NATS consumer {name!r}: {error}") from error
+    if info.config.filter_subject != subject:
+        raise ConfigurationError(
+            f"NATS consumer {name!r} exists with filter {info.config.filter_subject!r}, "
+            f"not {subject!r}; delete it (nats consumer rm {cfg.stream} {name})"
+        )
+    have = info.config.max_deliver
+    if have is not None and have != cfg.max_deliver:
+        _log.warning(
+            "NATS consumer %s keeps max_deliver=%s and could not be updated to %s (%s): "
+            "the server drops a message delivered that often without a trace; change it "
+            "(nats consumer edit %s %s --max-deliver=%s) or delete the consumer",
+            name,
+            have,
+            cfg.max_deliver,
+            error,
+            cfg.stream,
+            name,
+            cfg.max_deliver,
+        )
+        return
+    _log.warning("NATS consumer %s exists with other settings (%s); using it", name, error)

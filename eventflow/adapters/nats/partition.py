@@ -1,0 +1,320 @@
+"""A partition held (leased) by one member of a group: its buffer, its pull requests and
+the settlement of its deliveries.
+
+Received messages wait in a buffer sorted by stream sequence. A message given back
+(``nack``/``release``) goes to the head of the buffer at its place in sequence order, and a
+nack'd message blocks the partition until its redelivery comes back, so later messages of
+its key do not overtake it. Each partition has at most one pull request outstanding: its
+end (batch filled, or a status) tells exactly when nothing more can arrive, which is what
+a member waits for before it gives the partition up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Protocol
+
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+
+from .delivery import NatsDelivery
+from .ledger import ReleaseLedger
+
+__all__ = ["ACK", "IN_PROGRESS", "NAK", "Member", "Partition"]
+
+ACK = b""
+"""The body of a JetStream ack."""
+NAK = b"-NAK"
+"""The body of a JetStream nak: redeliver now (counted as a delivery)."""
+IN_PROGRESS = b"+WPI"
+"""The body of a JetStream "work in progress": reset the ack timer."""
+_MAX_BLOCKED_BUFFER = 1000
+_PULL_LOST_AFTER = 10.0
+_log = logging.getLogger("eventflow.nats")
+
+
+class Member(Protocol):
+    """What a partition needs of the member holding it."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether the member left (or is leaving) its group."""
+
+    def now(self) -> float:
+        """The event loop's clock."""
+
+    def kick(self) -> None:
+        """Wake the member's coordinator (a partition drained, a delayed nack)."""
+
+    def wake(self) -> None:
+        """Wake a waiting ``fetch`` (messages arrived or can be handed out again)."""
+
+
+class Partition:
+    """A partition held by this member (see the module docstring); the :class:`Settler`
+    of its deliveries."""
+
+    __slots__ = (
+        "_await_guard",
+        "_member",
+        "_nc",
+        "_releases",
+        "awaiting",
+        "buffer",
+        "consumer",
+        "delayed",
+        "draining",
+        "inbox",
+        "index",
+        "lease_key",
+        "lease_rev",
+        "next_subject",
+        "out",
+        "pull_id",
+        "pull_left",
+        "pull_until",
+        "settling",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        consumer: str,
+        stream: str,
+        inbox: str,
+        lease_key: str,
+        lease_rev: int,
+        *,
+        member: Member,
+        nc: Client,
+        releases: ReleaseLedger,
+        await_guard: float,
+    ) -> None:
+        self.index = index
+        self.consumer = consumer
+        self.stream = stream
+        self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self.inbox = f"{inbox}.{index}"
+        self.lease_key = lease_key
+        self.lease_rev = lease_rev
+        self._member = member
+        self._nc = nc
+        self._releases = releases
+        # How long to wait for a given-back message to come back before handing out later
+        # ones regardless (the server dropped it: max_deliver).
+        self._await_guard = await_guard
+        self.draining = False
+        self.buffer: deque[NatsDelivery] = deque()  # received, not handed out; by seq
+        self.out: dict[int, NatsDelivery] = {}  # handed out, not settled
+        self.awaiting: dict[int, float] = {}  # seq given back -> give up waiting at
+        self.delayed: dict[int, tuple[float, NatsDelivery]] = {}  # nack(delay): due, delivery
+        # A new owner hands out nothing until the consumer's redelivery queue is drained (a
+        # first delivery or an ended pull shows it is): what earlier owners gave back may sit
+        # in that queue in any order, and the buffer sorts it.
+        self.settling = True
+        self.pull_id = 0  # the current pull request (named in its reply subject)
+        self.pull_left = 0  # messages still owed by the current pull request
+        self.pull_until = 0.0  # after this, the request is taken as lost (no status came)
+
+    # -- receiving ---------------------------------------------------------------------------
+
+    def insert(self, d: NatsDelivery) -> None:
+        """Buffer ``d`` in stream-sequence order (a redelivery or a release goes back in)."""
+        buf = self.buffer
+        if buf and buf[-1].seq > d.seq:
+            pos = len(buf)
+            while pos and buf[pos - 1].seq > d.seq:
+                pos -= 1
+            buf.insert(pos, d)
+        else:
+            buf.append(d)
+
+    def received(self, d: NatsDelivery, count: int) -> None:
+        """Buffer ``d``, the server's ``count``-th delivery of it, answering our pull."""
+        if self.pull_left:
+            self.pull_left -= 1
+        self.insert(d)
+        if count == 1:
+            self.settling = False  # a first delivery: no redelivery is queued ahead of it
+        member = self._member
+        member.wake()
+        if self.draining or member.closed:
+            member.kick()
+
+    def pull_ended(self, pull_id: int) -> None:
+        """A status ended pull request ``pull_id`` (expired, or nothing left to deliver)."""
+        if pull_id != self.pull_id:
+            return
+        self.pull_left = 0
+        member = self._member
+        if self.settling:
+            self.settling = False  # nothing (more) to redeliver
+            member.wake()
+        if self.draining or member.closed:
+            member.kick()
+
+    def pull_lost(self) -> None:
+        """The connection dropped: the outstanding pull request may have died with it."""
+        self.pull_left = 0
+        self.pull_until = 0.0
+
+    def pulling(self, now: float) -> bool:
+        """Whether a pull request may still deliver (it neither ended nor expired)."""
+        return bool(self.pull_left) and now <= self.pull_until
+
+    async def pull(self, want: int, expires: float, now: float) -> None:
+        """Ask the server for up to ``want`` messages, unless a request is outstanding or
+        nothing could be handed out anyway."""
+        if self.draining:
+            return
+        if self.pull_left:
+            if now <= self.pull_until:
+                # One request at a time per partition: its end (batch filled, or a status)
+                # then tells exactly when nothing more can arrive.
+                return
+            self.pull_left = 0  # it expired without a status (a reconnect lost it)
+        if self.settling:
+            if len(self.buffer) >= _MAX_BLOCKED_BUFFER:
+                return
+            need = want
+        elif self.awaiting:
+            if self.delayed or len(self.buffer) >= _MAX_BLOCKED_BUFFER:
+                return  # nothing can be handed out before the delayed nack is due
+            # Blocked until a given-back message returns: the server handles the nak
+            # asynchronously, so a later message may have come first; pull on regardless.
+            need = want
+        else:
+            need = want - len(self.buffer)
+        if need <= 0:
+            return
+        self.pull_id += 1
+        self.pull_left = need
+        # The server ends a request with a status at `expires`; only a lost connection
+        # loses that, and the reconnect handler resets the count. The long fallback keeps a
+        # late status from letting two requests overlap.
+        self.pull_until = now + expires + _PULL_LOST_AFTER
+        request = b'{"batch":%d,"expires":%d}' % (need, int(expires * 1e9))
+        await self._nc.publish(self.next_subject, request, reply=f"{self.inbox}.{self.pull_id}")
+
+    def take(self, out: list[NatsDelivery], limit: int, now: float) -> None:
+        """Hand out buffered messages into ``out`` (up to ``limit`` in all), in sequence
+        order, stopping at one behind a message given back and not yet redelivered."""
+        buf = self.buffer
+        if self.draining or self.settling or not buf:
+            return
+        awaiting, held = self.awaiting, self.out
+        while buf and len(out) < limit:
+            d = buf[0]
+            if awaiting:
+                low = min(awaiting)
+                if d.seq > low:
+                    if awaiting[low] < now:
+                        del awaiting[low]  # never came back (max_deliver?): stop waiting
+                        continue
+                    break  # an earlier message of the partition is to be redelivered
+                awaiting.pop(d.seq, None)
+            buf.popleft()
+            held[d.seq] = d
+            out.append(d)
+
+    def held(self) -> list[NatsDelivery]:
+        """Every message this member holds for the partition, by stream sequence."""
+        items = [*self.out.values(), *self.buffer, *(d for _, d in self.delayed.values())]
+        items.sort(key=lambda d: d.seq)
+        return items
+
+    # -- settling (the Settler of this partition's deliveries) -------------------------------
+
+    async def ack(self, d: NatsDelivery) -> None:
+        """Ack ``d`` and forget its release count, if it had one."""
+        if self.out.pop(d.seq, None) is not None and self.draining:
+            self._member.kick()
+        await self._nc.publish(d.reply, ACK)
+        if d.released:
+            await self._releases.forget(self.consumer, d.seq)
+
+    async def nack(self, d: NatsDelivery, delay: float) -> None:
+        """Give ``d`` back for redelivery after ``delay``; the partition waits for it."""
+        member = self._member
+        if member.closed or self.out.pop(d.seq, None) is None:
+            return  # given back already, when the member left or lost the partition
+        now = member.now()
+        self.awaiting[d.seq] = now + delay + self._await_guard
+        if delay > 0:
+            # Held here (and kept alive) rather than nak'd with a server-side delay: the
+            # server would meanwhile deliver the key's later messages.
+            self.delayed[d.seq] = (now + delay, d)
+            member.kick()
+        else:
+            await self._nc.publish(d.reply, NAK)
+
+    async def release(self, d: NatsDelivery) -> None:
+        """Give ``d`` back without counting this delivery (no handler saw it).
+
+        The message goes back into the buffer at its place in sequence order (the server
+        still counts it as delivered once, to us), so it is handed out again first; if the
+        member leaves before that, it is given back to the server with the rest, in order,
+        and its release recorded so the redelivery is not counted.
+        """
+        member = self._member
+        if member.closed or self.out.pop(d.seq, None) is None:
+            return
+        self.insert(d.again())
+        member.wake()
+        if self.draining:
+            member.kick()
+
+    async def in_progress(self, d: NatsDelivery) -> None:
+        """Reset the server's ack timer for ``d``."""
+        await self._nc.publish(d.reply, IN_PROGRESS)
+
+    async def nak_due(self, now: float) -> None:
+        """Nak the delayed nacks that are due (the partition waits for their redelivery)."""
+        for seq, (due, d) in list(self.delayed.items()):
+            if due <= now:
+                del self.delayed[seq]
+                self.awaiting[seq] = now + self._await_guard
+                await self._nc.publish(d.reply, NAK)
+
+    async def keep_alive(self) -> None:
+        """Reset the ack timers of every message held (a handler may still be on it)."""
+        for d in self.held():
+            await self._nc.publish(d.reply, IN_PROGRESS)
+
+    async def give_back(self, *, everything: bool, timeout: float) -> None:
+        """Nak what the member holds (``everything``: handed out too) in sequence order, so
+        it is redelivered in order; messages no handler saw are recorded as released, so
+        their redelivery is not counted."""
+        items = (
+            self.held()
+            if everything
+            else sorted([*self.buffer, *(d for _, d in self.delayed.values())], key=lambda d: d.seq)
+        )
+        releases = self._releases
+        await asyncio.gather(
+            *(releases.record(self.consumer, d.seq, d.released + 1) for d in self.buffer)
+        )
+        self.buffer.clear()
+        self.delayed.clear()
+        self.out.clear()
+        for d in items:
+            d.settled = True
+        nc = self._nc
+        for d in items[:-1]:
+            await nc.publish(d.reply, NAK)
+        if items:
+            # The server handles acks apart from other requests: wait until it confirmed the
+            # last nak (so all of them, in order) before the lease goes, or the next owner's
+            # first pull could get a newer message ahead of the given-back ones.
+            try:
+                await nc.request(items[-1].reply, NAK, timeout=timeout)
+            except NatsError as exc:
+                _log.warning(
+                    "partition %d of %s: nak not confirmed (%s); order may suffer",
+                    self.index,
+                    self.consumer,
+                    exc,
+                )
