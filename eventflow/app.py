@@ -175,14 +175,16 @@ class App:
         stream_prefix: str | None = None,
     ) -> Repository[_A]:
         """A ``Repository`` of ``cls`` aggregates in this app's store; the events it saves
-        carry the app's name as their source. Use it once the app is started (the store
-        is open): inside ``async with app`` or a handler."""
+        carry the app's name as their source, and it loads with the app's registry. Use it
+        once the app is started (the store is open): inside ``async with app`` or a
+        handler."""
         return Repository(
             cls,
             self.store,
             snapshot_every=snapshot_every,
             stream_prefix=stream_prefix,
             source=self.name,
+            registry=self.registry,
         )
 
     @property

@@ -95,6 +95,14 @@ class EventRegistry:
                 f"(known: {sorted(versions)})"
             ) from None
 
+    def is_latest(self, cls: type[Event]) -> bool:
+        """True if ``cls`` is the newest class registered for its type (False when the type
+        is not registered here)."""
+        versions = self._classes.get(cls.event_type)
+        if not versions:
+            return False
+        return versions[max(versions)] is cls
+
     def latest_version(self, event_type: str) -> int:
         """Return the newest version defined for ``event_type``."""
         return self.get(event_type).event_version
@@ -358,14 +366,19 @@ def _mark_unvalidated(instance: Event) -> None:
     _UNVALIDATED[key] = weakref.ref(instance, forget)
 
 
-def upcaster(event_type: str, *, from_version: int) -> Callable[[F], F]:
+def upcaster(
+    event_type: str, *, from_version: int, registry: EventRegistry | None = None
+) -> Callable[[F], F]:
     """Register a function turning ``event_type`` data of ``from_version`` into the next version.
 
     Chains are applied in order (v1 -> v2 -> v3) when a consumer expects a newer version.
+    The function goes into ``registry`` (the default registry when None): only an app,
+    repository or projection runner decoding with that registry applies it.
     """
+    target = default_registry if registry is None else registry
 
     def mark(fn: F) -> F:
-        default_registry.add_upcaster(event_type, from_version, fn)
+        target.add_upcaster(event_type, from_version, fn)
         return fn
 
     return mark

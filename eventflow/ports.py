@@ -14,9 +14,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .envelope import Envelope
-from .events import Event, default_registry
+from .errors import ConfigurationError
+from .events import Event, EventRegistry, default_registry
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .leases import Lease
     from .supervision import Supervisor
 
@@ -41,6 +44,7 @@ __all__ = [
     "Store",
     "Subscription",
     "Transaction",
+    "declared",
 ]
 
 
@@ -270,26 +274,54 @@ class Heartbeats(Protocol):
 
 class RecordedEvent:
     """One stored event: its stream, its version in the stream, its global position and its
-    envelope. ``event`` decodes the envelope (upcast to the newest known version) on first use.
+    envelope. ``event`` decodes the envelope (upcast to the newest known version) with the
+    record's ``registry`` on first use.
+
+    Stores make records with the default registry; a reader with a registry of its own (an
+    ``App``'s, a ``Repository``'s, a projection runner's) hands out ``with_registry(...)``
+    copies, or calls ``decode(registry)``.
     """
 
-    __slots__ = ("_event", "envelope", "position", "stream_id", "stream_version")
+    __slots__ = ("_event", "envelope", "position", "registry", "stream_id", "stream_version")
 
     def __init__(
-        self, stream_id: str, stream_version: int, position: int, envelope: Envelope
+        self,
+        stream_id: str,
+        stream_version: int,
+        position: int,
+        envelope: Envelope,
+        registry: EventRegistry | None = None,
     ) -> None:
         self.stream_id = stream_id
         self.stream_version = stream_version
         self.position = position
         self.envelope = envelope
+        self.registry: EventRegistry = default_registry if registry is None else registry
+        """The registry ``event`` decodes with (its classes and upcasters)."""
         self._event: Event | None = None
 
     @property
     def event(self) -> Event:
-        """The typed event (raises a ``DecodeError`` if its type is unknown to this process)."""
+        """The typed event, as ``registry`` decodes it (raises a ``DecodeError`` if its type
+        is unknown to the registry); decoded once, then cached on the record."""
         if self._event is None:
-            self._event = default_registry.decode(self.envelope)
+            self._event = self.registry.decode(self.envelope)
         return self._event
+
+    def decode(self, registry: EventRegistry) -> Event:
+        """The typed event as ``registry`` decodes it (the cached ``event`` when it is the
+        record's own registry)."""
+        if registry is self.registry:
+            return self.event
+        return registry.decode(self.envelope)
+
+    def with_registry(self, registry: EventRegistry) -> RecordedEvent:
+        """This record with ``registry`` as its own (itself when it already is)."""
+        if registry is self.registry:
+            return self
+        return RecordedEvent(
+            self.stream_id, self.stream_version, self.position, self.envelope, registry
+        )
 
     def __repr__(self) -> str:
         return (
@@ -453,6 +485,14 @@ class Outbox(Protocol):
         """Delete sent messages; with ``lease`` (the relay's) it raises ``LeaseLostError``
         and deletes nothing unless the lease still has that epoch."""
 
+    @property
+    def added(self) -> asyncio.Event:
+        """Set by every ``add`` in this process (once its transaction committed, or
+        earlier): the relay clears it before each look at ``pending`` and, when idle, waits
+        on it to send new messages at once. Adds by other processes do not set it; the relay
+        also looks every second for those. An outbox that cannot tell returns an event
+        that is never set (the relay then only polls)."""
+
 
 @runtime_checkable
 class Leases(Protocol):
@@ -516,6 +556,21 @@ class Store(EventStore, Protocol):
         """The URL this store was opened from."""
 
     @property
+    def durable(self) -> bool:
+        """True if the data outlives this process and every process that opens ``url``
+        sees it (a SQLite file, PostgreSQL); False if it lives in this process only
+        (``memory://``, SQLite ``:memory:``), which the command line cannot reach."""
+
+    @property
+    def supports_sql(self) -> bool:
+        """True if the transactions of ``transaction()`` run SQL (``execute``/``fetch``),
+        so a handler's or projection's own tables commit and roll back with eventflow's
+        writes. False if they hold only eventflow's writes (``memory://``: ``execute``
+        raises ``ConfigurationError``), so state kept elsewhere, in Python objects, is not
+        rolled back; a projection runner then keeps the effects of the events handled
+        before a failure (``ProjectionRunner(atomic_state=...)`` defaults to this)."""
+
+    @property
     def dedup(self) -> DedupStore:
         """The store's dedup table."""
 
@@ -557,3 +612,16 @@ class Store(EventStore, Protocol):
 
     async def close(self) -> None:
         """Disconnect. Idempotent."""
+
+
+def declared(adapter: object, port: type, member: str) -> Any:
+    """``adapter.member``, a member ``port`` declares; a ``ConfigurationError`` saying so
+    if the adapter lacks it (one written against an earlier version of the port), instead
+    of an ``AttributeError`` from inside a running component."""
+    try:
+        return getattr(adapter, member)
+    except AttributeError:
+        raise ConfigurationError(
+            f"{type(adapter).__qualname__} lacks {member!r}, which eventflow.ports."
+            f"{port.__qualname__} declares: implement it (see the port's docstring)"
+        ) from None

@@ -18,7 +18,7 @@ from typing import Any
 from ..app import App
 from ..brokers import open_broker
 from ..errors import ConfigurationError, EventflowError
-from ..ports import Broker, Store
+from ..ports import Broker, Store, declared
 from ..runtime.deadletters import DeadLetters
 from ..stores import store_for
 
@@ -172,10 +172,6 @@ class Target:
     description: str
 
 
-def _is_memory_store(store: Store) -> bool:
-    return getattr(store, "url", "").startswith("memory:")
-
-
 def is_memory_broker(broker: Broker) -> bool:
     """True if ``broker`` is the in-process memory broker (unreachable from another process)."""
     from ..adapters.memory.broker import MemoryBroker
@@ -211,7 +207,7 @@ def resolve_target(args: argparse.Namespace) -> Target:
             if broker_url:
                 broker = open_broker(broker_url)
             dead_letters = DeadLetters(store.dead_letters, broker, app.dead_letter_groups)
-            description = f"app {app.name!r} (store {getattr(store, 'url', store)!s})"
+            description = f"app {app.name!r} (store {store.url})"
         else:
             url = args.store or os.environ.get(STORE_ENV)
             if not url:
@@ -224,13 +220,15 @@ def resolve_target(args: argparse.Namespace) -> Target:
             broker = open_broker(broker_url or "memory://")
             dead_letters = DeadLetters(store.dead_letters, broker, None)
             description = f"store {url}"
+        durable = declared(store, Store, "durable")
     except ConfigurationError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    if _is_memory_store(store):
+    if not durable:
         raise CliError(
-            "the memory:// store lives inside the app's process, so the command line cannot "
-            "see it; give the app a durable store (sqlite:///app.db or postgresql://...) and "
-            "point --store at it, or inspect it from code (app.store, app.dead_letters)",
+            f"the store {store.url} lives inside the app's process, so the command line "
+            "cannot see it; give the app a durable store (sqlite:///app.db or "
+            "postgresql://...) and point --store at it, or inspect it from code (app.store, "
+            "app.dead_letters)",
             EXIT_USAGE,
         )
     _check_sqlite_file(store)

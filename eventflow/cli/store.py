@@ -107,7 +107,7 @@ def _init(args: argparse.Namespace) -> int:
         await store.close()
 
     asyncio.run(run())
-    print(f"store ready: {getattr(store, 'url', store)}")
+    print(f"store ready: {store.url}")
     return 0
 
 

@@ -18,11 +18,11 @@ stalls its projection, visibly (log, ``failures``, lag in ``status``), instead o
 skipped: skipping would make the live state differ from a rebuild. Fix the code, redeploy, and
 the projection continues from the failing event.
 
-State kept in Python attributes (the ``memory://`` store) is not transactional: when a batch
-fails there, the effects of the events handled before the failing one stay, so the runner
-commits the checkpoint up to them (and re-handles only from the failing event). A handler
-that mutates state and then raises leaves that mutation: on ``memory://`` raise before
-mutating.
+State kept in Python attributes (on a store whose ``supports_sql`` is False, such as
+``memory://``) is not transactional: when a batch fails there, the effects of the events
+handled before the failing one stay, so the runner commits the checkpoint up to them (and
+re-handles only from the failing event). A handler that mutates state and then raises leaves
+that mutation: on ``memory://`` raise before mutating.
 
 Rebuild (``rebuild``): under the same lease, run ``setup(tx)``, then, in one transaction,
 the projection's ``reset(tx)`` and the deletion of its checkpoint; then replay ``read_all``
@@ -42,7 +42,7 @@ from collections.abc import AsyncIterator, Callable
 from ..errors import ConfigurationError, LeaseLostError
 from ..events import EventRegistry, default_registry
 from ..leases import Lease
-from ..ports import RecordedEvent, Store
+from ..ports import RecordedEvent, Store, declared
 from .projection import (
     Projection,
     ProjectionContext,
@@ -83,8 +83,9 @@ class ProjectionRunner:
 
     ``batch_size`` events are handled per transaction. ``atomic_state`` says whether the
     projection's state is written through ``ctx.transaction()`` (rolled back with a failed
-    batch); by default it is False on ``memory://`` stores (state in Python attributes) and
-    True otherwise. ``registry`` decodes events (the default registry unless given).
+    batch); by default it is the store's ``supports_sql`` (False on ``memory://``: state in
+    Python attributes). ``registry`` decodes events, including ``ctx.record.event`` (the
+    default registry unless given).
 
     ``run()`` runs until cancelled or until ``stop()``; one runner runs at most once at a time.
     """
@@ -115,7 +116,7 @@ class ProjectionRunner:
         self.retry_initial_delay = retry_initial_delay
         self.retry_max_delay = retry_max_delay
         if atomic_state is None:
-            atomic_state = not str(getattr(store, "url", "")).startswith("memory:")
+            atomic_state = bool(declared(store, Store, "supports_sql"))
         self.atomic_state = atomic_state
         self._registry = registry or default_registry
         self._handlers = projection.handlers()  # also checks the projection has a name
@@ -281,7 +282,8 @@ class ProjectionRunner:
         """Handle the start of ``batch`` (one event at least, more while within the time
         budget) and move the checkpoint past it, in one transaction; return how many."""
         handlers = self._handlers
-        decode = self._registry.decode_as
+        registry = self._registry
+        decode = registry.decode_as
         checkpoints = self.store.checkpoints
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.store.leases.ttl / 3
@@ -295,7 +297,7 @@ class ProjectionRunner:
                     entry = handlers.get(rec.envelope.type)
                     if entry is not None:
                         event_cls, handler = entry
-                        ctx.record = rec
+                        ctx.record = rec.with_registry(registry)
                         await handler(decode(rec.envelope, event_cls), ctx)
                     done += 1
                     if loop.time() >= deadline:

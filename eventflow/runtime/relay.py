@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from .._logging import Throttled
 from ..envelope import new_id
 from ..errors import ConfigurationError, LeaseLostError, MessageRefusedError
-from ..ports import Broker, DeadLetter, OutboxMessage, Store
+from ..ports import Broker, DeadLetter, Outbox, OutboxMessage, Store, declared
 
 if TYPE_CHECKING:
     from ..leases import Lease
@@ -144,17 +144,18 @@ class OutboxRelay:
         self.id_header = id_header
         self.sent = 0
         self.parked = 0
+        # Checked here, so a store without it fails the app's start, not the relay later.
+        self._added: asyncio.Event = declared(store.outbox, Outbox, "added")
 
     async def run(self) -> None:
         """Relay forever (cancel to stop) while holding the outbox relay's lease; raises
         ``LeaseLostError`` if it is lost."""
         outbox = self.store.outbox
-        added: asyncio.Event | None = getattr(outbox, "added", None)
+        added = self._added
         async with self.store.leases.hold(OUTBOX_RELAY_LEASE) as lease:
             delay = _RETRY
             while True:
-                if added is not None:
-                    added.clear()
+                added.clear()
                 try:
                     batch = await outbox.pending(_BATCH)
                     sent: list[int] = []
@@ -187,10 +188,7 @@ class OutboxRelay:
                     continue
                 try:
                     async with asyncio.timeout(_IDLE_POLL):
-                        if added is None:
-                            await asyncio.sleep(_IDLE_POLL)
-                        else:
-                            await added.wait()
+                        await added.wait()
                 except TimeoutError:
                     pass  # another process may have added messages: look again
 

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from ..errors import ConfigurationError, StoreError, UnknownEventTypeError
-from ..events import Event, default_registry
+from ..events import Event, EventRegistry
 from ..ports import RecordedEvent
 from .on import appliers
 
@@ -138,8 +138,9 @@ class Aggregate(BaseModel):
         self._pending.append(event)
         self.version += 1
 
-    def _replay(self, rec: RecordedEvent) -> None:
-        """Apply one stored event (loading); the stream version must follow ours."""
+    def _replay(self, rec: RecordedEvent, registry: EventRegistry) -> None:
+        """Apply one stored event (loading), decoded (and upcast) by ``registry``; the
+        stream version must follow ours."""
         if rec.stream_version != self.version + 1:
             raise StoreError(
                 f"stream {rec.stream_id!r} gave version {rec.stream_version} after "
@@ -149,10 +150,10 @@ class Aggregate(BaseModel):
         entry = self.aggregate_appliers.get(env.type)
         if entry is not None:
             event_cls, fn = entry
-            if default_registry.latest_version(env.type) == event_cls.event_version:
+            if rec.registry is registry and registry.is_latest(event_cls):
                 event = rec.event  # decoded once and cached on the record
-            else:  # the applier was written for an older class of the type
-                event = default_registry.decode_as(env, event_cls)
+            else:  # another registry, or an applier written for an older class of the type
+                event = registry.decode_as(env, event_cls)
             fn(self, event)
         elif not self.ignore_unknown_events:
             raise self._no_applier(env.type, f"stream {rec.stream_id!r} v{rec.stream_version}")

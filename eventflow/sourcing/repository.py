@@ -29,7 +29,7 @@ from typing import Generic, TypeVar
 
 from ..envelope import Envelope, new_id
 from ..errors import AggregateNotFound, ConcurrencyError, ConfigurationError
-from ..events import Event, to_envelope
+from ..events import Event, EventRegistry, default_registry, to_envelope
 from ..ports import EventStore
 from .aggregate import Aggregate
 from .snapshots import restore_snapshot, take_snapshot
@@ -48,7 +48,8 @@ class Repository(Generic[A]):
     ``snapshot_every``: store a snapshot each time the stream crosses a multiple of this
     many events (None: no snapshots). ``stream_prefix`` overrides the class's ``stream=``.
     ``source`` is written in the saved events' envelopes (``App.repository`` passes the
-    app's name).
+    app's name). ``registry`` decodes and upcasts the stored events on load (the default
+    registry when None; ``App.repository`` passes the app's).
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class Repository(Generic[A]):
         snapshot_every: int | None = None,
         stream_prefix: str | None = None,
         source: str = "",
+        registry: EventRegistry | None = None,
     ) -> None:
         if not (isinstance(cls, type) and issubclass(cls, Aggregate)) or cls is Aggregate:
             raise ConfigurationError(
@@ -82,6 +84,7 @@ class Repository(Generic[A]):
         self.snapshot_every = snapshot_every
         self.stream_prefix = prefix
         self.source = source
+        self.registry: EventRegistry = default_registry if registry is None else registry
 
     def stream_id(self, aggregate_id: str) -> str:
         """The stream holding the events of ``aggregate_id``: ``f"{prefix}-{id}"``."""
@@ -206,8 +209,9 @@ class Repository(Generic[A]):
                 aggregate = restore_snapshot(self.cls, aggregate_id, snapshot)
         if aggregate is None:
             aggregate = self.cls(id=aggregate_id)
+        registry = self.registry
         async for rec in self.store.read_stream(stream_id, from_version=aggregate.version + 1):
-            aggregate._replay(rec)
+            aggregate._replay(rec, registry)
         return aggregate if aggregate.version > 0 else None
 
     def _envelopes(

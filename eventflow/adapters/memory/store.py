@@ -141,6 +141,11 @@ class MemoryHeartbeats:
 class MemoryStore(MemoryEventLog):
     """The ``memory://`` store: everything lives and dies with the process."""
 
+    durable = False
+    """Its data lives in this process only."""
+    supports_sql = False
+    """Its transactions buffer eventflow's writes and run no SQL."""
+
     def __init__(self, url: str = "memory://") -> None:
         super().__init__()
         self.url = url

@@ -352,6 +352,11 @@ class PostgresOutbox:
 class PostgresStore(PostgresEventLog):
     """The PostgreSQL store. ``postgresql://user@host/db?schema=NAME``."""
 
+    durable = True
+    """Every process connecting to the database sees the same data."""
+    supports_sql = True
+    """Its transactions run SQL."""
+
     def __init__(self, config: PostgresConfig, *, url: str | None = None) -> None:
         self.config = config
         self.url = url or config.dsn

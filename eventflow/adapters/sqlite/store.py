@@ -326,6 +326,14 @@ class SqliteStore(SqliteEventLog):
         self.attempts = SqliteAttempts(self.db)
         self._init_events()
 
+    @property
+    def durable(self) -> bool:
+        """True for a file; False for ``:memory:`` (a database of this connection only)."""
+        return self.path != ":memory:"
+
+    supports_sql = True
+    """Its transactions run SQL."""
+
     def transaction(self) -> AbstractAsyncContextManager[SqliteTransaction]:
         """One transaction on the store's connection; the task's store calls join it."""
         return self.db.transaction()

@@ -1,5 +1,6 @@
 """The store contract's tests of the transactional parts: checkpoints, the outbox and the
-transactional inbox (dedup) sharing one transaction (leases: see ``leases.py``)."""
+transactional inbox (dedup) sharing one transaction (leases: see ``leases.py``), and the
+capabilities a store declares (``durable``, ``supports_sql``, ``outbox.added``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from ...envelope import Envelope, new_id
+from ...errors import ConfigurationError
 from ...ports import OutboxMessage, Store
 from ..broker_contract import unique_name
 from .support import Happened, StoreContractBase, StoreFactory
@@ -192,3 +194,59 @@ class TransactionContract(StoreContractBase):
         assert await store.checkpoints.get(name) == 1
         self._check_outbox(await store.outbox.pending(), [(topic, first)])
         assert await store.dedup.seen(group, first.id)
+
+    # -- declared capabilities ---------------------------------------------------------------
+
+    async def test_supports_sql_says_whether_transactions_run_sql(self, store: Store) -> None:
+        """With ``supports_sql`` a table written in a transaction commits and rolls back with
+        it; without, ``execute`` and ``fetch`` refuse with ``ConfigurationError``."""
+        assert isinstance(store.supports_sql, bool)
+        table = unique_name("t")
+        if not store.supports_sql:
+            async with store.transaction() as tx:
+                with pytest.raises(ConfigurationError):
+                    await tx.execute(f"CREATE TABLE {table} (n INTEGER)")
+                with pytest.raises(ConfigurationError):
+                    await tx.fetch("SELECT 1")
+            return
+
+        class Boom(Exception):
+            pass
+
+        async with store.transaction() as tx:
+            await tx.execute(f"CREATE TABLE {table} (n INTEGER)")
+            await tx.execute(f"INSERT INTO {table} (n) VALUES ($1)", 1)
+        with pytest.raises(Boom):
+            async with store.transaction() as tx:
+                await tx.execute(f"INSERT INTO {table} (n) VALUES ($1)", 2)
+                raise Boom
+        async with store.transaction() as tx:
+            assert await tx.fetch(f"SELECT n FROM {table} ORDER BY n") == [(1,)]
+
+    async def test_a_durable_store_is_seen_by_another_connection(
+        self, store_factory: StoreFactory
+    ) -> None:
+        """A ``durable`` store's events are there for another store opened on the same
+        backend (another process); a store that is not durable still says so with a bool."""
+        store = await store_factory()
+        assert isinstance(store.durable, bool)
+        if not store.durable:
+            return
+        stream = unique_name("s")
+        await store.append(stream, [Happened(n=1)])
+        other = await store_factory()
+        assert other is not store
+        assert await other.stream_version(stream) == 1
+
+    async def test_outbox_added_is_set_by_an_add(self, store: Store) -> None:
+        """``outbox.added`` is set once an add returns (outside a transaction) or once its
+        transaction committed, so the relay sends it without waiting for its poll."""
+        added = store.outbox.added
+        topic = f"{unique_name()}.out"
+        added.clear()
+        await store.outbox.add([(topic, Envelope.create(Happened.event_type, {"n": 1}))])
+        assert added.is_set()
+        added.clear()
+        async with store.transaction() as tx:
+            await store.outbox.add([(topic, Envelope.create(Happened.event_type, {"n": 2}))], tx=tx)
+        assert added.is_set()
