@@ -403,10 +403,11 @@ async def test_a_full_publisher_waits_for_space(broker_name: str, waiter: Wait) 
         await app.publish(Job(n=0))
         await app.publish(Job(n=1))
         blocked = asyncio.create_task(app.publish(Job(n=2)))
-        # Positive control: a publish started after it, to a topic no group is full on,
-        # completes; the one to the full group is still waiting (not failing and not
-        # queueing past the bound).
-        await app.publish(Job(n=3), topic="it.life.elsewhere")
+        # Positive control: a publish started after it (tasks start in order), to a topic
+        # no group is full on, completes; the one to the full group is still waiting (not
+        # failing and not queueing past the bound).
+        control = asyncio.create_task(app.publish(Job(n=3), topic="it.life.elsewhere"))
+        await waiter(control.done, what="the publish to a topic with room")
         assert not blocked.done()
         gate.set()
         await asyncio.wait_for(blocked, 10)
