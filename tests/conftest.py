@@ -1,4 +1,5 @@
-"""Shared fixtures: unique in-memory brokers per test and a bounded polling helper.
+"""Shared fixtures: unique in-memory brokers per test, a bounded polling helper, and a check
+that no test leaves a task running.
 
 Memory brokers opened with the same ``memory://NAME`` share a hub for as long as one of them
 is open, so each test gets its own name; ``hub`` keeps a broker open on that name so that
@@ -8,11 +9,12 @@ messages survive between two app instances (a restart) within one test.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
@@ -36,6 +38,34 @@ async def wait_until(condition: Condition, *, timeout: float = 10.0, what: str =
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what or condition!r}")
         await asyncio.sleep(0.005)
+
+
+async def _check_no_leaked_tasks(before: set[asyncio.Task[object]]) -> None:
+    """Fail if tasks started since ``before`` are still running."""
+    await asyncio.sleep(0)  # let cancelled tasks finish unwinding
+    leaked = {t for t in asyncio.all_tasks() - before if not t.done()}
+    leaked.discard(asyncio.current_task())  # type: ignore[arg-type]
+    assert not leaked, f"tasks left running after the test: {leaked}"
+
+
+@pytest.fixture
+async def _leak_check() -> AsyncIterator[None]:
+    """The leak check of one async test, in the test's own event loop."""
+    before = asyncio.all_tasks()
+    yield
+    await _check_no_leaked_tasks(before)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_tasks(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail an async test that leaves tasks running: components must own (and stop) their
+    tasks. Every test package gets it from here; a sync test has no loop to leak into.
+
+    Autouse fixtures are set up first and torn down last, so the check runs after every
+    other fixture of the test has closed what it started."""
+    if inspect.iscoroutinefunction(getattr(request.node, "obj", None)):
+        request.getfixturevalue("_leak_check")
+    yield
 
 
 @pytest.fixture

@@ -83,7 +83,7 @@ def test_redis_url_options_are_checked() -> None:
         dedup_for("http://x")
 
 
-async def test_app_with_redis_dedup_skips_duplicates(broker_url: str) -> None:
+async def test_app_with_redis_dedup_skips_duplicates(broker_url: str, waiter: Wait) -> None:
     calls: list[int] = []
 
     @subscribe("contract.redis.dupe", group="r")
@@ -95,10 +95,17 @@ async def test_app_with_redis_dedup_skips_duplicates(broker_url: str) -> None:
         env = await app.publish(RedisDupe(n=1), key="k")
         await app.publish(env)
         await app.publish(env)
-        for _ in range(200):
-            if app.stats()["r:contract.redis.dupe"]["received"] == 3:
-                break
-            await asyncio.sleep(0.01)
+        # Wait for each copy's outcome, not its arrival: "received" counts a copy before
+        # its dedup check, so the last one may still be checking when it reads 3.
+        stats = app.stats
+        await waiter(
+            lambda: (
+                stats()["r:contract.redis.dupe"]["handled"]
+                + stats()["r:contract.redis.dupe"]["duplicates"]
+                == 3
+            ),
+            what="an outcome for each of the three copies",
+        )
         assert calls == [1]
         assert app.stats()["r:contract.redis.dupe"]["duplicates"] == 2
 

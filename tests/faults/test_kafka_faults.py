@@ -183,7 +183,18 @@ async def test_graceful_leave_during_rebalance_redelivers_nothing(
         await eventually(
             lambda: len(handled) >= len(sent), timeout=60, message="everything handled"
         )
-        await asyncio.sleep(1.0)  # a window for redeliveries to show up
+        # Then a marker per key: handled after every earlier message of its key (one
+        # partition, in order), so a redelivery of any of them would have come before it.
+        markers = {
+            (await publisher.publish(FaultJob(n=-1), key=f"k{k}", topic=topic)).id
+            for k in range(32)
+        }
+        sent.extend(markers)
+        await eventually(
+            lambda: markers <= {env_id for _, env_id, _ in handled},
+            timeout=60,
+            message="a marker after everything, on every key",
+        )
     finally:
         for app in (first, second, third):
             await app.__aexit__(None, None, None)
@@ -230,7 +241,10 @@ async def test_poison_message_is_dead_lettered_after_max_attempts(
             return bool(await app.dead_letters.list())
 
         await eventually(dead, timeout=30, message="poison dead-lettered")
-        await asyncio.sleep(1.0)  # no further attempt may come
+        # A message of the poison's key comes after it (one partition, in order): once it is
+        # handled, the poison's attempts are over, and a further one would have come first.
+        await publisher.publish(FaultJob(n=100), key="bad", topic=topic)
+        await eventually(lambda: len(done) == 100, timeout=60, message="the key's next message")
         [letter] = await app.dead_letters.list()
     assert len(attempts) == 4
     assert letter.attempts == 4

@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import nats
 import pytest
 
 from eventflow import App, Context, Event, subscribe
@@ -164,12 +165,29 @@ async def test_graceful_leave_causes_no_redelivery(nats_url: str, stream: str) -
             await eventually(lambda: sum(handled.values()) >= 30, message="work started")
         # `leaving` stopped mid-stream; `staying` picks up what it had not finished
         await eventually(lambda: sum(handled.values()) >= total, timeout=60, message="all handled")
-        await asyncio.sleep(1.0)  # a window for a wrong redelivery to show up
+        # No redelivery can come once the server has no message out unacked nor any left
+        # to deliver, on every consumer of the stream.
+        await eventually(
+            lambda: _nothing_outstanding(nats_url, stream),
+            timeout=30,
+            message="no message unacked or undelivered on the server",
+        )
     assert len(handled) == total
     assert set(handled.values()) == {1}, "no message handled twice"
     assert set(attempts) == {1}, "a released delivery is not counted as an attempt"
     bad = {k: ns for k, ns in order.items() if ns != sorted(ns)}
     assert not bad, f"per-key order across the leave: {bad}"
+
+
+async def _nothing_outstanding(nats_url: str, stream: str) -> bool:
+    """True if no consumer of ``stream`` has a message delivered but unacked, or pending."""
+    nc = await nats.connect(nats_url)
+    try:
+        infos = await nc.jetstream().consumers_info(stream)
+    finally:
+        await nc.close()
+    assert infos, f"no consumer on {stream}"
+    return all(not info.num_ack_pending and not info.num_pending for info in infos)
 
 
 async def test_server_killed_and_restarted_loses_no_acked_publish() -> None:

@@ -46,19 +46,24 @@ async def test_in_flight_handler_finishes_and_the_rest_is_redelivered(
     async def slow(event: Job) -> None:
         first_instance.append(event.n)
         await gate.wait()
+        finished.append(event.n)
 
+    finished: list[int] = []
     app1 = App("it-life", broker=broker_url, handlers=[slow], grace_period=30)
     await app1.start()
     for n in range(5):
         await app1.publish(Job(n=n), key="k")  # one key: only n=0 can be in flight
     await waiter(lambda: first_instance == [0])
     stopping = asyncio.create_task(app1.stop())
-    await asyncio.sleep(0.05)
-    assert not stopping.done()  # waiting for the in-flight handler, within the grace period
+    # The stop has begun (its supervisor is gone) and waits for the in-flight handler: one
+    # that did not wait would have cancelled it, and the handler would not finish below.
+    await waiter(lambda: app1.health().status == "stopped", what="the stop to begin")
+    assert not stopping.done()
     gate.set()
     await asyncio.wait_for(stopping, 10)
 
     assert first_instance == [0]
+    assert finished == [0]  # the handler ran to its end during the stop
     assert hub.group_sizes()[("workers", PATTERN)] == 4  # n=0 acked, 1..4 left unacked
 
     second_instance: list[tuple[int, int]] = []
@@ -219,8 +224,9 @@ async def test_serve_stops_gracefully_on_sigterm(broker_url: str, waiter: Wait) 
         await app.publish(Job(n=1))
         await waiter(lambda: started == [1])
         os.kill(os.getpid(), signal.SIGTERM)
-        await asyncio.sleep(0.05)
-        assert not serving.done()  # draining the in-flight handler
+        # The signal began the stop; it drains the in-flight handler (``finished`` below).
+        await waiter(lambda: app.health().status == "stopped", what="the stop to begin")
+        assert not serving.done()
         gate.set()
         await asyncio.wait_for(serving, 10)
     finally:
@@ -397,8 +403,12 @@ async def test_a_full_publisher_waits_for_space(broker_name: str, waiter: Wait) 
         await app.publish(Job(n=0))
         await app.publish(Job(n=1))
         blocked = asyncio.create_task(app.publish(Job(n=2)))
-        await asyncio.sleep(0.05)
-        assert not blocked.done()  # waiting, not failing and not queueing past the bound
+        # Positive control: a publish started after it (tasks start in order), to a topic
+        # no group is full on, completes; the one to the full group is still waiting (not
+        # failing and not queueing past the bound).
+        control = asyncio.create_task(app.publish(Job(n=3), topic="it.life.elsewhere"))
+        await waiter(control.done, what="the publish to a topic with room")
+        assert not blocked.done()
         gate.set()
         await asyncio.wait_for(blocked, 10)
         await waiter(lambda: len(handled) == 3)

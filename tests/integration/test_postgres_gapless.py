@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
@@ -89,7 +90,9 @@ async def _naive_reader(dsn: str, schema: str, stop: asyncio.Event) -> set[str]:
     return seen
 
 
-async def test_subscriber_never_skips_late_commits(postgres_store: PostgresStore) -> None:
+async def test_subscriber_never_skips_late_commits(
+    postgres_store: PostgresStore, waiter: Callable[..., Awaitable[None]]
+) -> None:
     received: list[RecordedEvent] = []
     committed: set[str] = set()
     rolled: set[str] = set()
@@ -106,12 +109,16 @@ async def test_subscriber_never_skips_late_commits(postgres_store: PostgresStore
     await asyncio.gather(
         *(_writer(postgres_store, w, deadline, committed, rolled) for w in range(WRITERS))
     )
-    # Every committed event reaches the subscriber (bounded wait), then a short quiet
-    # period catches anything extra.
-    limit = time.monotonic() + 30
-    while len(received) < len(committed) and time.monotonic() < limit:
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(0.3)
+    # Then one more event, after every writer ended: the subscriber delivers in position
+    # order, so once it has this one, anything extra before it has been delivered too.
+    marker = to_envelope(GaplessTick(writer=WRITERS, n=0), source="w", key="k")
+    await postgres_store.append("gapless-marker", [marker])
+    committed.add(marker.id)
+    await waiter(
+        lambda: any(r.envelope.id == marker.id for r in received),
+        timeout=30,
+        what="the subscriber to reach the last event",
+    )
     follower.cancel()
     stop_naive.set()
     naive_seen = await naive

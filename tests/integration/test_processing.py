@@ -20,6 +20,7 @@ from eventflow import (
 )
 from eventflow.adapters.memory import MemoryBroker
 from eventflow.adapters.memory.broker import MemoryBrokerConfig
+from eventflow.subscribe import DEFAULT_TIMEOUT
 
 Wait = Callable[..., Awaitable[None]]
 
@@ -338,17 +339,71 @@ async def test_timeout_then_success_on_retry(broker_url: str, waiter: Wait) -> N
         assert await app.dead_letters.list() == []
 
 
-async def test_timeout_none_never_cancels(broker_url: str, waiter: Wait) -> None:
-    done: list[int] = []
+class _SkippableClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock a test moves forward: the timers due in the skipped time
+    fire at once, so tens of seconds of loop time pass in milliseconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped = 0.0
+
+    def time(self) -> float:
+        """The loop's clock, ``skipped`` seconds ahead of the monotonic one."""
+        return super().time() + self.skipped
+
+
+def test_timeout_none_never_cancels(broker_url: str, waiter: Wait) -> None:
+    """With ``timeout=None`` a handler runs past the default timeout without being
+    cancelled; the same handler with the default timeout, given the same message in another
+    group on the same clock, is cancelled meanwhile (the positive control)."""
+    with asyncio.Runner(loop_factory=_SkippableClockLoop) as runner:
+        runner.run(_run_past_the_default_timeout(broker_url, waiter))
+
+
+async def _run_past_the_default_timeout(broker_url: str, wait_until: Wait) -> None:
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, _SkippableClockLoop)
+    release = asyncio.Event()
+    started: dict[str, int] = defaultdict(int)
+    cancelled: list[str] = []
+    done: list[str] = []
+
+    async def hold(group: str) -> None:
+        started[group] += 1
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cancelled.append(group)
+            raise
+        done.append(group)
 
     @subscribe("it.proc.work", group="patient", timeout=None)
-    async def handle(event: Work) -> None:
-        await asyncio.sleep(0.1)
-        done.append(event.n)
+    async def patient(event: Work) -> None:
+        await hold("patient")
 
-    async with App("it-proc-patient", broker=broker_url, handlers=[handle]) as app:
+    @subscribe("it.proc.work", group="default", retry=fast_retry(3))  # the default timeout
+    async def default(event: Work) -> None:
+        await hold("default")
+
+    async with App("it-proc-patient", broker=broker_url, handlers=[patient, default]) as app:
         await app.publish(Work(n=3))
-        await waiter(lambda: done == [3])
+        await wait_until(lambda: started == {"patient": 1, "default": 1}, what="both handlers")
+        # A second of loop time per step (the watchdog ticks at most once a second), until
+        # the default timeout fires, and at most twice that long.
+        while not cancelled and loop.skipped < 2 * DEFAULT_TIMEOUT:
+            loop.skipped += 1.0
+            await asyncio.sleep(0.001)
+        assert cancelled == ["default"], f"cancelled after {loop.skipped}s: {cancelled}"
+        assert loop.skipped >= DEFAULT_TIMEOUT  # both ran past the default timeout
+        release.set()
+        await wait_until(lambda: sorted(done) == ["default", "patient"], what="both done")
+        assert started == {"patient": 1, "default": 2}
+        stats = app.stats()
+        assert (
+            stats["patient:it.proc.work"]["handled"],
+            stats["patient:it.proc.work"]["retries"],
+        ) == (1, 0)
+    assert cancelled == ["default"]
 
 
 async def test_timeout_applies_to_each_call_not_to_a_run_of_calls(

@@ -154,7 +154,7 @@ class _Paused(Event, type="it.resilience.paused"):
 
 
 async def test_shutdown_during_a_pause_does_not_count_unseen_messages(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, waiter: Wait
 ) -> None:
     """A worker pauses after an infrastructure failure (the dedup store fails once) while its
     key's given-back message comes back into the lane; the app stops during the pause. No
@@ -176,6 +176,30 @@ async def test_shutdown_during_a_pause_does_not_count_unseen_messages(
         await release(self)
 
     monkeypatch.setattr(memory_broker._MemoryDelivery, "release", slow_release)
+    # Offsets given back, and those fetched again after being given back: the lane of the
+    # pausing worker's key fills again while it pauses.
+    given_back: set[int] = set()
+    fetched_again: set[int] = set()
+    fetch = memory_broker._MemorySubscription.fetch
+
+    async def recording_fetch(self: Any, max_messages: int, timeout: float) -> Any:
+        out = await fetch(self, max_messages, timeout)
+        fetched_again.update(d.offset for d in out if d.offset in given_back)
+        return out
+
+    releasing = 0  # releases under way: none once the worker gave its lane back
+
+    async def recording_release(self: Any) -> None:
+        nonlocal releasing
+        releasing += 1
+        try:
+            await slow_release(self)
+        finally:
+            releasing -= 1
+        given_back.add(self.offset)
+
+    monkeypatch.setattr(memory_broker._MemoryDelivery, "release", recording_release)
+    monkeypatch.setattr(memory_broker._MemorySubscription, "fetch", recording_fetch)
     keep = memory_broker.MemoryBroker(memory_broker.MemoryBrokerConfig(name=name))
     await keep.start()  # the hub outlives the first app
     try:
@@ -196,17 +220,21 @@ async def test_shutdown_during_a_pause_does_not_count_unseen_messages(
         monkeypatch.setattr(consumer, "_seen_nowait", seen_once_failing)
         for n in range(10):
             await app.publish(_Paused(n=n), key="K")
-        while not failed:
-            await asyncio.sleep(0.001)
-        await asyncio.sleep(0.2)  # the nack delay is over; the worker still pauses
+        await waiter(lambda: bool(failed), what="the dedup store's one failure")
+        seen_before_the_pause = list(seen)
+        await waiter(
+            lambda: bool(given_back) and not releasing and fetched_again == given_back,
+            what="the lane given back, then fetched again while its worker pauses",
+        )
         await app.stop()
+        # The stop came during the pause: no message of the paused key was handled since.
+        assert seen == seen_before_the_pause
         again = App("a", broker=f"memory://{name}", handlers=[handle], grace_period=1)
         async with again:
-            for _ in range(200):
-                if {n for n, _ in seen} == set(range(10)):
-                    break
-                await asyncio.sleep(0.01)
+            await waiter(lambda: {n for n, _ in seen} == set(range(10)), what="every message")
             letters = await again.dead_letters.list()
+            # Released at the stop, not left out to a member that left (counted as a start).
+            assert again.stats()["g:it.resilience.paused"]["redelivered"] == 0
     finally:
         await keep.close()
     assert letters == []

@@ -3,7 +3,6 @@ together (transactional inbox + outbox), on the SQL stores; and the event relay.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -83,10 +82,13 @@ async def test_effects_dedup_and_outbox_commit_together(
         first = await app.publish(TxDeposit(account="a", amount=5), key="a")
         await app.publish(TxDeposit(account="a", amount=7), key="a")
         await app.publish(first)  # a duplicate: must not book twice
-        await waiter(lambda: len(booked) == 2, what="two bookings relayed")
-        await asyncio.sleep(0.2)  # nothing more arrives
-        assert await _ledger(store) == (2, 12)
-        assert sorted(e.amount for e in booked) == [5, 7]
+        # A last deposit of the same key: handled, booked and relayed after everything
+        # before it (one key, in order), so a booking of the duplicate or of the failed
+        # attempt would have been relayed before this one's.
+        await app.publish(TxDeposit(account="a", amount=100), key="a")
+        await waiter(lambda: any(e.amount == 100 for e in booked), what="the last booking")
+        assert await _ledger(store) == (3, 112)
+        assert [e.amount for e in booked] == [5, 7, 100]
         assert fail_first["n"] == 1
         assert await store.outbox.pending() == []  # relayed and removed
         assert await store.dedup.seen("ledger", first.id)
@@ -137,12 +139,15 @@ async def test_event_relay_publishes_appended_events_in_stream_order(
         assert by_stream == {"acct-1": [1, 2, 3, 4, 5], "acct-2": [1, 2, 3, 4, 5]}
     # The relay's checkpoint survives: a restarted app relays nothing twice.
     got.clear()
-    app2 = App("it-relay", broker=broker_url, store=store, handlers=[audit], relay_events=True)
+    # One partition: the relay publishes in store order, so an event relayed twice would
+    # arrive before the new one.
+    one_partition = f"{broker_url}?partitions=1"
+    app2 = App("it-relay", broker=one_partition, store=store, handlers=[audit], relay_events=True)
     async with app2:
         await store.append("acct-3", [TxDeposit(account="3", amount=1)])
-        await waiter(lambda: len(got) == 1, what="only the new event")
-        await asyncio.sleep(0.2)
+        await waiter(lambda: any(e.key == "acct-3" for e in got), what="the new event")
         assert [e.key for e in got] == ["acct-3"]
+        assert app2.stats()["audit:it.tx.>"]["received"] == 1  # none skipped as a duplicate
 
 
 async def test_a_failed_transaction_block_rolls_back_even_if_the_handler_swallows_it(

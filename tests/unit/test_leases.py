@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import pytest
 
 from eventflow.errors import LeaseLostError
 from eventflow.leases import Lease, Wakeups, hold_lease, new_owner
+
+Wait = Callable[..., Awaitable[None]]
 
 TTL = 0.6
 
@@ -112,7 +115,7 @@ async def test_a_block_whose_unwinding_raises_still_ends_with_lease_lost() -> No
     assert isinstance(caught.value.__cause__, BaseExceptionGroup)
 
 
-async def test_errors_of_the_block_and_outside_cancellation_pass_through() -> None:
+async def test_errors_of_the_block_and_outside_cancellation_pass_through(waiter: Wait) -> None:
     table = Table()
 
     class Boom(Exception):
@@ -127,7 +130,8 @@ async def test_errors_of_the_block_and_outside_cancellation_pass_through() -> No
                 await asyncio.sleep(30)
 
     task = asyncio.create_task(_hold_forever(table))
-    await asyncio.sleep(0.05)
+    # Held first (the earlier blocks left it released): else the release is not tested.
+    await waiter(lambda: table.rows["job"][2] > 0.0, what="the lease held by the task")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -1,36 +1,40 @@
-"""The declared public API: ``eventflow.__all__`` matches what DESIGN.md tells users to import."""
+"""The declared public API: ``eventflow.__all__`` is what docs/api.md lists, and every name
+the README and docs/ import from ``eventflow`` is exported."""
 
 import inspect
+import re
+from pathlib import Path
 
 import pytest
 
 import eventflow
 
-# Names DESIGN.md sections 1-4 tell users to import from ``eventflow`` (or catch from it).
-DOCUMENTED = {
-    # section 1
-    "App",
-    "Event",
-    "Context",
-    "subscribe",
-    "upcaster",
-    # section 2
-    "Envelope",
-    # section 3 / 3b
-    "RetryPolicy",
-    "BackpressureError",
-    "DeadLetter",
-    # section 4
-    "Aggregate",
-    "Projection",
-    "Repository",
-    "on",
-    "open_store",
-    "ConcurrencyError",
-    "AggregateNotFound",
-}
-# Names documented but not built yet (none left).
-NOT_YET_IMPLEMENTED: set[str] = set()
+ROOT = Path(__file__).resolve().parents[2]
+API_PAGE = ROOT / "docs" / "api.md"
+# Pages that tell users what to import: the README and every page under docs/.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# A name docs/api.md lists: a bullet starting with the name in backticks.
+_LISTED = re.compile(r"^- `([A-Za-z_][A-Za-z0-9_]*)`", re.MULTILINE)
+# `from eventflow import A, B` on one line, or `from eventflow import (A, B,\n C)`.
+_IMPORT = re.compile(r"^\s*from eventflow import (\([^)]*\)|[^\n]*)", re.MULTILINE)
+
+
+def listed_names(text: str) -> list[str]:
+    """The names a page lists as bullets, in order."""
+    return _LISTED.findall(text)
+
+
+def imported_names(text: str) -> set[str]:
+    """The names a page imports from ``eventflow`` (the package itself, not a submodule)."""
+    names: set[str] = set()
+    for group in _IMPORT.findall(text):
+        for part in group.strip("()").replace("\n", ",").split(","):
+            name = part.split("#")[0].split(" as ")[0].strip()
+            if name:
+                names.add(name)
+    return names
+
+
 ERRORS = {
     "EventflowError",
     "ConfigurationError",
@@ -76,13 +80,38 @@ def test_star_import_gives_exactly_all() -> None:
     assert set(namespace) == set(eventflow.__all__)
 
 
-def test_documented_names_that_exist_are_exported() -> None:
-    implemented = DOCUMENTED - NOT_YET_IMPLEMENTED
-    assert implemented <= set(eventflow.__all__)
-    # Once a section-4 name appears in the package it must be exported too.
-    for name in NOT_YET_IMPLEMENTED:
-        if hasattr(eventflow, name):
-            assert name in eventflow.__all__
+def test_the_api_page_lists_exactly_all() -> None:
+    listed = listed_names(API_PAGE.read_text(encoding="utf-8"))
+    assert len(listed) == len(set(listed)), "docs/api.md lists a name twice"
+    exported = set(eventflow.__all__)
+    unlisted, unexported = exported - set(listed), set(listed) - exported
+    assert not unlisted, f"exported, not in docs/api.md: {sorted(unlisted)}"
+    assert not unexported, f"in docs/api.md, not exported: {sorted(unexported)}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_names_the_docs_import_from_eventflow_are_exported(page: Path) -> None:
+    unexported = imported_names(page.read_text(encoding="utf-8")) - set(eventflow.__all__)
+    assert not unexported, f"imported from eventflow, not exported: {sorted(unexported)}"
+
+
+def test_the_doc_parsers_read_lists_and_imports() -> None:
+    page = """
+- `App`: a service.
+- `subscribe`: marks a handler.
+  - `nested`: not a listed name.
+text `Event` in a sentence
+```python
+from eventflow import App, Event  # a comment
+from eventflow import (
+    Aggregate,
+    on as applier,
+)
+from eventflow.brokers import open_broker
+```
+"""
+    assert listed_names(page) == ["App", "subscribe"]
+    assert imported_names(page) == {"App", "Event", "Aggregate", "on"}
 
 
 def test_the_error_tree_is_exported_under_one_root() -> None:

@@ -4,12 +4,14 @@ recover, never lets a failure reach anything but the component."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
 from eventflow import BrokerError, ComponentFailedError, ConfigurationError, StoreError
 from eventflow.supervision import ComponentState, RestartPolicy, Supervisor, is_transient
 
+Wait = Callable[..., Awaitable[None]]
 QUICK = RestartPolicy(initial_delay=0.001, max_delay=0.002, give_up_after=1.0, stable_after=0.2)
 
 
@@ -91,7 +93,7 @@ async def test_a_stable_run_starts_a_new_streak() -> None:
     await supervisor.close()
 
 
-async def test_health_is_degraded_until_a_restarted_component_runs_stably() -> None:
+async def test_health_is_degraded_until_a_restarted_component_runs_stably(waiter: Wait) -> None:
     gate = asyncio.Event()
     runs: list[int] = []
 
@@ -103,14 +105,12 @@ async def test_health_is_degraded_until_a_restarted_component_runs_stably() -> N
 
     supervisor = Supervisor("t", QUICK)
     supervisor.spawn("c", fails_once)
-    while len(runs) < 2:
-        await asyncio.sleep(0.001)
+    await waiter(lambda: len(runs) == 2, what="the restart")
     health = supervisor.health()
     assert health.status == "degraded" and "c: running, 1 restarts (BrokerError: blip)" in (
         health.problems
     )
-    await asyncio.sleep(0.25)  # past stable_after
-    assert supervisor.health().ok
+    await waiter(lambda: supervisor.health().ok, what="stable again past stable_after")
     gate.set()
     await supervisor.close()
 
@@ -143,7 +143,9 @@ async def test_close_cancels_every_component_and_nothing_else() -> None:
         supervisor.spawn("late", forever)
 
 
-async def test_a_component_whose_clean_up_fails_while_it_is_stopped_is_stopped() -> None:
+async def test_a_component_whose_clean_up_fails_while_it_is_stopped_is_stopped(
+    waiter: Wait,
+) -> None:
     """Its cancellation came back as another error (closing a dead connection raised): still
     a stop, not a failure to restart, so ``close`` returns."""
     runs: list[int] = []
@@ -157,7 +159,7 @@ async def test_a_component_whose_clean_up_fails_while_it_is_stopped_is_stopped()
 
     supervisor = Supervisor("t", QUICK)
     component = supervisor.spawn("c", cleanup_fails)
-    await asyncio.sleep(0.01)
+    await waiter(lambda: runs == [0], what="the component running")
     await asyncio.wait_for(supervisor.close(), 3)
     assert runs == [0]
     assert component.state is ComponentState.STOPPED
@@ -180,15 +182,14 @@ async def test_ended_components_are_forgotten_failed_ones_kept() -> None:
     await supervisor.close()
 
 
-async def test_a_component_stopped_while_waiting_to_restart_says_stopped() -> None:
+async def test_a_component_stopped_while_waiting_to_restart_says_stopped(waiter: Wait) -> None:
     async def down() -> None:
         raise StoreError("down")
 
     policy = RestartPolicy(initial_delay=5.0, max_delay=5.0, give_up_after=None)
     supervisor = Supervisor("t", policy)
     component = supervisor.spawn("c", down)
-    while component.state is not ComponentState.RETRYING:
-        await asyncio.sleep(0.001)
+    await waiter(lambda: component.state is ComponentState.RETRYING, what="the retry wait")
     await supervisor.close()
     assert component.state is ComponentState.STOPPED
 
