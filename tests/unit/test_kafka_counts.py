@@ -5,19 +5,16 @@ when the companion's commit lagged behind (see ``eventflow/adapters/kafka/partit
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from eventflow.adapters.kafka.partition import _pack, _Partition, _unpack
+from eventflow.adapters.kafka.partition import MemberState, Partition, _pack, _unpack
 
 SPAN_MAX, COUNT_MAX = (1 << 16) - 1, (1 << 8) - 1
 OFFSETS = [0, 1, 2**24, 2**39 - 1, 2**39, 2**40, 2**40 + 12345, 2**62, 2**63 - 1]
 
 
-def _partition() -> _Partition:
-    no_subscription: Any = None  # the prior counts need none
-    return _Partition(no_subscription, ("topic", 0))
+def _partition() -> Partition:
+    return Partition(("topic", 0), MemberState())
 
 
 @pytest.mark.parametrize("head", OFFSETS)
