@@ -161,6 +161,7 @@ async def test_shutdown_during_a_pause_does_not_count_unseen_messages(
     handler saw that message, so it is released, not counted, and the failure around the
     handler spent no attempt: every message is handled at attempt 1, none dead-lettered."""
     from eventflow.adapters.memory import broker as memory_broker
+    from eventflow.adapters.memory.groups import MemoryDelivery
 
     name = f"it-pause-{uuid.uuid4().hex[:6]}"
     seen: list[tuple[int, int]] = []
@@ -169,13 +170,13 @@ async def test_shutdown_during_a_pause_does_not_count_unseen_messages(
     async def handle(event: _Paused, ctx: Context) -> None:
         seen.append((event.n, ctx.attempt))
 
-    release = memory_broker._MemoryDelivery.release
+    release = MemoryDelivery.release
 
     async def slow_release(self: Any) -> None:
         await asyncio.sleep(0.03)  # a broker round trip
         await release(self)
 
-    monkeypatch.setattr(memory_broker._MemoryDelivery, "release", slow_release)
+    monkeypatch.setattr(MemoryDelivery, "release", slow_release)
     keep = memory_broker.MemoryBroker(memory_broker.MemoryBrokerConfig(name=name))
     await keep.start()  # the hub outlives the first app
     try:
