@@ -164,3 +164,32 @@ def test_a_partition_resumed_from_a_commit_keeps_only_unfinished_records() -> No
     assert part.resume_position() == 5 and part.position() == 3
     part.drop()
     assert member.buffered == 0 and not part.active
+
+
+async def test_a_commit_keeps_what_earlier_members_delivered_until_it_is_finished() -> None:
+    """A new owner learnt that offsets 10 to 19 were delivered before. It has handed out
+    and finished only offset 10 when it commits: the value it commits must still say that
+    11 to 19 were delivered before, or a third owner (after a crash of this one) would
+    count their next deliveries as first ones."""
+    member = MemberState()
+    part = Partition(("topic", 0), member)
+    part.start_from(10, _pack(10, 10, 2), refetch=True)
+    part.file([_Record(o) for o in range(10, 25)], "t")
+    out: list[KafkaDelivery] = []
+    part.take(out, 1, _clock)
+    assert [(d.offset, d.delivery_count) for d in out] == [(10, 3)]
+    await out[0].ack()  # offset 10 finished
+    assert part.to_commit() == (11, _pack(11, 9, 1))
+    third = _partition()
+    third.set_prior(11, _pack(11, 9, 1))
+    assert [third.prior(o) for o in (11, 19, 20)] == [1, 1, 0]
+
+
+def test_a_queued_head_keeps_its_count_from_earlier_members() -> None:
+    """The head was delivered 3 times by earlier members; this member fetched it but has
+    not handed it out yet when it commits: the count it commits is still 3, not 0."""
+    member = MemberState()
+    part = Partition(("topic", 0), member)
+    part.start_from(10, _pack(10, 5, 3), refetch=True)
+    part.file([_Record(o) for o in range(10, 13)], "t")
+    assert part.to_commit() == (10, _pack(10, 5, 3))

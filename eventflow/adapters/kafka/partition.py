@@ -13,6 +13,9 @@ offset (the *head*), the member commits a value in a companion consumer group th
 one int64 "offset", how many offsets past the head were handed out (the *span*, 16 bits) and
 how often the head was delivered (the *count*, 8 bits), both saturating, and the head's low
 39 bits as a *check* (63 bits in all, so any value is a valid offset; the sign bit stays 0).
+Both include what earlier members delivered, as far as the member learnt it: a member that
+committed only its own deliveries would erase, at its first commit, what the one before it
+had handed out, and after its crash the next owner would count those again from 1.
 
 The full head is not stored: it is the group's own committed offset, committed just before
 (:func:`_unpack` takes it). Only the main commit can succeed without the companion's (a
@@ -245,7 +248,10 @@ class Partition:
         pos = self.position()
         if pos is None:
             return None
-        span = max(0, self.handed_hi - pos)
+        # The span covers what earlier members delivered too, until it is finished: a value
+        # that only covered this member's deliveries would make the next owner take them
+        # for first deliveries.
+        span = max(0, max(self.handed_hi, self.prior_hi) - pos)
         value = _pack(pos, span, self.head_count(pos) if span else 0)
         if self.committed == (pos, value):
             return None
@@ -281,7 +287,8 @@ class Partition:
             return held.delivery_count
         for item in self.queue:
             if item.offset == offset:
-                return item.delivery_count
+                # Fetched, not handed out yet: its count so far is the earlier members'.
+                return max(item.delivery_count, self.prior(offset))
             if item.offset > offset:
                 break
         return self.prior(offset)
