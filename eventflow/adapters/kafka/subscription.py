@@ -7,10 +7,10 @@ handlers: a slow handler cannot trip a rebalance loop. ``fetch`` hands out buffe
 Per partition a :class:`~.partition.Partition` keeps the records fetched but not handed out
 (``queue``, in offset order) and those handed out but not settled (``inflight``), and
 counts deliveries; the subscription hands out records from its partitions in turn, and
-commits what they say is finished. ``ack`` only drops the
-offset from ``inflight``; the pump commits, every ``commit_interval``, the lowest offset still
-queued or in flight (or the next offset to fetch): finished work past an unfinished offset
-waits, so a crash redelivers from the first unfinished message and loses nothing.
+commits what they say is finished. ``ack`` only drops the offset from ``inflight``; the
+pump commits, every ``commit_interval``, the lowest offset still queued or in flight (or
+the next offset to fetch): finished work past an unfinished offset waits, so a crash
+redelivers from the first unfinished message and loses nothing.
 
 ``nack`` and ``release`` put the record back at the head of its partition's queue (a nacked
 record blocks its partition's later records until redelivered, which keeps key order).
