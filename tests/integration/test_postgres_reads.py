@@ -18,6 +18,7 @@ import pytest
 from eventflow import Event
 from eventflow.adapters.postgres import PostgresStore
 from eventflow.adapters.postgres import events as pg_events
+from eventflow.adapters.postgres import sequencer as pg_sequencer
 from eventflow.events import to_envelope
 from eventflow.stores import store_for
 from eventflow.testing import eventually
@@ -101,8 +102,8 @@ async def test_a_read_right_after_a_large_append_sees_all_of_it(
     going until everything committed is numbered, so ``read_stream`` never reports an event
     at position 0 (the store's own sequencer is held back here, so the reads' passes do all
     the work)."""
-    monkeypatch.setattr(pg_events, "_SEQUENCE_BATCH", 10)
-    monkeypatch.setattr(pg_events, "_COALESCE", 30.0)
+    monkeypatch.setattr(pg_sequencer, "_SEQUENCE_BATCH", 10)
+    monkeypatch.setattr(pg_sequencer, "_COALESCE", 30.0)
     async with isolated_schema(postgres_url()) as url:
         s = store_for(url)
         assert isinstance(s, PostgresStore)
@@ -124,7 +125,7 @@ async def test_the_listener_connection_is_reconnected_after_it_is_lost(
     is killed (a failover, an idle timeout): it is connected again and listens again, so a
     subscriber is woken by the next append's notification, not by its slow re-read."""
     store = postgres_store
-    old = store._listener
+    old = store._sequencer.listener
     assert old is not None
     admin = await asyncpg.connect(postgres_url())
     try:
@@ -133,12 +134,12 @@ async def test_the_listener_connection_is_reconnected_after_it_is_lost(
         await admin.close()
 
     def reconnected() -> bool:
-        new = store._listener
+        new = store._sequencer.listener
         return new is not None and new is not old and not new.is_closed()
 
     await eventually(reconnected, timeout=10, message="a new listener connection")
     woken = asyncio.get_running_loop().create_future()
-    tick = store._tick
+    tick = store._sequencer.tick
     assert tick is not None
     tick.add_done_callback(lambda _: woken.done() or woken.set_result(None))
     await store.append("listener-s", [ReadItem(n=1)])

@@ -161,6 +161,7 @@ async def test_shutdown_during_a_pause_does_not_count_unseen_messages(
     handler saw that message, so it is released, not counted, and the failure around the
     handler spent no attempt: every message is handled at attempt 1, none dead-lettered."""
     from eventflow.adapters.memory import broker as memory_broker
+    from eventflow.adapters.memory.groups import MemoryDelivery, MemorySubscription
 
     name = f"it-pause-{uuid.uuid4().hex[:6]}"
     seen: list[tuple[int, int]] = []
@@ -169,18 +170,18 @@ async def test_shutdown_during_a_pause_does_not_count_unseen_messages(
     async def handle(event: _Paused, ctx: Context) -> None:
         seen.append((event.n, ctx.attempt))
 
-    release = memory_broker._MemoryDelivery.release
+    release = MemoryDelivery.release
 
     async def slow_release(self: Any) -> None:
         await asyncio.sleep(0.03)  # a broker round trip
         await release(self)
 
-    monkeypatch.setattr(memory_broker._MemoryDelivery, "release", slow_release)
+    monkeypatch.setattr(MemoryDelivery, "release", slow_release)
     # Offsets given back, and those fetched again after being given back: the lane of the
     # pausing worker's key fills again while it pauses.
     given_back: set[int] = set()
     fetched_again: set[int] = set()
-    fetch = memory_broker._MemorySubscription.fetch
+    fetch = MemorySubscription.fetch
 
     async def recording_fetch(self: Any, max_messages: int, timeout: float) -> Any:
         out = await fetch(self, max_messages, timeout)
@@ -198,8 +199,8 @@ async def test_shutdown_during_a_pause_does_not_count_unseen_messages(
             releasing -= 1
         given_back.add(self.offset)
 
-    monkeypatch.setattr(memory_broker._MemoryDelivery, "release", recording_release)
-    monkeypatch.setattr(memory_broker._MemorySubscription, "fetch", recording_fetch)
+    monkeypatch.setattr(MemoryDelivery, "release", recording_release)
+    monkeypatch.setattr(MemorySubscription, "fetch", recording_fetch)
     keep = memory_broker.MemoryBroker(memory_broker.MemoryBrokerConfig(name=name))
     await keep.start()  # the hub outlives the first app
     try:

@@ -20,9 +20,10 @@ from ...errors import BackpressureError, BrokerError, ConfigurationError, Messag
 from ...patterns import is_wildcard, validate_pattern, validate_topic
 from ...supervision import Supervisor
 from .config import KafkaBrokerConfig, kafka_topic, pattern_regex
-from .connection import probe
+from .connection import close_client, probe
 from .logs import throttle_client_logs
-from .subscription import KafkaSubscription, attempts_group
+from .partition import attempts_group
+from .subscription import KafkaSubscription
 
 __all__ = ["KafkaBroker"]
 
@@ -35,17 +36,6 @@ made per tenant or per id."""
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
-
-
-async def _close_client(client: AIOKafkaAdminClient | AIOKafkaProducer | AIOKafkaConsumer) -> None:
-    """Close a client whose start failed or was cancelled (it may never have connected)."""
-    try:
-        if isinstance(client, AIOKafkaAdminClient):
-            await client.close()
-        else:
-            await client.stop()
-    except Exception as exc:
-        _log.debug("kafka: closing a client after a failed start: %s", exc)
 
 
 class KafkaBroker:
@@ -103,7 +93,7 @@ class KafkaBroker:
                     producer = await self._start_producer(opened)
             except BaseException as exc:
                 for client in reversed(opened):
-                    await _close_client(client)
+                    await close_client(client)
                 if isinstance(exc, TimeoutError):
                     raise BrokerError(
                         f"kafka: a broker at {self.url} answered, but the clients did not "
@@ -197,9 +187,6 @@ class KafkaBroker:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def _forget(self, sub: KafkaSubscription) -> None:
-        self._subs.discard(sub)
 
     # -- topics ------------------------------------------------------------------------------
 
@@ -304,6 +291,9 @@ class KafkaBroker:
         this returns reach the group.
         """
         admin = self._live_admin()
+        supervisor = self._supervisor  # set by start() together with the admin client
+        if supervisor is None:
+            raise BrokerError("kafka broker is not started: call `await broker.start()` first")
         validate_pattern(pattern)
         if not group:
             raise ConfigurationError("a consumer group name must be non-empty")
@@ -329,7 +319,9 @@ class KafkaBroker:
             for client in (consumer, companion):
                 await client.start()
             start_offsets = await self._end_offsets(admin, consumer, regex, exact)
-            sub = KafkaSubscription(self, pattern, group, consumer, companion, start_offsets)
+            sub = KafkaSubscription(
+                cfg, pattern, group, consumer, companion, start_offsets, self._subs.discard
+            )
             if exact is not None:
                 consumer.subscribe(topics=[exact], listener=sub.listener)
             else:
@@ -337,12 +329,12 @@ class KafkaBroker:
             self._subs.add(sub)
         except BaseException as exc:  # cancelled too: no client is left running
             for client in (consumer, companion):
-                await _close_client(client)
+                await close_client(client)
             if not isinstance(exc, KafkaError):
                 raise
             raise BrokerError(f"kafka: cannot join group {group!r}: {exc!r}") from exc
         try:
-            await sub.wait_assigned(cfg.rebalance_timeout + cfg.session_timeout)
+            await sub.start(supervisor, cfg.rebalance_timeout + cfg.session_timeout)
         except BaseException:
             await sub.close()
             raise

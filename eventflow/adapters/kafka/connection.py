@@ -9,17 +9,26 @@ answers or ``connect_timeout`` ends. It tells apart a server that is down (refus
 that accepts and stays silent, and one that answers in another protocol (a NATS port sends
 its ``INFO`` line first), and names the URL and what to check. Once a server has answered,
 the clients' own bootstraps take milliseconds.
+
+Closing is as careful: :func:`close_client` closes a client whose start failed (it may never
+have connected), and :func:`stop_consumer` stops a consumer also when its brokers are away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import struct
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from ...errors import BrokerError
 
-__all__ = ["probe"]
+__all__ = ["close_client", "probe", "stop_consumer"]
+
+_log = logging.getLogger("eventflow.kafka")
 
 _API_VERSIONS = 18
 _RETRY = 0.25
@@ -106,3 +115,33 @@ def _failure(url: str, timeout: float, errors: dict[str, BaseException]) -> str:
         "check that the brokers are running and reachable, and raise connect_timeout= on a "
         "slow network"
     )
+
+
+async def close_client(client: AIOKafkaAdminClient | AIOKafkaProducer | AIOKafkaConsumer) -> None:
+    """Close a client whose start failed or was cancelled (it may never have connected)."""
+    try:
+        if isinstance(client, AIOKafkaAdminClient):
+            await client.close()
+        else:
+            await client.stop()
+    except Exception as exc:
+        _log.debug("kafka: closing a client after a failed start: %s", exc)
+
+
+async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    """Stop an aiokafka consumer, also when its brokers are unreachable.
+
+    Then aiokafka's fetcher cancels its pending fetch requests and awaits them without
+    catching their cancellation: ``stop`` raises ``CancelledError`` (although nobody
+    cancelled the caller) before closing the client, whose metadata task would be left
+    running. That cancellation is not the caller's, so it ends here, and the client is
+    closed; the caller's own cancellation still goes through."""
+    task = asyncio.current_task()
+    asked = task.cancelling() if task is not None else 0
+    try:
+        await consumer.stop()
+    except asyncio.CancelledError:
+        if task is None or task.cancelling() > asked:
+            raise
+        _log.debug("kafka: a consumer's stop was cut short by its own fetcher; closing it")
+        await consumer._client.close()

@@ -2,13 +2,20 @@
 
 A partition keeps the records fetched but not handed out (``queue``, in offset order) and
 those handed out but not settled (``inflight``); ``nack``/``release`` put a record back at
-the head of its queue.
+the head of its queue. It counts the deliveries of its records itself (Kafka has no such
+count) and knows what to commit: its first unfinished offset and the companion value below.
+What its member needs to hear (records buffered, a commit due, a fetch to wake) goes
+through the :class:`MemberState` the member gives it; a partition knows nothing else of
+the member.
 
 Delivery counts carried to the next owner: with each commit of the group's first unfinished
 offset (the *head*), the member commits a value in a companion consumer group that packs, in
 one int64 "offset", how many offsets past the head were handed out (the *span*, 16 bits) and
 how often the head was delivered (the *count*, 8 bits), both saturating, and the head's low
 39 bits as a *check* (63 bits in all, so any value is a valid offset; the sign bit stays 0).
+Both include what earlier members delivered, as far as the member learnt it: a member that
+committed only its own deliveries would erase, at its first commit, what the one before it
+had handed out, and after its crash the next owner would count those again from 1.
 
 The full head is not stored: it is the group's own committed offset, committed just before
 (:func:`_unpack` takes it). Only the main commit can succeed without the companion's (a
@@ -29,21 +36,13 @@ indeed delivered before the reset, or, when no such head exists, ignored.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-if TYPE_CHECKING:
-    from .subscription import KafkaSubscription
+__all__ = ["KafkaDelivery", "MemberState", "Partition", "attempts_group"]
 
-__all__ = ["KafkaDelivery", "attempts_group"]
-
-_log = logging.getLogger("eventflow.kafka")
 _EMPTY: Mapping[str, str] = {}
-_POLL_MS = 100
-_PAUSED_POLL_MS = 20
-_SETTLE_POLL = 0.005
 _SPAN_BITS, _COUNT_BITS, _CHECK_BITS = 16, 8, 39
 _SPAN_MAX, _COUNT_MAX = (1 << _SPAN_BITS) - 1, (1 << _COUNT_BITS) - 1
 _CHECK_MOD = 1 << _CHECK_BITS
@@ -75,14 +74,34 @@ def _unpack(value: int, done: int) -> tuple[int, int, int] | None:
     return head, (value >> _COUNT_BITS) & _SPAN_MAX, value & _COUNT_MAX
 
 
-class _Partition:
-    """What one member knows about one assigned partition."""
+class MemberState:
+    """What the partitions of one member share with it: the number of records queued in
+    all of them (bounded by ``max_buffer``), whether anything changed since the last commit,
+    and the event a waiting ``fetch`` sleeps on. The member owns it; its partitions and
+    deliveries update it."""
+
+    __slots__ = ("buffered", "dirty", "wakeup")
+
+    def __init__(self) -> None:
+        self.buffered = 0
+        self.dirty = False
+        self.wakeup = asyncio.Event()
+
+    def wake(self) -> None:
+        """Wake a waiting ``fetch``: records became available (or the member changed)."""
+        self.wakeup.set()
+
+
+class Partition:
+    """What one member knows about one assigned partition: its records, its position and
+    its delivery counts."""
 
     __slots__ = (
         "active",
         "committed",
         "handed_hi",
         "inflight",
+        "member",
         "next_offset",
         "prior_count",
         "prior_head",
@@ -90,13 +109,12 @@ class _Partition:
         "prior_lo",
         "queue",
         "start",
-        "sub",
         "tp",
     )
 
-    def __init__(self, sub: KafkaSubscription, tp: Any) -> None:
-        self.sub = sub
+    def __init__(self, tp: Any, member: MemberState) -> None:
         self.tp = tp
+        self.member = member
         self.queue: deque[KafkaDelivery] = deque()
         self.inflight: dict[int, KafkaDelivery] = {}
         self.active = False
@@ -108,6 +126,138 @@ class _Partition:
         # prior_head `prior_count` times.
         self.prior_lo = self.prior_hi = self.prior_head = -1
         self.prior_count = 0
+
+    # -- records -----------------------------------------------------------------------------
+
+    def file(self, records: Iterable[Any], topic: str) -> int:
+        """Queue the fetched ``records`` (aiokafka's, in offset order) of eventflow topic
+        ``topic``; returns how many were new (a refetch after a seek repeats some)."""
+        queue = self.queue
+        floor = self.next_offset if self.next_offset is not None else -1
+        filed = 0
+        last = None
+        for rec in records:
+            last = rec.offset
+            if last < floor:
+                continue  # already queued or handed out (refetch after a seek)
+            key = rec.key
+            hdrs = rec.headers
+            queue.append(
+                KafkaDelivery(
+                    self,
+                    last,
+                    topic,
+                    rec.value if rec.value is not None else b"",
+                    key.decode("utf-8", "replace") if key is not None else None,
+                    {k: v.decode("utf-8", "replace") for k, v in hdrs} if hdrs else _EMPTY,
+                    0,
+                )
+            )
+            filed += 1
+        if last is not None:
+            self.next_offset = last + 1
+        self.member.buffered += filed
+        return filed
+
+    def take(self, out: list[KafkaDelivery], limit: int, clock: Callable[[], float]) -> None:
+        """Hand out queued records into ``out`` until it holds ``limit``, counting each
+        delivery; a nacked record still waiting out its delay stops the partition there."""
+        queue = self.queue
+        inflight = self.inflight
+        prior_hi = self.prior_hi
+        taken = 0
+        now = 0.0
+        while queue and len(out) < limit:
+            item = queue[0]
+            if item.not_before:
+                now = now or clock()
+                if item.not_before > now:
+                    break  # a nacked record waits out its delay; its partition waits too
+                item.not_before = 0.0
+            queue.popleft()
+            taken += 1
+            offset = item.offset
+            if offset < prior_hi or offset == self.prior_head:
+                item.delivery_count = max(item.delivery_count, self.prior(offset))
+            item.delivery_count += 1
+            inflight[offset] = item
+            out.append(item)
+            if offset >= self.handed_hi:
+                self.handed_hi = offset + 1
+        if taken:
+            member = self.member
+            member.buffered -= taken
+            member.dirty = True
+
+    def give_back(self, item: KafkaDelivery) -> None:
+        """Queue ``item`` again in offset order (normally at the head)."""
+        queue = self.queue
+        if not queue or queue[0].offset > item.offset:
+            queue.appendleft(item)
+        else:
+            merged = sorted([item, *queue], key=lambda d: d.offset)
+            queue.clear()
+            queue.extend(merged)
+        self.member.buffered += 1
+
+    def drop(self) -> None:
+        """Forget the partition: queued records go, in-flight deliveries become stale."""
+        self.member.buffered -= len(self.queue)
+        self.queue.clear()
+        self.inflight.clear()
+        self.active = False
+
+    # -- positions ---------------------------------------------------------------------------
+
+    def start_from(self, done: int, value: int | None, *, refetch: bool) -> None:
+        """Start from the group's committed offset ``done`` with the companion ``value``
+        committed next to it. ``refetch``: the consumer was moved to ``done``, so what is
+        queued will be fetched again; else only records below ``done`` (finished) go."""
+        queue = self.queue
+        if refetch:
+            self.member.buffered -= len(queue)
+            queue.clear()
+            self.next_offset = None
+        else:
+            kept = [d for d in queue if d.offset >= done]
+            self.member.buffered -= len(queue) - len(kept)
+            self.queue = deque(kept)
+        self.start = done
+        self.set_prior(done, value)
+
+    def resume_position(self) -> int | None:
+        """Where fetching carries on when the partition comes back to this member."""
+        return self.next_offset if self.next_offset is not None else self.start
+
+    def position(self) -> int | None:
+        """The first offset not finished: what a commit records."""
+        pos = self.next_offset if self.next_offset is not None else self.start
+        if pos is None:
+            return None
+        if self.queue and self.queue[0].offset < pos:
+            pos = self.queue[0].offset
+        if self.inflight:
+            low = min(self.inflight)
+            if low < pos:
+                pos = low
+        return pos
+
+    def to_commit(self) -> tuple[int, int] | None:
+        """(offset, companion value) to commit now, or None when there is nothing new: the
+        first unfinished offset, and the counts packed as the module docstring says."""
+        pos = self.position()
+        if pos is None:
+            return None
+        # The span covers what earlier members delivered too, until it is finished: a value
+        # that only covered this member's deliveries would make the next owner take them
+        # for first deliveries.
+        span = max(0, max(self.handed_hi, self.prior_hi) - pos)
+        value = _pack(pos, span, self.head_count(pos) if span else 0)
+        if self.committed == (pos, value):
+            return None
+        return pos, value
+
+    # -- delivery counts ---------------------------------------------------------------------
 
     def set_prior(self, done: int, value: int | None) -> None:
         """Take what earlier members knew from the companion ``value`` committed with the
@@ -130,19 +280,6 @@ class _Partition:
             return self.prior_count
         return 1 if self.prior_lo <= offset < self.prior_hi else 0
 
-    def position(self) -> int | None:
-        """The first offset not finished: what a commit records."""
-        pos = self.next_offset if self.next_offset is not None else self.start
-        if pos is None:
-            return None
-        if self.queue and self.queue[0].offset < pos:
-            pos = self.queue[0].offset
-        if self.inflight:
-            low = min(self.inflight)
-            if low < pos:
-                pos = low
-        return pos
-
     def head_count(self, offset: int) -> int:
         """How often ``offset`` was delivered so far (this member and earlier ones)."""
         held = self.inflight.get(offset)
@@ -150,28 +287,11 @@ class _Partition:
             return held.delivery_count
         for item in self.queue:
             if item.offset == offset:
-                return item.delivery_count
+                # Fetched, not handed out yet: its count so far is the earlier members'.
+                return max(item.delivery_count, self.prior(offset))
             if item.offset > offset:
                 break
         return self.prior(offset)
-
-    def give_back(self, item: KafkaDelivery) -> None:
-        """Queue ``item`` again in offset order (normally at the head)."""
-        queue = self.queue
-        if not queue or queue[0].offset > item.offset:
-            queue.appendleft(item)
-        else:
-            merged = sorted([item, *queue], key=lambda d: d.offset)
-            queue.clear()
-            queue.extend(merged)
-        self.sub._buffered += 1
-
-    def drop(self) -> None:
-        """Forget the partition: queued records go, in-flight deliveries become stale."""
-        self.sub._buffered -= len(self.queue)
-        self.queue.clear()
-        self.inflight.clear()
-        self.active = False
 
 
 class KafkaDelivery:
@@ -191,7 +311,7 @@ class KafkaDelivery:
 
     def __init__(
         self,
-        part: _Partition,
+        part: Partition,
         offset: int,
         topic: str,
         payload: bytes,
@@ -222,21 +342,21 @@ class KafkaDelivery:
         self._settled = True
         part = self._part
         if part.inflight.pop(self.offset, None) is not None:
-            part.sub._dirty = True
+            part.member.dirty = True
 
     async def nack(self, delay: float = 0.0) -> None:
         """Redeliver after ``delay`` seconds; the partition's later records wait for it."""
         if self._give_back(0, delay):
-            sub = self._part.sub
+            member = self._part.member
             if delay > 0:
-                asyncio.get_running_loop().call_later(delay, sub._wake)
+                asyncio.get_running_loop().call_later(delay, member.wake)
             else:
-                sub._wake()
+                member.wake()
 
     async def release(self) -> None:
         """Give the record back uncounted (no handler saw it)."""
         if self._give_back(-1, 0.0):
-            self._part.sub._wake()
+            self._part.member.wake()
 
     def _give_back(self, adjust: int, delay: float) -> bool:
         if self._settled:
@@ -257,7 +377,7 @@ class KafkaDelivery:
         if delay > 0:
             again.not_before = asyncio.get_running_loop().time() + delay
         part.give_back(again)
-        part.sub._dirty = True
+        part.member.dirty = True
         return True
 
     async def in_progress(self) -> None:

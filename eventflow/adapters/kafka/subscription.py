@@ -4,11 +4,13 @@ A background *pump* task polls ``getmany`` all the time (pausing partitions whil
 prefetch buffer is full), so Kafka's ``max_poll_interval`` measures the event loop, not the
 handlers: a slow handler cannot trip a rebalance loop. ``fetch`` hands out buffered records.
 
-Per partition the subscription keeps the records fetched but not handed out (``queue``, in
-offset order) and those handed out but not settled (``inflight``). ``ack`` only drops the
-offset from ``inflight``; the pump commits, every ``commit_interval``, the lowest offset still
-queued or in flight (or the next offset to fetch): finished work past an unfinished offset
-waits, so a crash redelivers from the first unfinished message and loses nothing.
+Per partition a :class:`~.partition.Partition` keeps the records fetched but not handed out
+(``queue``, in offset order) and those handed out but not settled (``inflight``), and
+counts deliveries; the subscription hands out records from its partitions in turn, and
+commits what they say is finished. ``ack`` only drops the offset from ``inflight``; the
+pump commits, every ``commit_interval``, the lowest offset still queued or in flight (or
+the next offset to fetch): finished work past an unfinished offset waits, so a crash
+redelivers from the first unfinished message and loses nothing.
 
 ``nack`` and ``release`` put the record back at the head of its partition's queue (a nacked
 record blocks its partition's later records until redelivered, which keeps key order).
@@ -17,11 +19,11 @@ Rebalances: when partitions are revoked the member stops handing them out, waits
 ``revoke_timeout`` for their in-flight messages to be acked, commits and keeps their state;
 a partition assigned back to it resumes where it was, with nothing redelivered.
 
-Delivery counts: Kafka has none, so the member counts deliveries per offset. To carry them
-to the next owner it commits, next to the group's offsets, a value per partition in a
-companion group ``__eventflow_attempts.<group>``: how many offsets past the first
-unfinished one were handed out, and how often that first one was delivered (the encoding is
-described in :mod:`.partition`). (Commit metadata strings would do, but not every
+Delivery counts: Kafka has none, so each partition counts deliveries per offset. To carry
+them to the next owner the member commits, next to the group's offsets, a value per
+partition in a companion group ``__eventflow_attempts.<group>``: how many offsets past the
+first unfinished one were handed out, and how often that first one was delivered (the
+encoding is described in :mod:`.partition`). (Commit metadata strings would do, but not every
 Kafka-protocol broker keeps them; Tansu does not.)
 
 The pump runs as a component of the broker's supervisor. A retriable Kafka error ends the
@@ -35,32 +37,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 
 from ...errors import BrokerError
-from ...supervision import Component, ComponentState
-from .partition import (
-    _EMPTY,
-    _PAUSED_POLL_MS,
-    _POLL_MS,
-    _SETTLE_POLL,
-    KafkaDelivery,
-    _pack,
-    _Partition,
-    attempts_group,
-)
+from ...supervision import Component, ComponentState, Supervisor
+from .config import KafkaBrokerConfig
+from .connection import stop_consumer
+from .partition import KafkaDelivery, MemberState, Partition
 
-if TYPE_CHECKING:
-    from .broker import KafkaBroker
-
-__all__ = ["KafkaDelivery", "KafkaSubscription", "attempts_group"]
+__all__ = ["KafkaSubscription"]
 
 _log = logging.getLogger("eventflow.kafka")
+_POLL_MS = 100
+_PAUSED_POLL_MS = 20
+_SETTLE_POLL = 0.005
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -75,37 +69,40 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 class KafkaSubscription:
-    """A live member of a Kafka consumer group (see :class:`eventflow.ports.Subscription`)."""
+    """A live member of a Kafka consumer group (see :class:`eventflow.ports.Subscription`).
+
+    The broker makes it with the group's two started clients (``consumer`` for the group,
+    ``companion`` for its delivery counts), the offsets a never-committed partition starts
+    from, and ``on_close``, called with the subscription once it has closed.
+    """
 
     def __init__(
         self,
-        broker: KafkaBroker,
+        config: KafkaBrokerConfig,
         pattern: str,
         group: str,
         consumer: AIOKafkaConsumer,
         companion: AIOKafkaConsumer,
         start_offsets: Mapping[Any, int],
+        on_close: Callable[[KafkaSubscription], None],
     ) -> None:
         self.pattern = pattern
         self.group = group
-        self._broker = broker
         self._consumer = consumer
         self._companion = companion
         self._start_offsets = dict(start_offsets)
-        self._prefix_len = len(broker.config.topic_prefix)
-        cfg = broker.config
-        self._max_buffer = cfg.max_buffer
-        self._commit_interval = cfg.commit_interval
-        self._revoke_timeout = cfg.revoke_timeout
-        self._session_timeout = cfg.session_timeout
-        self._parts: dict[Any, _Partition] = {}
-        self._order: list[_Partition] = []
+        self._on_close = on_close
+        self._prefix_len = len(config.topic_prefix)
+        self._max_buffer = config.max_buffer
+        self._commit_interval = config.commit_interval
+        self._revoke_timeout = config.revoke_timeout
+        self._session_timeout = config.session_timeout
+        self._parts: dict[Any, Partition] = {}
+        self._order: list[Partition] = []
         self._rr = 0
-        self._revoked: dict[Any, _Partition] = {}
-        self._buffered = 0
+        self._revoked: dict[Any, Partition] = {}
+        self._member = MemberState()
         self._paused = False
-        self._dirty = False
-        self._wakeup = asyncio.Event()
         self._assigned = asyncio.Event()
         self._closed = False
         self._failure: BaseException | None = None
@@ -118,11 +115,9 @@ class KafkaSubscription:
         """The rebalance listener to pass to ``consumer.subscribe``."""
         return _Listener(self)
 
-    async def wait_assigned(self, timeout: float) -> None:
-        """Start the pump and wait for the first assignment (positions set and committed)."""
-        supervisor = self._broker._supervisor
-        if supervisor is None:
-            raise BrokerError("kafka broker is not started: call `await broker.start()` first")
+    async def start(self, supervisor: Supervisor, timeout: float) -> None:
+        """Start the pump as a component of ``supervisor`` and wait for the first
+        assignment (positions set and committed); past ``timeout`` seconds, a BrokerError."""
         self._component = supervisor.spawn(f"kafka:{self.group}:{self.pattern}", self._run_pump)
         try:
             async with asyncio.timeout(timeout):
@@ -154,22 +149,20 @@ class KafkaSubscription:
 
     # -- fetching ----------------------------------------------------------------------------
 
-    def _wake(self) -> None:
-        self._wakeup.set()
-
     async def fetch(self, max_messages: int, timeout: float) -> Sequence[KafkaDelivery]:
         """Return 1..max_messages deliveries, or none after ``timeout`` seconds."""
         if self._closed:
             raise BrokerError("fetch on a closed kafka subscription; subscribe again")
         self._check()
-        out = self._take(max_messages) if self._buffered else []
+        member = self._member
+        out = self._take(max_messages) if member.buffered else []
         if out or timeout <= 0:
             return out
         deadline = self._now() + timeout
-        wakeup = self._wakeup
+        wakeup = member.wakeup
         while True:
             wakeup.clear()
-            out = self._take(max_messages) if self._buffered else []
+            out = self._take(max_messages) if member.buffered else []
             remaining = deadline - self._now()
             if out or remaining <= 0 or self._closed:
                 return out
@@ -195,36 +188,13 @@ class KafkaSubscription:
         n = len(order)
         if not n:
             return out
+        # Round robin over the partitions, one step further each call: no partition starves.
         start = self._rr = (self._rr + 1) % n
-        now = 0.0
+        clock = self._now
         for i in range(n):
             part = order[(start + i) % n]
-            queue = part.queue
-            if not queue or not part.active:
-                continue
-            inflight = part.inflight
-            prior_hi = part.prior_hi
-            taken = 0
-            while queue and len(out) < limit:
-                item = queue[0]
-                if item.not_before:
-                    now = now or self._now()
-                    if item.not_before > now:
-                        break  # a nacked record waits out its delay; its partition waits too
-                    item.not_before = 0.0
-                queue.popleft()
-                taken += 1
-                offset = item.offset
-                if offset < prior_hi or offset == part.prior_head:
-                    item.delivery_count = max(item.delivery_count, part.prior(offset))
-                item.delivery_count += 1
-                inflight[offset] = item
-                out.append(item)
-                if offset >= part.handed_hi:
-                    part.handed_hi = offset + 1
-            if taken:
-                self._buffered -= taken
-                self._dirty = True
+            if part.queue and part.active:
+                part.take(out, limit, clock)
             if len(out) >= limit:
                 break
         return out
@@ -245,7 +215,7 @@ class KafkaSubscription:
             self._fail(exc)
             raise
         finally:
-            self._wakeup.set()  # a fetch waiting now looks at the failure
+            self._member.wake()  # a fetch waiting now looks at the failure
 
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
@@ -263,12 +233,13 @@ class KafkaSubscription:
         getmany = consumer.getmany
         parts = self._parts
         prefix_len = self._prefix_len
+        member = self._member
         next_commit = self._now() + self._commit_interval
         while not self._closed:
-            if self._dirty and self._now() >= next_commit:
+            if member.dirty and self._now() >= next_commit:
                 next_commit = self._now() + self._commit_interval
                 await self._commit(list(parts.values()))
-            room = self._max_buffer - self._buffered
+            room = self._max_buffer - member.buffered
             if room <= 0:
                 if not self._paused:
                     consumer.pause(*consumer.assignment())
@@ -286,50 +257,23 @@ class KafkaSubscription:
                 part = parts.get(tp)
                 if part is None:
                     continue  # revoked while the batch was in flight; refetched by its owner
-                queue = part.queue
-                floor = part.next_offset if part.next_offset is not None else -1
                 # One slice per batch (no copy without a prefix); a name cache would grow
                 # with every topic a wildcard subscription ever saw.
-                topic = tp.topic[prefix_len:]
-                for rec in records:
-                    offset = rec.offset
-                    if offset < floor:
-                        continue  # already queued or handed out (refetch after a seek)
-                    key = rec.key
-                    hdrs = rec.headers
-                    queue.append(
-                        KafkaDelivery(
-                            part,
-                            offset,
-                            topic,
-                            rec.value if rec.value is not None else b"",
-                            key.decode("utf-8", "replace") if key is not None else None,
-                            {k: v.decode("utf-8", "replace") for k, v in hdrs} if hdrs else _EMPTY,
-                            0,
-                        )
-                    )
-                    filed += 1
-                part.next_offset = records[-1].offset + 1
+                filed += part.file(records, tp.topic[prefix_len:])
             if filed:
-                self._buffered += filed
-                self._wakeup.set()
+                member.wake()
 
     # -- commits -----------------------------------------------------------------------------
 
-    async def _commit(self, parts: Sequence[_Partition]) -> bool:
+    async def _commit(self, parts: Sequence[Partition]) -> bool:
         """Commit the first unfinished offset of each partition (and the companion counts)."""
-        self._dirty = False
+        self._member.dirty = False
         offsets: dict[Any, int] = {}
         counts: dict[Any, int] = {}
         for part in parts:
-            pos = part.position()
-            if pos is None:
-                continue
-            span = max(0, part.handed_hi - pos)
-            value = _pack(pos, span, part.head_count(pos) if span else 0)
-            if part.committed != (pos, value):
-                offsets[part.tp] = pos
-                counts[part.tp] = value
+            due = part.to_commit()
+            if due is not None:
+                offsets[part.tp], counts[part.tp] = due
         if not offsets:
             return True
         try:
@@ -338,7 +282,7 @@ class KafkaSubscription:
         except (KafkaError, AssertionError) as exc:
             # A rebalance is under way: the revocation commits what is finished.
             _log.debug("kafka commit for group %r deferred: %s", self.group, exc)
-            self._dirty = True
+            self._member.dirty = True
             return False
         for part in parts:
             if part.tp in offsets:
@@ -374,17 +318,17 @@ class KafkaSubscription:
     async def _on_assigned(self, assigned: set[Any]) -> None:
         consumer = self._consumer
         self._paused = False
-        new: list[_Partition] = []
+        new: list[Partition] = []
         for tp in assigned:
             part = self._revoked.pop(tp, None)
             if part is not None:
                 # Ours again: carry on where we were, nothing redelivered.
-                pos = part.next_offset if part.next_offset is not None else part.start
+                pos = part.resume_position()
                 if pos is not None:
                     consumer.seek(tp, pos)
                 part.active = True
             else:
-                part = _Partition(self, tp)
+                part = Partition(tp, self._member)
                 new.append(part)
             self._parts[tp] = part
         for part in self._revoked.values():
@@ -398,9 +342,9 @@ class KafkaSubscription:
                 _log.error("kafka group %r: could not set start positions: %s", self.group, exc)
                 self._failure = exc
         self._assigned.set()
-        self._wakeup.set()
+        self._member.wake()
 
-    async def _start_partitions(self, new: list[_Partition], assigned: set[Any]) -> None:
+    async def _start_partitions(self, new: list[Partition], assigned: set[Any]) -> None:
         consumer, companion = self._consumer, self._companion
         companion.assign(list(assigned))
         companion.pause(*assigned)
@@ -421,17 +365,10 @@ class KafkaSubscription:
                 if pos is None:
                     pos = earliest[tp]
                 consumer.seek(tp, pos)
-                self._buffered -= len(part.queue)
-                part.queue.clear()
-                part.next_offset = None
                 to_commit[tp] = pos
-                done = pos
+                part.start_from(pos, value, refetch=True)
             else:
-                kept = [d for d in part.queue if d.offset >= done]
-                self._buffered -= len(part.queue) - len(kept)
-                part.queue = deque(kept)
-            part.start = done
-            part.set_prior(done, value)
+                part.start_from(done, value, refetch=False)
         if to_commit:
             await consumer.commit(to_commit)
         for part in new:
@@ -446,7 +383,7 @@ class KafkaSubscription:
         if self._closed:
             return
         self._closed = True
-        self._wakeup.set()
+        self._member.wake()
         component, self._component = self._component, None
         try:
             if component is not None:
@@ -470,26 +407,7 @@ class KafkaSubscription:
             for part in self._parts.values():
                 part.drop()
             try:
-                await _stop_consumer(self._consumer)
+                await stop_consumer(self._consumer)
             finally:
-                await _stop_consumer(self._companion)
-                self._broker._forget(self)
-
-
-async def _stop_consumer(consumer: AIOKafkaConsumer) -> None:
-    """Stop an aiokafka consumer, also when its brokers are unreachable.
-
-    Then aiokafka's fetcher cancels its pending fetch requests and awaits them without
-    catching their cancellation: ``stop`` raises ``CancelledError`` (although nobody
-    cancelled the caller) before closing the client, whose metadata task would be left
-    running. That cancellation is not the caller's, so it ends here, and the client is
-    closed; the caller's own cancellation still goes through."""
-    task = asyncio.current_task()
-    asked = task.cancelling() if task is not None else 0
-    try:
-        await consumer.stop()
-    except asyncio.CancelledError:
-        if task is None or task.cancelling() > asked:
-            raise
-        _log.debug("kafka: a consumer's stop was cut short by its own fetcher; closing it")
-        await consumer._client.close()
+                await stop_consumer(self._companion)
+                self._on_close(self)

@@ -1,50 +1,34 @@
 """The PostgreSQL event log: appends in one statement, positions from a sequencer.
 
-Appends only insert events. The sequencer (``ef_sequence_v3``, run by every open store, one at
-a time under an advisory lock) gives the events committed since its last pass the next
-positions, in insertion order, as runs of consecutive ids in ``ef_runs``, and notifies
-``ef_sequenced``; ids it
-could not see yet (writers still running) it keeps and looks up again on later passes.
-Because it only ever numbers committed rows, a position is never handed out before an
-earlier one is visible: readers that follow ``position > last`` never skip an event
-committed late, no lock is taken around appends, and an open unrelated transaction delays
-nothing. See docs/event-store.md.
+Appends only insert events; the sequencer (:mod:`.sequencer`) gives committed events their
+positions later, in insertion order. Because it only ever numbers committed rows, a
+position is never handed out before an earlier one is visible: readers that follow
+``position > last`` never skip an event committed late, no lock is taken around appends,
+and an open unrelated transaction delays nothing. See docs/event-store.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import asyncpg
 import orjson
 
-from ..._logging import Throttled
 from ...envelope import Envelope
 from ...errors import ConcurrencyError, StoreError
 from ...events import Event
 from ...ports import RecordedEvent, Snapshot
 from ...sourcing.append import prepare_append
 from ...sourcing.paging import paged, stream_range
-from ...supervision import Component, Supervisor
+from ...supervision import Supervisor
 from .db import PostgresDatabase
+from .sequencer import Sequencer, number_committed
 
 __all__ = ["PostgresEventLog"]
 
-_log = logging.getLogger("eventflow.postgres")
-_SEQUENCE_BATCH = 10_000
-_SEQUENCER_POLL = 0.2  # seconds between checks for events appended by other processes
 _SUBSCRIBE_POLL = 1.0  # a subscriber re-reads at least this often, notification or not
-_COALESCE = 0.01  # seconds the sequencer waits after a wake-up, to sequence in batches
-# A pass costs the server about the same whatever it numbers (half a millisecond of CPU,
-# mostly planning, executor start-up and its commit): while the wait keeps gathering more
-# appends and passes keep finding at least _BUSY_PASS events, the wait doubles, up to
-# _COALESCE_MAX, so a busy store is numbered in fewer, larger passes; any other pass brings
-# it back to _COALESCE (a longer wait that gathers nothing would only add latency).
-_COALESCE_MAX = 0.05
-_BUSY_PASS = 100
 _CONFLICT = "EF409"
 # Retries of an append at any version inside the caller's transaction after concurrent
 # appends took its version: each waits for the one in its way to commit, so they make
@@ -98,27 +82,7 @@ _READ_ALL = (
     "WHERE position <= $1::bigint + 1), 0) ORDER BY r.position, e.id LIMIT $2"
 )
 
-_SEQUENCE = "SELECT ef_sequence_v3($1)"
 _SLOW_APPEND = "SELECT ef_append_v3($1, $2, $3, $4)"
-
-
-async def _number_committed(conn: Any) -> int:
-    """Run sequencer passes (on a connection or the pool) until every event committed now
-    is numbered; return about how many were (a pass numbers at most ``_SEQUENCE_BATCH``
-    ids, and returns at least that when there may be more)."""
-    numbered = 0
-    while (n := await conn.fetchval(_SEQUENCE, _SEQUENCE_BATCH)) >= _SEQUENCE_BATCH:
-        numbered += n
-    return numbered + int(n)
-
-
-def _payload_to(callback: Callable[[str], None]) -> Callable[..., None]:
-    """An asyncpg notification listener that passes the payload to ``callback``."""
-
-    def listener(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        callback(payload)
-
-    return listener
 
 
 def _record(row: Any) -> RecordedEvent:
@@ -131,126 +95,15 @@ class PostgresEventLog:
     db: PostgresDatabase
 
     def _init_events(self, channels: Mapping[str, Callable[[str], None]] | None = None) -> None:
-        # Other notification channels the store's listener connection follows (the
-        # leases' releases), each with the callback given the payload.
-        self._channels = dict(channels or {})
-        self._pending = asyncio.Event()
-        self._appends = 0  # appends committed by this process (the sequencer's pacing)
-        self._tick: asyncio.Future[None] | None = None
-        self._listener: Any = None
-        self._supervisor: Supervisor | None = None
-        self._own_supervisor = False
-        self._sequencer: Component | None = None
-        self._listening: Component | None = None
-        self._throttled = Throttled(_log)
+        """Set up the sequencer; ``channels``: other notification channels its listener
+        follows (the leases' releases), each with the callback given the payload."""
+        self._sequencer = Sequencer(self.db, channels)
 
     async def _start_events(self, supervisor: Supervisor | None) -> None:
-        loop = asyncio.get_running_loop()
-        self._tick = loop.create_future()
-        await self._listen()  # the first connection fails open() within connect_timeout
-        # Components of the owner's supervisor (the app's), or of the store's own: started
-        # in open(), stopped in close().
-        self._own_supervisor = supervisor is None
-        self._supervisor = supervisor or Supervisor(f"store {self.db.config.schema}")
-        try:
-            self._listening = self._supervisor.spawn("postgres listener", self._keep_listening)
-            self._sequencer = self._supervisor.spawn("postgres sequencer", self._sequence_loop)
-        except BaseException:
-            await self._stop_events()
-            raise
-        self._pending.set()  # sequence whatever a crashed process left behind
-
-    async def _listen(self) -> None:
-        """Open the listener connection and follow the store's channels on it."""
-        cfg = self.db.config
-        conn = await self.db.connect(
-            "listen for appended events", server_settings={"search_path": cfg.schema}
-        )
-        try:
-            await conn.add_listener("ef_sequenced", self._on_sequenced)
-            for channel, callback in self._channels.items():
-                await conn.add_listener(channel, _payload_to(callback))
-        except BaseException:
-            conn.terminate()
-            raise
-        self._listener = conn
-
-    async def _keep_listening(self) -> None:
-        """A component: while the listener connection lives, wait; once it is lost (a server
-        restart, ``pg_terminate_backend``), fail, so the supervisor starts this again, which
-        connects anew. Until then subscribers and lease contenders poll."""
-        listener = self._listener
-        if listener is None or listener.is_closed():
-            self._listener = None
-            await self._listen()
-            listener = self._listener
-            self._on_sequenced()  # what was notified meanwhile is lost: read again
-            self._pending.set()
-        lost = asyncio.Event()
-        listener.add_termination_listener(lambda _conn: lost.set())
-        if listener.is_closed():
-            lost.set()
-        await lost.wait()
-        raise StoreError(
-            "the PostgreSQL listener connection was lost; reconnecting (meanwhile new events "
-            "and lease releases are found by polling, within a second)"
-        )
+        await self._sequencer.start(supervisor)
 
     async def _stop_events(self) -> None:
-        components = (self._sequencer, self._listening)
-        self._sequencer = self._listening = None
-        for component in components:
-            if component is not None:
-                await component.stop()
-        supervisor, self._supervisor = self._supervisor, None
-        if supervisor is not None and self._own_supervisor:
-            await supervisor.close()
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            try:
-                await asyncio.wait_for(listener.close(), 1.0)
-            except Exception:  # already broken
-                listener.terminate()
-
-    def _on_sequenced(self, *_: Any) -> None:
-        tick = self._tick
-        if tick is not None and not tick.done():
-            self._tick = asyncio.get_running_loop().create_future()
-            tick.set_result(None)
-
-    def _appended(self) -> None:
-        """Wake this process's sequencer (after a transaction with an append committed)."""
-        self._appends += 1
-        self._pending.set()
-
-    async def _sequence_loop(self) -> None:
-        pool = self.db.pool
-        pause = _COALESCE
-        while True:
-            gathered = False
-            try:
-                async with asyncio.timeout(_SEQUENCER_POLL):
-                    await self._pending.wait()
-            except TimeoutError:
-                # Events other processes appended and have not numbered (they may have died),
-                # or ids still waiting for their writer: ef_sequence_v3 returns at once if none.
-                pass
-            else:
-                woke_at = self._appends
-                await asyncio.sleep(pause)  # let concurrent appends join this pass
-                gathered = self._appends > woke_at
-            self._pending.clear()
-            try:
-                numbered = await _number_committed(pool)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                # The server is restarting or the network is down: the pool reconnects.
-                self._throttled.warning("pass", "sequencer pass failed (%s); retrying", exc)
-                await asyncio.sleep(_SEQUENCER_POLL)
-                self._pending.set()
-                continue
-            self._throttled.clear("pass")
-            busy = gathered and numbered >= _BUSY_PASS
-            pause = min(pause * 2, _COALESCE_MAX) if busy else _COALESCE
+        await self._sequencer.stop()
 
     async def append(
         self,
@@ -275,9 +128,9 @@ class PostgresEventLog:
         if version is None:
             version = await self._slow_append(stream_id, expected_version, ids, blobs)
         if ambient:
-            self.db.after_commit(self._appended)
+            self.db.after_commit(self._sequencer.appended)
         else:
-            self._appended()
+            self._sequencer.appended()
         return version
 
     async def _fast_append(
@@ -382,7 +235,7 @@ class PostgresEventLog:
                 rows: list[Any] = await conn.fetch(sql, stream_id, after, size)
                 if any(r[0] is None for r in rows) and self.db.current is None:
                     # Just committed, not numbered yet: number now so positions are real.
-                    await _number_committed(conn)
+                    await number_committed(conn)
                     rows = await conn.fetch(sql, stream_id, after, size)
             return rows
 
@@ -407,7 +260,7 @@ class PostgresEventLog:
         slow re-read as a safety net."""
         position = after
         while True:
-            tick = self._tick
+            tick = self._sequencer.tick
             async for rec in self.read_all(after=position):
                 position = rec.position
                 yield rec
@@ -429,7 +282,7 @@ class PostgresEventLog:
         many passes as it takes: one numbers at most ``_SEQUENCE_BATCH`` ids)."""
         if self.db.current is None:
             async with self.db.connection() as conn:
-                await _number_committed(conn)
+                await number_committed(conn)
 
     async def last_position(self) -> int:
         """The position of the newest committed event (0 when empty)."""
