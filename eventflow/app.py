@@ -28,6 +28,7 @@ from .events import (
     default_registry,
     to_envelope,
 )
+from .headers import MESSAGE_ID_HEADER
 from .patterns import overlap, validate_topic
 from .ports import Broker, DedupStore, Store
 from .projections import Projection, ProjectionRunner
@@ -45,9 +46,6 @@ from .supervision import Component, Health, RestartPolicy, Supervisor
 __all__ = ["DEFAULT_GRACE_PERIOD", "MESSAGE_ID_HEADER", "App"]
 
 DEFAULT_GRACE_PERIOD = 10.0
-MESSAGE_ID_HEADER = "eventflow-id"
-"""Broker header carrying the envelope id (brokers use it for server-side dedup); not sent
-to a broker whose class sets ``wants_message_id = False`` (see :class:`~eventflow.ports.Broker`)."""
 _log = logging.getLogger("eventflow.app")
 _DRAIN_MARGIN = 1.0  # seconds past the grace period a draining consumer gets to close
 _SEND_RETRY = 0.05
@@ -263,12 +261,13 @@ class App:
             topic, env.to_bytes(), key=env.key, headers=_id_headers(self._id_header, env.id)
         )
 
-    async def _send_all(self, outbox: list[tuple[str, Envelope]]) -> None:
-        """Send what a handler published, in order; retry a send that may pass (the broker
-        is down) with backoff until it goes (ids are fixed, so a copy sent twice is dropped
-        downstream). A message the broker refuses for good raises ``MessageRefusedError``."""
+    async def send_outgoing(self, messages: Sequence[tuple[str, Envelope]]) -> None:
+        """Send ``(topic, envelope)`` pairs a handler published, in order; retry a send that
+        may pass (the broker is down) with backoff until it goes (ids are fixed, so a copy
+        sent twice is dropped downstream). A message the broker refuses for good raises
+        ``MessageRefusedError``. The consumer calls it once a handler succeeded."""
         delay = _SEND_RETRY
-        for topic, env in outbox:
+        for topic, env in messages:
             while True:
                 try:
                     await self._send(topic, env)
@@ -330,15 +329,7 @@ class App:
                     await self._dedup_override.open()
                 for spec, group, signature in self._bindings:
                     consumer = Consumer(
-                        self,
-                        spec,
-                        group,
-                        signature,
-                        self.registry,
-                        self.dedup,
-                        self.store.dead_letters,
-                        self.store.attempts,
-                        grace_period=self.grace_period,
+                        self, spec, group, signature, grace_period=self.grace_period
                     )
                     await consumer.subscribe()
                     self._consumers.append(consumer)

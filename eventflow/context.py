@@ -4,16 +4,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .envelope import Envelope, derived_id
 from .events import Event, to_envelope
+from .headers import TRACEPARENT_HEADER
 from .patterns import validate_topic
-from .ports import Transaction
+from .ports import EventStore, Transaction
+from .runtime.host import ConsumerHost
 from .schema.outgoing import check_outgoing
-
-if TYPE_CHECKING:
-    from .app import App
 
 _new = object.__new__
 
@@ -45,7 +44,7 @@ class Context:
     _envelope: Envelope | None
     _fields: dict[str, Any]
 
-    def __init__(self, app: App, envelope: Envelope, group: str, attempt: int) -> None:
+    def __init__(self, app: ConsumerHost, envelope: Envelope, group: str, attempt: int) -> None:
         self._app = app
         self._envelope = envelope
         self.group = group
@@ -54,7 +53,7 @@ class Context:
     @classmethod
     def _of_fields(
         cls,
-        app: App,
+        app: ConsumerHost,
         fields: dict[str, Any],
         envelope: Envelope | None,
         group: str,
@@ -90,7 +89,14 @@ class Context:
         the dedup entry and the messages ``publish`` queued into the same transaction and
         commits, so your writes, the dedup entry and the outgoing messages happen exactly
         once together (a transactional inbox and outbox; a relay sends the messages). If
-        the handler raises or times out, everything rolls back.
+        the handler raises or times out, everything rolls back. Entering it again in the
+        same handling gives the same transaction.
+
+        It commits: your writes (``tx.execute``, and ``ctx.store`` appends made inside the
+        block) + this message's dedup entry + the messages ``ctx.publish`` queued. A
+        transaction opened on the store on its own (``ctx.app.store.transaction()`` outside
+        this one) commits only your writes, when its block exits: no dedup entry, no
+        outgoing messages.
         """
         return self._enter_transaction()
 
@@ -119,13 +125,21 @@ class Context:
             await scope.__aexit__(type(error), error, error.__traceback__)
 
     @property
-    def app(self) -> App:
-        """The app running this handler."""
+    def app(self) -> ConsumerHost:
+        """The app running this handler (an ``App``, typed as what the consumer needs of it:
+        name, broker, store, dedup, registry)."""
         return self._app
 
     @property
-    def store(self) -> Any:
-        """The app's store."""
+    def store(self) -> EventStore:
+        """The app's event store: append and read events. Inside ``async with
+        ctx.transaction()`` an append joins the handling's transaction and commits with it.
+
+        Typed as the ``EventStore`` port, without ``transaction()`` on purpose: a store
+        transaction is not this handling's. ``ctx.transaction()`` commits your writes + the
+        dedup entry + the queued messages together; a ``store.transaction()`` of its own
+        (still there on ``ctx.app.store``) commits only your writes, so a crash after it and
+        before the message is marked handled re-runs the handler: its writes happen twice."""
         return self._app.store
 
     async def publish(
@@ -158,7 +172,7 @@ class Context:
                 headers=headers,
                 correlation_id=parent.correlation_id,
                 causation_id=parent.id,
-                parent_traceparent=parent.headers.get("traceparent"),
+                parent_traceparent=parent.headers.get(TRACEPARENT_HEADER),
                 id=derived_id(parent, self.group, message.event_type, str(n)),
             )
             check_outgoing(message, env.data)  # model_construct/model_copy skip validation

@@ -35,7 +35,6 @@ __all__ = [
     "EventStore",
     "Heartbeat",
     "Heartbeats",
-    "InstantDedupStore",
     "Leases",
     "Outbox",
     "OutboxMessage",
@@ -178,20 +177,6 @@ class DedupStore(Protocol):
 
     async def close(self) -> None:
         """Release resources. Idempotent."""
-
-
-class InstantDedupStore(DedupStore, Protocol):
-    """A dedup store that answers without I/O (the memory one) may also offer these two:
-    the consumer then calls them instead of awaiting ``seen`` and ``mark``, which saves two
-    coroutines per message. Same guarantees as the awaited pair. They are used only when
-    the class that defines ``seen`` and ``mark`` defines them too (plain functions, not
-    coroutines), so a subclass overriding just ``seen`` is still asked through it."""
-
-    def seen_nowait(self, group: str, message_id: str) -> bool:
-        """``seen``, answered at once."""
-
-    def mark_nowait(self, group: str, message_id: str) -> None:
-        """``mark``, done at once."""
 
 
 @dataclass(frozen=True, slots=True)

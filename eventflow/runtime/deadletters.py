@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..errors import DeadLetterNotFound
+from ..headers import TARGET_GROUP_HEADER
 from ..ports import Broker, DeadLetter, DeadLetterStore
-from .consumer import TARGET_GROUP_HEADER
 from .relay import RELAY_GROUPS
 
 __all__ = ["DeadLetters"]

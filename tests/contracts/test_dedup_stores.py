@@ -127,20 +127,6 @@ async def test_memory_dedup_forgets_the_oldest_past_its_capacity() -> None:
     assert all([await dedup.seen("g", f"m-{n}") for n in range(10_000, 10_100)])
 
 
-async def test_memory_dedup_answers_without_awaiting_the_same_as_awaited() -> None:
-    """The memory store is an InstantDedupStore: what one pair of methods records, the
-    other reports, per group (the consumer uses the instant pair)."""
-    from eventflow.adapters.memory.store import MemoryDedupStore
-    from eventflow.ports import InstantDedupStore
-
-    dedup: InstantDedupStore = MemoryDedupStore()
-    dedup.mark_nowait("g1", "a")
-    await dedup.mark("g2", "b")
-    assert dedup.seen_nowait("g1", "a") and await dedup.seen("g1", "a")
-    assert dedup.seen_nowait("g2", "b") and await dedup.seen("g2", "b")
-    assert not dedup.seen_nowait("g2", "a") and not await dedup.seen("g1", "b")
-
-
 class _CountingDedup:
     """Counts the awaited calls of the store it forwards to (through ``__getattr__``)."""
 
@@ -161,10 +147,9 @@ class _CountingDedup:
 
 
 async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark(waiter: Wait) -> None:
-    """The instant pair replaces ``seen``/``mark`` only when the same class defines both:
-    a subclass overriding ``seen``/``mark``, a forwarding wrapper, and a store swapped in
-    later are asked through their awaited methods; an app's own empty memory store is used
-    (it has no length yet, and is still the one given)."""
+    """The consumer asks the dedup store it is given through ``seen``/``mark``: a subclass
+    overriding them, a forwarding wrapper, and a store swapped in later; an app's own empty
+    memory store is used (it has no length yet, and is still the one given)."""
     from eventflow.adapters.memory.store import MemoryDedupStore
 
     class Logging(MemoryDedupStore):

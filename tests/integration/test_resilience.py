@@ -207,18 +207,17 @@ async def test_shutdown_during_a_pause_does_not_count_unseen_messages(
         app = App("a", broker=f"memory://{name}", handlers=[handle], grace_period=1)
         await app.start()
         consumer = app.consumers[0]
-        # The memory dedup store answers without awaiting (seen_nowait): fail that once.
-        real_seen = consumer._seen_nowait
-        assert real_seen is not None
+        # Fail the dedup store's check once.
+        real_seen = consumer.dedup.seen
         failed: list[bool] = []
 
-        def seen_once_failing(group: str, message_id: str) -> bool:
+        async def seen_once_failing(group: str, message_id: str) -> bool:
             if not failed:
                 failed.append(True)
                 raise ConnectionError("dedup store down (once)")
-            return real_seen(group, message_id)
+            return await real_seen(group, message_id)
 
-        monkeypatch.setattr(consumer, "_seen_nowait", seen_once_failing)
+        monkeypatch.setattr(consumer.dedup, "seen", seen_once_failing)
         for n in range(10):
             await app.publish(_Paused(n=n), key="K")
         await waiter(lambda: bool(failed), what="the dedup store's one failure")

@@ -34,8 +34,7 @@ DEFAULT_DEDUP_CAPACITY = 1_000_000
 
 class MemoryDedupStore:
     """Remembers handled (group, id) pairs: per group, the newest ``capacity`` of them (the
-    oldest is forgotten first). It answers at once, so it also offers ``seen_nowait`` and
-    ``mark_nowait``, which the consumer calls without awaiting."""
+    oldest is forgotten first)."""
 
     def __init__(self, capacity: int = DEFAULT_DEDUP_CAPACITY) -> None:
         self.capacity = capacity
@@ -46,19 +45,15 @@ class MemoryDedupStore:
 
     async def seen(self, group: str, message_id: str) -> bool:
         """True if ``message_id`` was marked for ``group`` and not yet evicted."""
-        return self.seen_nowait(group, message_id)
-
-    async def mark(self, group: str, message_id: str) -> None:
-        """Record the pair; evicts the group's oldest entry when over capacity."""
-        self.mark_nowait(group, message_id)
-
-    def seen_nowait(self, group: str, message_id: str) -> bool:
-        """``seen``, answered at once."""
         state = self._groups.get(group)
         return state is not None and message_id in state[0]
 
-    def mark_nowait(self, group: str, message_id: str) -> None:
-        """``mark``, done at once."""
+    async def mark(self, group: str, message_id: str) -> None:
+        """Record the pair; evicts the group's oldest entry when over capacity."""
+        self._record(group, message_id)
+
+    def _record(self, group: str, message_id: str) -> None:
+        # Not a coroutine: a memory transaction runs it as it commits.
         state = self._groups.get(group)
         if state is None:
             state = self._groups[group] = (set(), deque())
@@ -176,7 +171,7 @@ class MemoryStore(MemoryEventLog):
             raise ConfigurationError("mark_handled was given another store's transaction")
         if await self.dedup.seen(group, message_id):
             raise AlreadyHandled(group, message_id)
-        tx.defer(lambda: self.dedup.mark_nowait(group, message_id))
+        tx.defer(lambda: self.dedup._record(group, message_id))
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
         """Nothing to connect to."""

@@ -1,0 +1,414 @@
+"""The message pipeline: one delivery from its bytes to its ack.
+
+Handling one delivery: skip a replay meant for another group -> decode the envelope ->
+skip if the dedup store has its id -> decode the typed event (upcast, validate) -> call
+the handler with a soft timeout, retrying with backoff -> settle its transaction, if it
+opened one -> send what it published -> mark the id handled -> ack. Bad input and exhausted
+retries go to the dead-letter store before the ack, so nothing is lost.
+
+Attempts count handler failures only. A failure is recorded in the store's ``attempts``
+before the next attempt, so a redelivery (after a crash) goes on from the right attempt;
+a message handled at its first delivery writes nothing there. A redelivery whose handler
+starts is recorded too: a message whose handlers keep being started and never finish (the
+process dies on it) is dead-lettered after ``max_deliveries`` as a crash loop, while
+messages a dying process had fetched but not started are charged nothing. A failure
+around the handler (the dedup store, the commit, the broker's ack) is no attempt either:
+``process`` raises, the message is given back untouched (``release``, see ``give_back``)
+and its worker pauses, with a backoff of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from .._logging import Throttled
+from ..context import Context
+from ..envelope import Envelope, _wire_fields, new_id
+from ..errors import (
+    AlreadyHandled,
+    DecodeError,
+    HandlerTimeoutError,
+    MessageRefusedError,
+    UnknownEventTypeError,
+)
+from ..headers import TARGET_GROUP_HEADER
+from ..ports import DeadLetter, Delivery
+from ..subscribe import HandlerSpec, Signature
+from .host import ConsumerHost
+from .settlement import Settlement
+from .watchdog import Watch
+
+__all__ = ["ConsumerStats", "CrashLoopError", "Pipeline"]
+
+_log = logging.getLogger("eventflow.consumer")
+_FAILURE_BACKOFF = 0.05
+_FAILURE_BACKOFF_MAX = 5.0
+_RECORDED_MAX = 10_000  # ids with an attempt record this process knows of (bounded)
+
+
+class CrashLoopError(Exception):
+    """A message whose handlers were started again and again without ever finishing."""
+
+    reason = "crash-loop"
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    """Counters of one consumer since it started."""
+
+    received: int = 0
+    handled: int = 0
+    duplicates: int = 0
+    retries: int = 0
+    dead_lettered: int = 0
+    dropped: int = 0
+    given_back: int = 0
+    """Messages given back untouched after a failure around the handler (no attempt spent)."""
+    redelivered: int = 0
+    """Deliveries after one that ended without an outcome (a crash, a stop past the grace)."""
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a plain dict."""
+        return asdict(self)
+
+
+class Pipeline:
+    """Handles the deliveries of one ``@subscribe`` handler in one group."""
+
+    def __init__(
+        self, host: ConsumerHost, spec: HandlerSpec, group: str, signature: Signature, name: str
+    ) -> None:
+        self.host = host
+        self.spec = spec
+        self.group = group
+        self.signature = signature
+        self.name = name
+        self.dedup = host.dedup
+        self.stats = ConsumerStats()
+        self._log = Throttled(_log)
+        self._settlement = Settlement(host.store, group, idempotent=spec.idempotent, name=name)
+        # Ids whose attempt record this process wrote (bounded, oldest forgotten first): a
+        # delivery of one of them reads its record even when the broker counts it as a
+        # first delivery (it was given back untouched after its failures were recorded).
+        self._recorded: dict[str, None] = {}
+        # Ids this consumer gave back after reading their record (bounded likewise): their
+        # next delivery is not a crash's, so it counts no start.
+        self._gave_back: dict[str, None] = {}
+        self._failures = 0  # failures around the handler in a row (reset by a handled message)
+        # envelope id -> the handling in progress, so a duplicate fetched while the original
+        # runs waits for its outcome: None until a duplicate arrives and makes the future it
+        # waits on. Only with several workers: one worker never runs two handlings at once.
+        self._handling: dict[str, asyncio.Future[None] | None] = {}
+        self._guard_ids = spec.idempotent and spec.concurrency > 1
+        # type -> (version, validator) of the handler's event classes: the common case (the
+        # message is at the class's version) validates without the registry's generic path.
+        self._validators: dict[str, tuple[int, Callable[[Any], Any]]] = {
+            t: (cls.event_version, cls.__pydantic_validator__.validate_python)
+            for t, cls in (signature.accepts or {}).items()
+        }
+
+    async def process(self, delivery: Delivery, watch: Watch) -> None:
+        """Handle one delivery to its outcome (handled, duplicate, dead-lettered or dropped)
+        and ack it. Raises on a failure around the handler: the caller gives it back."""
+        self.stats.received += 1
+        headers = delivery.headers
+        if headers:
+            target = headers.get(TARGET_GROUP_HEADER)
+            if target is not None and target != self.group:
+                await delivery.ack()  # a replay meant for another group
+                return
+        # The checked wire fields: the Envelope itself is built only if something reads it
+        # (most handlings never do).
+        try:
+            fields = _wire_fields(delivery.payload)
+        except DecodeError as exc:
+            await self._dead_letter(delivery, None, exc, attempts=0)
+            return
+        env_id: str = fields["id"]
+        if not self._guard_ids:
+            await self._handle(delivery, fields, env_id, watch)
+            return
+        # Two copies of one message in flight at once (a republish without a key): the
+        # second waits for the first's outcome, then finds it in the dedup store.
+        handling = self._handling
+        while env_id in handling:
+            busy = handling[env_id]
+            if busy is None:
+                busy = handling[env_id] = asyncio.get_running_loop().create_future()
+            await asyncio.shield(busy)
+        handling[env_id] = None
+        try:
+            await self._handle(delivery, fields, env_id, watch)
+        finally:
+            busy = handling.pop(env_id)
+            if busy is not None and not busy.done():
+                busy.set_result(None)
+
+    async def _handle(
+        self, delivery: Delivery, fields: dict[str, Any], env_id: str, watch: Watch
+    ) -> None:
+        spec, group, stats = self.spec, self.group, self.stats
+        if spec.idempotent and await self.dedup.seen(group, env_id):
+            stats.duplicates += 1
+            await delivery.ack()
+            if delivery.delivery_count > 1 or env_id in self._recorded:
+                await self._forget(env_id)  # handled, then stopped before it forgot the record
+            return
+        try:
+            env, arg = self._decode(fields)
+        except Exception as exc:  # DecodeError, or a validator raising something else
+            await self._dead_letter(delivery, env_id, exc, attempts=0)
+            return
+        # True once the message has (or may have) an attempt record to forget at the end.
+        tracked = delivery.delivery_count > 1 or env_id in self._recorded
+        try:
+            attempt = 0  # handler attempts that failed before this one
+            if tracked:
+                failures = await self._failures_on_record(delivery, env_id)
+                if failures is None:
+                    return  # dead-lettered as a crash loop
+                attempt = failures
+            policy = spec.retry
+            while True:
+                attempt += 1
+                ctx = Context._of_fields(self.host, fields, env, group, attempt)
+                error = await self._call(ctx, arg, watch)
+                if ctx._tx is not None:
+                    error = await self._settlement.settle(ctx, env_id, error, self.dedup)
+                    if isinstance(error, AlreadyHandled):
+                        stats.duplicates += 1
+                        await delivery.ack()
+                        break
+                if error is None:
+                    await self._succeeded(delivery, ctx, env_id, attempt)
+                    break
+                if attempt >= policy.max_attempts:
+                    await self._dead_letter(delivery, env_id, error, attempts=attempt)
+                    break
+                stats.retries += 1
+                # Recorded before the next attempt: a redelivery after a crash goes on from
+                # here instead of starting over.
+                await self._record_failure(env_id, error)
+                tracked = True
+                env = ctx._envelope  # if this attempt built it, the next one gets the same
+                _log.info(
+                    "%s: attempt %d of %s failed (%s: %s); retrying",
+                    self.name,
+                    attempt,
+                    env_id,
+                    type(error).__name__,
+                    error,
+                )
+                await asyncio.sleep(policy.delay(attempt))
+        except Exception:
+            # A failure around the handler: the caller gives the message back. If its record
+            # was read, the next delivery is this consumer's own give-back, not a crash's.
+            if tracked:
+                self._bounded_put(self._gave_back, env_id)
+            raise
+        if tracked:
+            await self._forget(env_id)
+
+    async def _failures_on_record(self, delivery: Delivery, env_id: str) -> int | None:
+        """Not the first delivery (or given back after a recorded failure): the record tells
+        which attempt this is, and how often handlers were started without ever finishing.
+        Returns the failed attempts, or None after dead-lettering the message as a crash
+        loop. A start is counted for a delivery after one that ended without an outcome (a
+        crash), not after this consumer gave it back itself."""
+        attempts, spec = self.host.store.attempts, self.spec
+        given_back_here = env_id in self._gave_back
+        if given_back_here:
+            del self._gave_back[env_id]
+        if delivery.delivery_count > 1 and not given_back_here:
+            self.stats.redelivered += 1
+            record = await attempts.started(self.group, env_id)
+        else:
+            record = await attempts.get(self.group, env_id)
+        self._bounded_put(self._recorded, env_id)
+        unfinished = 1 + record.starts if attempts.durable else delivery.delivery_count - 1
+        if unfinished < spec.max_deliveries:
+            return record.failures
+        await self._dead_letter(
+            delivery,
+            env_id,
+            CrashLoopError(
+                f"its handler was started {unfinished} times and never finished "
+                f"(max_deliveries={spec.max_deliveries}): it looks like a crash "
+                "loop, the process stopping (killed, out of memory, hard timeout) "
+                "while it handles this message; inspect it before replaying"
+            ),
+            attempts=record.failures + unfinished,
+        )
+        await self._forget(env_id)
+        return None
+
+    async def _call(self, ctx: Context, arg: Any, watch: Watch) -> BaseException | None:
+        """One attempt: call the handler under the watchdog; return its error (None: it
+        returned). A cancellation that is not the watchdog's (shutdown) rolls back the
+        handling's transaction and propagates: no attempt spent."""
+        spec = self.spec
+        watch.enter()
+        try:
+            await (spec.fn(arg, ctx) if self.signature.takes_context else spec.fn(arg))
+        except asyncio.CancelledError as exc:
+            if not watch.timed_out():
+                if ctx._tx is not None:
+                    await self._settlement.roll_back(ctx, exc)
+                raise
+            return HandlerTimeoutError(f"handler {spec.name} ran past its {spec.timeout}s timeout")
+        except Exception as exc:
+            return exc
+        finally:
+            watch.leave()
+        return None
+
+    async def _succeeded(self, delivery: Delivery, ctx: Context, env_id: str, attempt: int) -> None:
+        """The handler succeeded: send what it published, mark the id handled, ack."""
+        if ctx._outbox:
+            try:
+                await self.host.send_outgoing(ctx._take_outbox())
+            except MessageRefusedError as exc:
+                # Sending it again changes nothing: dead-letter the handled message (not
+                # marked handled, so a replay runs the handler again).
+                await self._dead_letter(delivery, env_id, exc, attempts=attempt)
+                return
+        if self.spec.idempotent and not ctx._committed:
+            await self.dedup.mark(self.group, env_id)
+        self.stats.handled += 1
+        if self._failures:
+            self._failures = 0
+            self._log.clear("infrastructure")
+        await delivery.ack()
+
+    async def _record_failure(self, env_id: str, error: BaseException) -> None:
+        """Record a failed attempt of ``env_id`` (read back by its next delivery)."""
+        text = f"{type(error).__name__}: {error}"
+        await self.host.store.attempts.failed(self.group, env_id, text)
+        self._bounded_put(self._recorded, env_id)
+
+    async def give_back(self, deliveries: Sequence[Delivery], exc: Exception) -> None:
+        """Survive a failure around the handler (dedup store, commit, dead-letter store,
+        broker ack): no attempt of the message is spent. Give it back untouched with the ones
+        fetched behind it (their order kept), and pause with a backoff of its own."""
+        self._failures += 1
+        self.stats.given_back += 1
+        delay = min(_FAILURE_BACKOFF_MAX, _FAILURE_BACKOFF * 2 ** min(self._failures, 8))
+        self._log.error(
+            "infrastructure",
+            "%s: infrastructure error around a handler (%s: %s); the message is given back "
+            "without spending an attempt, pausing %.1fs",
+            self.name,
+            type(exc).__name__,
+            exc,
+            delay,
+        )
+        for delivery in deliveries:
+            try:
+                await delivery.release()
+            except Exception as give_back_error:  # the broker redelivers it anyway
+                _log.warning("%s: could not give a delivery back: %s", self.name, give_back_error)
+        await asyncio.sleep(delay)
+
+    @staticmethod
+    def _bounded_put(ids: dict[str, None], env_id: str) -> None:
+        """Remember ``env_id`` in ``ids``, forgetting the oldest past ``_RECORDED_MAX``."""
+        ids[env_id] = None
+        if len(ids) > _RECORDED_MAX:
+            del ids[next(iter(ids))]
+
+    async def _forget(self, env_id: str) -> None:
+        """Drop the message's attempt record: it was handled or dead-lettered (best effort:
+        a record left behind only ages out)."""
+        self._recorded.pop(env_id, None)
+        try:
+            await self.host.store.attempts.clear(self.group, env_id)
+        except Exception as exc:
+            self._log.warning(
+                "forget", "%s: could not clear the attempts of %s: %s", self.name, env_id, exc
+            )
+
+    def _decode(self, fields: dict[str, Any]) -> tuple[Envelope | None, Any]:
+        """The handler's argument (and the envelope, if decoding built it): the envelope
+        itself, or its event upcast and validated. Raises ``DecodeError``."""
+        fast = self._validators.get(fields["type"])
+        if fast is not None and fast[0] == fields["version"]:
+            try:
+                return None, fast[1](fields["data"])
+            except ValidationError:
+                pass  # the registry's path raises the descriptive error
+        env = Envelope._trusted(fields)
+        sig = self.signature
+        accepts = sig.accepts
+        if accepts is None:
+            return env, env
+        registry = self.host.registry
+        cls = accepts.get(env.type)
+        if cls is not None:
+            return env, registry.decode_as(env, cls)
+        if sig.any_event:
+            return env, registry.decode(env)
+        known = env.type in registry.types()
+        raise UnknownEventTypeError(
+            f"handler {self.spec.name} does not accept {env.type!r}"
+            + (
+                f" (it takes {', '.join(sorted(accepts))}); add it to the handler's union "
+                "or narrow the pattern"
+                if known
+                else f": no Event class defines {env.type!r}; define it or narrow the pattern"
+            )
+        )
+
+    async def _dead_letter(
+        self, delivery: Delivery, envelope_id: str | None, error: BaseException, *, attempts: int
+    ) -> None:
+        """Store the delivery as a dead letter with its error (or drop it with a log line,
+        ``dead_letter=False``), then ack it."""
+        reason = getattr(error, "reason", "handler-failed")
+        text = f"{type(error).__name__}: {error}"
+        if not isinstance(error, DecodeError) and error.__traceback__ is not None:
+            tb = "".join(traceback.format_exception(error, limit=5))
+            text = f"{text}\n{tb}"
+        if not self.spec.dead_letter:
+            self.stats.dropped += 1
+            _log.error(
+                "%s: dropping message %s after %d attempts (dead_letter=False): %s",
+                self.name,
+                envelope_id or "?",
+                attempts,
+                text,
+            )
+            await delivery.ack()
+            return
+        letter = DeadLetter(
+            id=new_id(),
+            topic=delivery.topic,
+            group=self.group,
+            payload=bytes(delivery.payload),
+            error=text,
+            attempts=attempts,
+            failed_at=datetime.now(UTC),
+            reason=reason,
+            key=delivery.key,
+            headers={k: v for k, v in delivery.headers.items() if k != TARGET_GROUP_HEADER},
+            envelope_id=envelope_id,
+            source=dict(delivery.metadata),
+        )
+        await self.host.store.dead_letters.add(letter)
+        self.stats.dead_lettered += 1
+        _log.warning(
+            "%s: dead-lettered %s (%s) after %d attempts: %s",
+            self.name,
+            envelope_id or "undecodable message",
+            reason,
+            attempts,
+            f"{type(error).__name__}: {error}",
+        )
+        await delivery.ack()

@@ -1,0 +1,90 @@
+"""Settling a handling's inbox transaction (``ctx.transaction()``).
+
+A handler that opened ``ctx.transaction()`` leaves it open when it returns. On success the
+consumer writes the dedup entry (``store.mark_handled``) and the messages the handler
+queued with ``ctx.publish`` (the outbox) into it and commits: the handler's writes, the
+dedup entry and the outgoing messages happen exactly once together (a transactional inbox
+and outbox; the outbox relay sends the messages). On failure, or if the block inside the
+handler raised, everything rolls back.
+
+Two copies of one message handled at once cannot both commit: the second finds the first's
+dedup entry (``AlreadyHandled``), rolls back and is acked as a duplicate. A failure of
+eventflow's own writes or of the commit is a failure around the handler, not an attempt:
+it raises, and the consumer gives the message back.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..context import Context
+from ..errors import AlreadyHandled
+from ..ports import DedupStore, Store
+
+__all__ = ["Settlement"]
+
+_log = logging.getLogger("eventflow.consumer")
+
+
+class Settlement:
+    """Commits or rolls back the handlings' transactions of one consumer (one group)."""
+
+    def __init__(self, store: Store, group: str, *, idempotent: bool, name: str) -> None:
+        self.store = store
+        self.group = group
+        self.idempotent = idempotent
+        self.name = name
+
+    async def settle(
+        self, ctx: Context, env_id: str, error: BaseException | None, dedup: DedupStore
+    ) -> BaseException | None:
+        """Finish the handler's store transaction: on success write the dedup entry and the
+        queued messages into it and commit; on failure roll back. Returns the handler's error
+        (or ``AlreadyHandled``: a copy committed first). A failure of eventflow's own writes
+        or of the commit raises. ``dedup`` is the consumer's dedup store: marked too after
+        the commit when it is not the store's own table."""
+        if error is None and ctx._tx_failed is not None:
+            failed = ctx._tx_failed
+            error = RuntimeError(
+                "the `async with ctx.transaction()` block raised "
+                f"{type(failed).__name__}: {failed}; its transaction was rolled back"
+            )
+        if error is not None:
+            await self.roll_back(ctx, error)
+            return error
+        store = self.store
+        try:
+            tx = ctx._tx
+            assert tx is not None
+            if self.idempotent:
+                await store.mark_handled(self.group, env_id, tx)
+            outbox = ctx._take_outbox()
+            if outbox:
+                await store.outbox.add(outbox, tx=tx)
+        except BaseException as exc:
+            await self.roll_back(ctx, exc)
+            if isinstance(exc, AlreadyHandled):
+                return exc  # a copy handled concurrently elsewhere committed first
+            raise
+        await ctx._finish_transaction(None)
+        ctx._committed = True
+        if self.idempotent and dedup is not store.dedup:
+            # A separate dedup store (Redis) cannot join the SQL transaction: mark it too,
+            # right after the commit, so copies are skipped there as well.
+            await dedup.mark(self.group, env_id)
+        return None
+
+    async def roll_back(self, ctx: Context, cause: BaseException) -> None:
+        """Roll back the handling's transaction after ``cause`` (a cancellation or a failed
+        write); a rollback that fails is logged, and the transaction is gone either way
+        (the server rolls back what a dropped connection had open)."""
+        try:
+            await ctx._finish_transaction(cause)
+        except Exception as exc:
+            _log.warning(
+                "%s: rolling back the handler's transaction failed (%s: %s); the store drops "
+                "it with its connection",
+                self.name,
+                type(exc).__name__,
+                exc,
+            )
