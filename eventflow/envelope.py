@@ -256,8 +256,19 @@ class Envelope(BaseModel):
 
     @classmethod
     def _trusted(cls, fields: dict[str, Any]) -> Envelope:
-        """Build from already-checked values (all ten fields), skipping pydantic validation."""
-        return cls.model_construct(**fields)
+        """Build from already-checked values (all ten fields), skipping pydantic validation.
+
+        Every message is built this way twice (published, consumed). pydantic's
+        ``model_construct`` takes about 12 µs for it, this about 1.3 µs: it does what
+        ``model_construct`` does for a complete set of fields, setting the three slots
+        ``BaseModel`` declares through their descriptors.
+        """
+        env = _new(cls)
+        _setattr(env, "__dict__", fields)
+        _set_fields_set(env, _ALL_FIELDS)
+        _set_extra(env, None)
+        _set_private(env, None)
+        return env
 
     @classmethod
     def create(
@@ -468,3 +479,9 @@ def _filled_fields(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_ALL_FIELDS = frozenset(_FIELDS)
+_new = object.__new__
+_setattr = object.__setattr__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__

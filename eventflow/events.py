@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .envelope import Envelope, new_id, traceparent_for
+from .envelope import Envelope, new_id, new_root, traceparent_for
 from .errors import (
     EventTypeError,
     EventValidationError,
@@ -344,11 +344,18 @@ def to_envelope(
         return message
     if not isinstance(message, Event) or not message.event_type:
         raise _not_an_event(message)
-    env_id = id or new_id()
-    correlation = correlation_id or env_id
     hdrs = dict(headers) if headers else {}
-    if "traceparent" not in hdrs:
-        hdrs["traceparent"] = traceparent_for(env_id, correlation, parent_traceparent)
+    if id is None and correlation_id is None and parent_traceparent is None:
+        # A message that starts a correlation (App.publish's usual case): its id and the
+        # root of its trace come from one call, a third of the cost of making them apart.
+        env_id, root = new_root()
+        hdrs.setdefault("traceparent", root)
+        correlation = env_id
+    else:
+        env_id = id or new_id()
+        correlation = correlation_id or env_id
+        if "traceparent" not in hdrs:
+            hdrs["traceparent"] = traceparent_for(env_id, correlation, parent_traceparent)
     # Every value here is valid by construction, so the envelope skips validation. An event
     # built without validation may hold anything: the publisher validates its data after.
     return Envelope._trusted(
@@ -362,7 +369,7 @@ def to_envelope(
             "causation_id": causation_id,
             "key": key,
             "headers": hdrs,
-            "data": message.model_dump(mode="json", warnings=False),
+            "data": message.__pydantic_serializer__.to_python(message, mode="json", warnings=False),
         }
     )
 
