@@ -18,16 +18,9 @@ from typing import Any, TypeVar
 
 from ._logging import Throttled
 from .brokers import open_broker
-from .envelope import Envelope, _encode_fields, _trusted_envelope, new_id
+from .envelope import Envelope, new_id
 from .errors import BrokerError, ComponentFailedError, ConfigurationError, MessageRefusedError
-from .events import (
-    Event,
-    EventRegistry,
-    _envelope_fields,
-    _is_event,
-    default_registry,
-    to_envelope,
-)
+from .events import Event, EventRegistry, default_registry, to_envelope
 from .headers import MESSAGE_ID_HEADER
 from .patterns import overlap, validate_topic
 from .ports import Broker, DedupStore, Store
@@ -35,7 +28,7 @@ from .projections import Projection, ProjectionRunner
 from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
-from .runtime.relay import RELAY_GROUPS, EventRelay, OutboxRelay, _id_headers
+from .runtime.relay import RELAY_GROUPS, EventRelay, OutboxRelay
 from .schema.outgoing import check_outgoing
 from .sourcing.aggregate import Aggregate
 from .sourcing.repository import Repository
@@ -86,9 +79,6 @@ class App:
             raise ConfigurationError(f"app name {name!r} must be non-empty without spaces")
         self.name = name
         self.broker: Broker = open_broker(broker)
-        self._id_header = (
-            MESSAGE_ID_HEADER if getattr(self.broker, "wants_message_id", True) else None
-        )
         self.store: Store = store_for(store)
         self.registry = registry or default_registry
         self.grace_period = grace_period
@@ -213,39 +203,22 @@ class App:
         Starts a new correlation (the new envelope's id) unless ``correlation_id`` is given.
         An ``Envelope`` is published keeping its id (and its fields, except those given here).
         """
-        if _is_event(message):
-            fields = _envelope_fields(
-                message,
-                self.name,
-                key,
-                headers,  # copied there
-                correlation_id,
-                None,
-                None,
-                None,
-            )
-            check_outgoing(message, fields["data"])  # model_construct/model_copy skip validation
-            env = _trusted_envelope(fields)
-            payload = _encode_fields(fields)  # env.to_bytes(): fields is its __dict__
+        if isinstance(message, Envelope):
+            env = message.overridden(key=key, headers=headers, correlation_id=correlation_id)
         else:
-            # An Envelope keeps its id; to_envelope rejects anything that is neither.
-            env = to_envelope(message, source=self.name).overridden(
-                key=key, headers=headers, correlation_id=correlation_id
+            env = to_envelope(
+                message,
+                source=self.name,
+                key=key,
+                headers=headers,
+                correlation_id=correlation_id,
             )
-            fields = env.__dict__
-            payload = env.to_bytes()  # a subclass may encode itself differently
+            check_outgoing(message, env.data)  # model_construct/model_copy skip validation
         if topic is None:
-            topic = fields["type"]
+            topic = env.type
         else:
             validate_topic(topic)
-        if not self._started:
-            self._not_running()
-        await self.broker.publish(
-            topic,
-            payload,
-            key=fields["key"],
-            headers=_id_headers(self._id_header, fields["id"]),
-        )
+        await self._send(topic, env)
         return env
 
     def _not_running(self) -> None:
@@ -258,7 +231,7 @@ class App:
         if not self._started:
             self._not_running()
         await self.broker.publish(
-            topic, env.to_bytes(), key=env.key, headers=_id_headers(self._id_header, env.id)
+            topic, env.to_bytes(), key=env.key, headers={MESSAGE_ID_HEADER: env.id}
         )
 
     async def send_outgoing(self, messages: Sequence[tuple[str, Envelope]]) -> None:
@@ -342,11 +315,11 @@ class App:
                     runner = ProjectionRunner(projection, self.store, registry=self.registry)
                     self._projection_runners.append(runner)
                     supervisor.spawn(f"projection {projection.name}", runner.run)
-                outbox = OutboxRelay(self.store, self.broker, self._id_header)
+                outbox = OutboxRelay(self.store, self.broker)
                 self._relays.append(outbox)
                 supervisor.spawn("outbox relay", outbox.run)
                 if self.relay_events:
-                    events = EventRelay(self.store, self.broker, self._id_header)
+                    events = EventRelay(self.store, self.broker)
                     self._relays.append(events)
                     supervisor.spawn("event relay", events.run)
                 hb = Heartbeater(

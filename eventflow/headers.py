@@ -9,8 +9,8 @@ from __future__ import annotations
 __all__ = ["MESSAGE_ID_HEADER", "TARGET_GROUP_HEADER", "TRACEPARENT_HEADER"]
 
 MESSAGE_ID_HEADER = "eventflow-id"
-"""Broker header carrying the envelope id (brokers use it for server-side dedup); not sent
-to a broker whose class sets ``wants_message_id = False`` (see :class:`~eventflow.ports.Broker`)."""
+"""Broker header carrying the envelope id, on every message eventflow sends (NATS turns it
+into ``Nats-Msg-Id`` for the server's duplicate window; other brokers may ignore it)."""
 
 TARGET_GROUP_HEADER = "eventflow-target-group"
 """Broker header naming the only group that should handle a message (dead-letter replay);

@@ -125,9 +125,7 @@ class Broker(Protocol):
     that may pass (the broker is down).
 
     ``App`` sends each envelope's id in the ``eventflow-id`` header (NATS turns it into
-    ``Nats-Msg-Id`` for the server's duplicate window). A broker with no use for it says so
-    with a class attribute ``wants_message_id = False`` (the memory broker does: a header
-    dict per message is a tenth of its throughput); brokers without the attribute get it.
+    ``Nats-Msg-Id`` for the server's duplicate window); a broker may ignore it.
     """
 
     @property

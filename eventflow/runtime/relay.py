@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from .._logging import Throttled
 from ..envelope import new_id
 from ..errors import ConfigurationError, LeaseLostError, MessageRefusedError
+from ..headers import MESSAGE_ID_HEADER
 from ..ports import Broker, DeadLetter, Outbox, OutboxMessage, Store, declared
 
 if TYPE_CHECKING:
@@ -63,11 +64,6 @@ _MAX_BACKOFF = 5.0
 _RETRY = 0.1
 _log = logging.getLogger("eventflow.relay")
 _throttled = Throttled(_log)
-
-
-def _id_headers(id_header: str | None, message_id: str) -> dict[str, str] | None:
-    """The broker headers of a relayed message: its id, if the broker wants it."""
-    return None if id_header is None else {id_header: message_id}
 
 
 async def _publish(
@@ -138,10 +134,9 @@ def _parked(
 class OutboxRelay:
     """Sends ``store.outbox`` messages to the broker, oldest first."""
 
-    def __init__(self, store: Store, broker: Broker, id_header: str | None) -> None:
+    def __init__(self, store: Store, broker: Broker) -> None:
         self.store = store
         self.broker = broker
-        self.id_header = id_header
         self.sent = 0
         self.parked = 0
         # Checked here, so a store without it fails the app's start, not the relay later.
@@ -166,7 +161,7 @@ class OutboxRelay:
                                 msg.topic,
                                 msg.payload,
                                 msg.key,
-                                _id_headers(self.id_header, msg.message_id),
+                                {MESSAGE_ID_HEADER: msg.message_id},
                             )
                         except MessageRefusedError as exc:
                             await self._park(msg, exc, sent, lease)
@@ -221,13 +216,11 @@ class EventRelay:
         self,
         store: Store,
         broker: Broker,
-        id_header: str | None,
         checkpoint: str = EVENT_RELAY_CHECKPOINT,
         checkpoint_every: int = _BATCH,
     ) -> None:
         self.store = store
         self.broker = broker
-        self.id_header = id_header
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
         self.sent = 0
@@ -264,7 +257,7 @@ class EventRelay:
                         env.type,
                         payload,
                         rec.stream_id,
-                        _id_headers(self.id_header, env.id),
+                        {MESSAGE_ID_HEADER: env.id},
                     )
                 except MessageRefusedError as exc:
                     # Parked, and the checkpoint moves past it in the same transaction.

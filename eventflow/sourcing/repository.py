@@ -30,6 +30,7 @@ from typing import Generic, TypeVar
 from ..envelope import Envelope, new_id
 from ..errors import AggregateNotFound, ConcurrencyError, ConfigurationError
 from ..events import Event, EventRegistry, default_registry, to_envelope
+from ..headers import TRACEPARENT_HEADER
 from ..ports import EventStore
 from .aggregate import Aggregate
 from .snapshots import restore_snapshot, take_snapshot
@@ -221,7 +222,7 @@ class Repository(Generic[A]):
         first = new_id()
         if caused_by is not None:
             correlation, causation = caused_by.correlation_id or caused_by.id, caused_by.id
-            parent = caused_by.headers.get("traceparent")
+            parent = caused_by.headers.get(TRACEPARENT_HEADER)
         else:
             correlation, causation, parent = first, None, None
         return [

@@ -147,9 +147,10 @@ def test_run_several_apps_in_one_process(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _silent_server() -> Iterator[int]:
+def _silent_server() -> Iterator[tuple[int, list[socket.socket]]]:
     """A TCP port that accepts connections and never answers (a wrong port, a firewall
-    that swallows packets): a client's first connection hangs until its own timeout."""
+    that swallows packets): a client's first connection hangs until its own timeout. Yields
+    the port and the list of connections it has accepted."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(16)
@@ -167,7 +168,7 @@ def _silent_server() -> Iterator[int]:
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     try:
-        yield int(server.getsockname()[1])
+        yield int(server.getsockname()[1]), held
     finally:
         stop.set()
         thread.join()
@@ -188,7 +189,7 @@ def _silent_server() -> Iterator[int]:
 def test_a_signal_ends_a_start_up_that_hangs(
     tmp_path: Path, sig: signal.Signals, where: str
 ) -> None:
-    with _silent_server() as port:
+    with _silent_server() as (port, accepted):
         # A store or a broker that never answers, with a connect timeout far longer than
         # the test: only the signal can end the start-up.
         target = (
@@ -207,8 +208,12 @@ def test_a_signal_ends_a_start_up_that_hangs(
         )
         proc = _start(["hanging_service:app"], cwd=tmp_path)
         try:
-            time.sleep(1.5)  # importing, then connecting: the store never answers
-            assert proc.poll() is None, proc.communicate()
+            # Wait until start-up is connecting (the server has its connection), however
+            # long the import takes on a busy machine: only then is the signal a test.
+            deadline = time.monotonic() + 30
+            while not accepted and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert accepted and proc.poll() is None, proc.communicate()
             began = time.monotonic()
             proc.send_signal(sig)
             _, err = proc.communicate(timeout=10)

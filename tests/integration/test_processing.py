@@ -593,17 +593,8 @@ async def test_publish_uses_the_key_and_topic(broker_name: str) -> None:
     ]
 
 
-class IdHeaderBroker(RecordingBroker):
-    """A broker that reads the envelope id header, as the NATS broker does."""
-
-    wants_message_id = True
-
-
-@pytest.mark.parametrize(("cls", "wants"), [(RecordingBroker, False), (IdHeaderBroker, True)])
-async def test_the_id_header_goes_only_to_brokers_that_want_it(
-    broker_name: str, waiter: Wait, cls: type[RecordingBroker], wants: bool
-) -> None:
-    broker = cls(broker_name)
+async def test_the_id_header_goes_with_every_message(broker_name: str, waiter: Wait) -> None:
+    broker = RecordingBroker(broker_name)
     sent: list[Envelope] = []
 
     @subscribe("it.proc.cause", group="ids")
@@ -613,8 +604,7 @@ async def test_the_id_header_goes_only_to_brokers_that_want_it(
     async with App("it-proc-ids", broker=broker, handlers=[handle]) as app:
         env = await app.publish(Cause(n=1))
         await waiter(lambda: len(broker.headers) == 2)
-    expected = [{"eventflow-id": e.id} if wants else None for e in (env, *sent)]
-    assert broker.headers == expected
+    assert broker.headers == [{"eventflow-id": e.id} for e in (env, *sent)]
 
 
 async def test_publish_envelope_with_key_is_not_silently_ignored(broker_name: str) -> None:

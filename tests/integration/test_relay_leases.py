@@ -78,7 +78,7 @@ async def test_an_unaware_outbox_relay_deletes_nothing_after_a_takeover(
 ) -> None:
     first, second = stores
     stale = unaware_of_loss(first)
-    relay = OutboxRelay(stale.store, hub, None)
+    relay = OutboxRelay(stale.store, hub)
     task = asyncio.create_task(relay.run())
     try:
         await first.outbox.add(_messages(0, 3))
@@ -109,7 +109,7 @@ async def test_an_unaware_event_relay_cannot_move_the_checkpoint_after_a_takeove
 ) -> None:
     first, second = stores
     stale = unaware_of_loss(first)
-    relay = EventRelay(stale.store, hub, None, checkpoint_every=1)
+    relay = EventRelay(stale.store, hub, checkpoint_every=1)
     task = asyncio.create_task(relay.run())
     try:
         await first.append("relay-1", [Relayed(n=1), Relayed(n=2)])
@@ -160,7 +160,7 @@ async def test_a_relay_whose_renewals_are_blocked_stops_with_lease_lost(
     stores: list[Store], hub: MemoryBroker
 ) -> None:
     first, _ = stores
-    relay = OutboxRelay(first, hub, None)
+    relay = OutboxRelay(first, hub)
     task = asyncio.create_task(relay.run())
     try:
         await first.outbox.add(_messages(0, 2))

@@ -453,18 +453,6 @@ def test_trusted_envelopes_carry_the_pydantic_state_of_validated_ones() -> None:
     assert env.model_dump() == validated.model_dump()
 
 
-def test_both_ways_of_building_trusted_envelopes_agree() -> None:
-    """The pydantic-core shortcut is used only where it builds what the Python way builds."""
-    from eventflow.envelope import _ALL_FIELDS, _construct, _slots_construct
-
-    env = Envelope.create("ut.env.build", {"a": 1}, key="k", headers={"h": "v"})
-    fast = _construct((dict(env.__dict__), None, _ALL_FIELDS))
-    slow = _slots_construct((dict(env.__dict__), None, _ALL_FIELDS))
-    assert fast == slow == env
-    assert fast.model_fields_set == slow.model_fields_set == _ALL_FIELDS
-    assert fast.__pydantic_extra__ is slow.__pydantic_extra__ is None
-
-
 def test_an_envelope_subclass_builds_its_own_class() -> None:
     class Tagged(Envelope):
         """A user's subclass (no new fields)."""

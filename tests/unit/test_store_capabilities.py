@@ -84,8 +84,8 @@ def test_a_store_without_supports_sql_needs_atomic_state_given() -> None:
 def test_an_outbox_without_added_is_refused_by_the_relay() -> None:
     store = cast(Store, OldStore())
     with pytest.raises(ConfigurationError, match=r"OldOutbox lacks 'added'.*ports\.Outbox"):
-        OutboxRelay(store, open_broker("memory://"), None)
-    OutboxRelay(MemoryStore(), open_broker("memory://"), None)  # the control
+        OutboxRelay(store, open_broker("memory://"))
+    OutboxRelay(MemoryStore(), open_broker("memory://"))  # the control
 
 
 @pytest.mark.parametrize("url", ["memory://", "sqlite:///:memory:"])

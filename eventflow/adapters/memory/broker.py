@@ -41,10 +41,6 @@ class MemoryBroker:
     (or ``open_broker("memory://x")``) joins hub ``x``.
     """
 
-    wants_message_id = False
-    """No ``eventflow-id`` header from ``App`` (see :class:`~eventflow.ports.Broker`): nothing
-    here reads it, and the envelope in the payload carries the id."""
-
     def __init__(self, config: MemoryBrokerConfig | None = None) -> None:
         self.config = config or MemoryBrokerConfig()
         cfg = self.config

@@ -25,6 +25,7 @@ from ...errors import (
     MessageRefusedError,
     MissingDependencyError,
 )
+from ...headers import MESSAGE_ID_HEADER
 from ...patterns import validate_pattern, validate_topic
 from ...ports import Subscription
 from ...supervision import Supervisor
@@ -47,7 +48,7 @@ from .subscription import NatsSubscription
 __all__ = ["NatsBroker"]
 
 _log = logging.getLogger("eventflow.nats")
-_ENVELOPE_ID_HEADER = "eventflow-id"
+_ENVELOPE_ID_HEADER = MESSAGE_ID_HEADER
 _RETRY_PAUSE = 0.05
 _DENIED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 _DENIED_FOR = 60.0
