@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .envelope import Envelope, new_id, new_root, traceparent_for
+from .envelope import Envelope, _new_root, new_id, traceparent_for
 from .errors import (
     EventTypeError,
     EventValidationError,
@@ -360,12 +360,14 @@ def to_envelope(
         raise _not_an_event(message)
     hdrs = dict(headers) if headers else {}
     if id is None and correlation_id is None and parent_traceparent is None:
-        # A message that starts a correlation (App.publish's usual case): its id and the
-        # root of its trace come from one call, a third of the cost of making them apart.
-        env_id, root = new_root()
+        # A message that starts a correlation (App.publish's usual case): its id, the root
+        # of its trace and its time (the millisecond the id carries, from a clock that
+        # never runs backwards) come from one call, a third of the cost of making them apart.
+        env_id, root, stamp = _new_root()
         hdrs.setdefault(TRACEPARENT_HEADER, root)
         correlation = env_id
     else:
+        stamp = datetime.now(UTC)
         env_id = id or new_id()
         correlation = correlation_id or env_id
         if TRACEPARENT_HEADER not in hdrs:
@@ -378,7 +380,7 @@ def to_envelope(
             "type": message.event_type,
             "version": message.event_version,
             "source": source,
-            "time": datetime.now(UTC),
+            "time": stamp,
             "correlation_id": correlation,
             "causation_id": causation_id,
             "key": key,

@@ -151,7 +151,7 @@ def command(args: argparse.Namespace) -> int:
 
 def app_projections(app: App) -> tuple[Projection, ...]:
     """The projections an app runs (``app.projections``)."""
-    return tuple(getattr(app, "projections", ()))
+    return tuple(app.projections)
 
 
 def find_projection(projections: Sequence[Projection], name: str) -> Projection:

@@ -17,7 +17,6 @@ starts a new run on a new subscription.
 
 from __future__ import annotations
 
-from ..headers import TARGET_GROUP_HEADER
 from ..ports import DedupStore, Subscription
 from ..subscribe import HandlerSpec, Signature
 from .dispatch import Dispatcher
@@ -25,7 +24,7 @@ from .host import ConsumerHost
 from .pipeline import ConsumerStats, CrashLoopError, Pipeline
 from .watchdog import Watchdog
 
-__all__ = ["TARGET_GROUP_HEADER", "Consumer", "ConsumerStats", "CrashLoopError"]
+__all__ = ["Consumer", "ConsumerStats", "CrashLoopError"]
 
 
 class Consumer:

@@ -3,7 +3,7 @@
 import enum
 import functools
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pydantic import (
@@ -458,8 +458,20 @@ def test_an_unvalidated_event_publishes_pydantics_json_form() -> None:
     assert out.data["name"] == "open" and type(out.data["name"]) is str
 
 
-def test_an_envelope_time_is_when_it_was_made_in_utc() -> None:
+def test_a_root_envelope_time_is_the_millisecond_its_id_carries() -> None:
+    before = datetime.now(UTC) - timedelta(milliseconds=1)
+    envs = [to_envelope(PlainAll(name="n", count=i), source="s") for i in range(2000)]
+    envs.append(to_envelope(PlainAll(name="n", count=0), source="s", headers={"h": "v"}))
+    after = datetime.now(UTC) + timedelta(milliseconds=10)  # the counter may borrow a few ms
+    for out in envs:
+        id_ms = int(out.id.replace("-", "")[:12], 16)
+        assert out.time == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=id_ms)
+        assert out.time.tzinfo is UTC
+        assert before <= out.time <= after
+
+
+def test_a_continued_envelope_time_is_when_it_was_made_in_utc() -> None:
     before = datetime.now(UTC)
-    out = to_envelope(PlainAll(name="n", count=1), source="s")
+    out = to_envelope(PlainAll(name="n", count=1), source="s", correlation_id="c-1")
     assert out.time.tzinfo is UTC
     assert before <= out.time <= datetime.now(UTC)

@@ -50,10 +50,11 @@ class MemoryDedupStore:
 
     async def mark(self, group: str, message_id: str) -> None:
         """Record the pair; evicts the group's oldest entry when over capacity."""
-        self._record(group, message_id)
+        self.record(group, message_id)
 
-    def _record(self, group: str, message_id: str) -> None:
-        # Not a coroutine: a memory transaction runs it as it commits.
+    def record(self, group: str, message_id: str) -> None:
+        """``mark`` as a plain call: a memory transaction runs it as it commits (its
+        commit is not a coroutine)."""
         state = self._groups.get(group)
         if state is None:
             state = self._groups[group] = (set(), deque())
@@ -171,7 +172,7 @@ class MemoryStore(MemoryEventLog):
             raise ConfigurationError("mark_handled was given another store's transaction")
         if await self.dedup.seen(group, message_id):
             raise AlreadyHandled(group, message_id)
-        tx.defer(lambda: self.dedup._record(group, message_id))
+        tx.defer(lambda: self.dedup.record(group, message_id))
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
         """Nothing to connect to."""

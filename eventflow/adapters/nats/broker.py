@@ -25,7 +25,7 @@ from ...errors import (
     MessageRefusedError,
     MissingDependencyError,
 )
-from ...headers import MESSAGE_ID_HEADER
+from ...headers import KEY_HEADER, MESSAGE_ID_HEADER
 from ...patterns import validate_pattern, validate_topic
 from ...ports import Subscription
 from ...supervision import Supervisor
@@ -41,14 +41,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from .admin import ensure_consumer, ensure_kv, ensure_stream
 from .connection import connect_first, discard, header_bytes
-from .delivery import KEY_HEADER, MSG_ID_HEADER
+from .delivery import MSG_ID_HEADER
 from .ledger import Leases, ReleaseLedger
 from .subscription import NatsSubscription
 
 __all__ = ["NatsBroker"]
 
 _log = logging.getLogger("eventflow.nats")
-_ENVELOPE_ID_HEADER = MESSAGE_ID_HEADER
 _RETRY_PAUSE = 0.05
 _DENIED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 _DENIED_FOR = 60.0
@@ -219,7 +218,7 @@ class NatsBroker:
             partition = self._rr = (self._rr + 1) % cfg.partitions
         subject = f"{cfg.prefix}.{partition}.{topic}"
         hdrs: dict[str, str] = dict(headers) if headers else {}
-        hdrs[MSG_ID_HEADER] = hdrs.get(_ENVELOPE_ID_HEADER) or uuid.uuid4().hex
+        hdrs[MSG_ID_HEADER] = hdrs.get(MESSAGE_ID_HEADER) or uuid.uuid4().hex
         if key is not None:
             hdrs[KEY_HEADER] = key
         size = len(payload) + header_bytes(hdrs)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from ...headers import KEY_HEADER
+
 __all__ = [
-    "KEY_HEADER",
     "MSG_ID_HEADER",
     "NatsDelivery",
     "Settler",
@@ -19,8 +20,6 @@ __all__ = [
     "split_headers",
 ]
 
-KEY_HEADER = "eventflow-key"
-"""NATS header carrying the message key (removed from ``Delivery.headers``)."""
 MSG_ID_HEADER = "Nats-Msg-Id"
 """JetStream's de-duplication id (the envelope id), removed from ``Delivery.headers``."""
 _INTERNAL = frozenset((KEY_HEADER, MSG_ID_HEADER))
