@@ -144,6 +144,15 @@ class PostgresDedup:
             )
 
 
+async def open_dedup(store: str | None, group: str) -> PostgresDedup | None:
+    """The baselines' PostgreSQL dedup table for ``--store``, opened; None for a set."""
+    if store is None:
+        return None
+    dedup = PostgresDedup(store, group)
+    await dedup.open()
+    return dedup
+
+
 class Wire(BaseModel, Generic[M]):
     """The envelope fields a baseline reads, for FastStream's typed handlers
     (``Wire[BenchOrder]``: ``data`` is validated with the event model)."""

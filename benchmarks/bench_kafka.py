@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
-from _work import PostgresDedup, Wire, Work, drop_schema, fresh_schema, settled, with_schema
+from _work import Wire, Work, drop_schema, fresh_schema, open_dedup, settled, with_schema
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from eventflow import App, Context, Event, subscribe
@@ -71,15 +71,6 @@ class BenchOrder(Event, type="bench.kafka.order", version=1):
 
 # FastStream's typed view of the envelope: the event model validates ``data``.
 FsOrder = Wire[BenchOrder]
-
-
-async def _dedup(store: str | None, group: str) -> PostgresDedup | None:
-    """The baselines' PostgreSQL dedup table for ``--store``, opened; None for a set."""
-    if store is None:
-        return None
-    dedup = PostgresDedup(store, group)
-    await dedup.open()
-    return dedup
 
 
 def _events(n: int) -> list[BenchOrder]:
@@ -157,7 +148,7 @@ async def bench_raw(bootstrap: str, n: int, keys: int, store: str | None) -> flo
     topic = f"bench.raw.{uuid.uuid4().hex[:8]}"
     await _create_topic(bootstrap, topic)
     wire = _wire(n, keys)
-    work = Work(BenchOrder, BenchOrder.event_type, n, await _dedup(store, "raw"))
+    work = Work(BenchOrder, BenchOrder.event_type, n, await open_dedup(store, "raw"))
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     consumer = AIOKafkaConsumer(
         topic,
@@ -211,7 +202,7 @@ async def bench_faststream(bootstrap: str, n: int, keys: int, store: str | None)
     topic = f"bench.fs.{uuid.uuid4().hex[:8]}"
     await _create_topic(bootstrap, topic)
     wire = _wire(n, keys)
-    work = Work(BenchOrder, BenchOrder.event_type, n, await _dedup(store, "fs"))
+    work = Work(BenchOrder, BenchOrder.event_type, n, await open_dedup(store, "fs"))
     broker = FastStreamBroker(bootstrap, logger=None)
 
     @broker.subscriber(

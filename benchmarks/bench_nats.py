@@ -49,11 +49,11 @@ from typing import TypeVar
 
 import nats
 from _work import (
-    PostgresDedup,
     Wire,
     Work,
     drop_schema,
     fresh_schema,
+    open_dedup,
     settled,
     with_schema,
 )
@@ -117,20 +117,11 @@ def _wire(n: int, keys: int) -> list[tuple[bytes, str]]:
     return out
 
 
-async def _dedup(store: str | None, group: str) -> PostgresDedup | None:
-    """The baselines' PostgreSQL dedup table for ``--store``, opened; None for a set."""
-    if store is None:
-        return None
-    dedup = PostgresDedup(store, group)
-    await dedup.open()
-    return dedup
-
-
 async def bench_raw(url: str, n: int, keys: int, store: str | None) -> float:
     """nats-py alone: awaited JetStream publishes and a pull consumer doing ``Work.handle``
     and acking each message."""
     messages = _wire(n, keys)
-    work = Work(BenchOrderPlaced, BenchOrderPlaced.event_type, n, await _dedup(store, "raw"))
+    work = Work(BenchOrderPlaced, BenchOrderPlaced.event_type, n, await open_dedup(store, "raw"))
     stream = f"RAW_{uuid.uuid4().hex[:8]}"
     nc = await nats.connect(url)
     js = nc.jetstream()
@@ -171,7 +162,7 @@ async def bench_raw(url: str, n: int, keys: int, store: str | None) -> float:
 async def bench_faststream(url: str, n: int, keys: int, batch: int, store: str | None) -> float:
     """FastStream's NATS broker with a JetStream pull subscriber and a typed handler."""
     messages = _wire(n, keys)
-    work = Work(BenchOrderPlaced, BenchOrderPlaced.event_type, n, await _dedup(store, "fs"))
+    work = Work(BenchOrderPlaced, BenchOrderPlaced.event_type, n, await open_dedup(store, "fs"))
     name = f"FS_{uuid.uuid4().hex[:8]}"
     subject = f"{name}.bench.order.placed"
     broker = FastStreamBroker(url, logger=None)

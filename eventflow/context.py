@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
 
 from .envelope import Envelope, derived_id
 from .events import Event, to_envelope
@@ -13,8 +12,6 @@ from .patterns import validate_topic
 from .ports import EventStore, Transaction
 from .runtime.host import ConsumerHost
 from .schema.outgoing import check_outgoing
-
-_new = object.__new__
 
 __all__ = ["Context"]
 
@@ -39,10 +36,6 @@ class Context:
     _committed = False
     _tx_failed: BaseException | None = None
     _tx_scope: AbstractAsyncContextManager[Transaction] | None = None
-    # The consumer hands over the envelope's checked wire fields; the Envelope is built from
-    # them only if the handler reads it.
-    _envelope: Envelope | None
-    _fields: dict[str, Any]
 
     def __init__(self, app: ConsumerHost, envelope: Envelope, group: str, attempt: int) -> None:
         self._app = app
@@ -50,37 +43,10 @@ class Context:
         self.group = group
         self.attempt = attempt
 
-    @classmethod
-    def _of_fields(
-        cls,
-        app: ConsumerHost,
-        fields: dict[str, Any],
-        envelope: Envelope | None,
-        group: str,
-        attempt: int,
-    ) -> Context:
-        """The consumer's context: ``envelope`` (if the consumer built it) or else one built
-        from ``fields``, the envelope's checked wire fields, when first read."""
-        ctx = _new(cls)
-        ctx._app = app
-        ctx._fields = fields
-        ctx._envelope = envelope
-        ctx.group = group
-        ctx.attempt = attempt
-        # The consumer reads these after every handling: as instance attributes they are
-        # read directly (a class default read through an instance takes a slower lookup).
-        ctx._tx = None
-        ctx._outbox = None
-        ctx._committed = False
-        return ctx
-
     @property
     def envelope(self) -> Envelope:
         """The message being handled."""
-        env = self._envelope
-        if env is None:
-            env = self._envelope = Envelope._trusted(self._fields)
-        return env
+        return self._envelope
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """The store transaction of this handling (SQL stores: your SQL runs in it).

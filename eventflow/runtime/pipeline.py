@@ -22,12 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
-
-from pydantic import ValidationError
 
 from .._logging import Throttled
 from ..context import Context
@@ -108,12 +106,6 @@ class Pipeline:
         # waits on. Only with several workers: one worker never runs two handlings at once.
         self._handling: dict[str, asyncio.Future[None] | None] = {}
         self._guard_ids = spec.idempotent and spec.concurrency > 1
-        # type -> (version, validator) of the handler's event classes: the common case (the
-        # message is at the class's version) validates without the registry's generic path.
-        self._validators: dict[str, tuple[int, Callable[[Any], Any]]] = {
-            t: (cls.event_version, cls.__pydantic_validator__.validate_python)
-            for t, cls in (signature.accepts or {}).items()
-        }
 
     async def process(self, delivery: Delivery, watch: Watch) -> None:
         """Handle one delivery to its outcome (handled, duplicate, dead-lettered or dropped)
@@ -125,8 +117,7 @@ class Pipeline:
             if target is not None and target != self.group:
                 await delivery.ack()  # a replay meant for another group
                 return
-        # The checked wire fields: the Envelope itself is built only if something reads it
-        # (most handlings never do).
+        # The checked wire fields: a duplicate is dropped before the Envelope is built.
         try:
             fields = _wire_fields(delivery.payload)
         except DecodeError as exc:
@@ -179,7 +170,7 @@ class Pipeline:
             policy = spec.retry
             while True:
                 attempt += 1
-                ctx = Context._of_fields(self.host, fields, env, group, attempt)
+                ctx = Context(self.host, env, group, attempt)
                 error = await self._call(ctx, arg, watch)
                 if ctx._tx is not None:
                     error = await self._settlement.settle(ctx, env_id, error, self.dedup)
@@ -198,7 +189,6 @@ class Pipeline:
                 # here instead of starting over.
                 await self._record_failure(env_id, error)
                 tracked = True
-                env = ctx._envelope  # if this attempt built it, the next one gets the same
                 _log.info(
                     "%s: attempt %d of %s failed (%s: %s); retrying",
                     self.name,
@@ -335,15 +325,9 @@ class Pipeline:
                 "forget", "%s: could not clear the attempts of %s: %s", self.name, env_id, exc
             )
 
-    def _decode(self, fields: dict[str, Any]) -> tuple[Envelope | None, Any]:
-        """The handler's argument (and the envelope, if decoding built it): the envelope
-        itself, or its event upcast and validated. Raises ``DecodeError``."""
-        fast = self._validators.get(fields["type"])
-        if fast is not None and fast[0] == fields["version"]:
-            try:
-                return None, fast[1](fields["data"])
-            except ValidationError:
-                pass  # the registry's path raises the descriptive error
+    def _decode(self, fields: dict[str, Any]) -> tuple[Envelope, Any]:
+        """The envelope and the handler's argument: the envelope itself, or its event
+        upcast and validated. Raises ``DecodeError``."""
         env = Envelope._trusted(fields)
         sig = self.signature
         accepts = sig.accepts
