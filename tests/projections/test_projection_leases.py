@@ -131,16 +131,19 @@ async def applied(store: Store) -> list[tuple[int, str]]:
 
 class Writer:
     """Appends an ItemAdded every ``pace`` seconds until stopped (trying again when the
-    store refuses a write: SQLite is locked while renewals are blocked)."""
+    store refuses a write: SQLite is locked while renewals are blocked). ``stop`` lets the
+    append in progress finish, so ``appended`` is exactly what the store holds (cancelling
+    an append could leave it committed and uncounted)."""
 
     def __init__(self, store: Store, pace: float = 0.02) -> None:
         self.store = store
         self.pace = pace
         self.appended = 0
+        self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self.store.append(f"item-{self.appended % 5}", [ItemAdded(sku="s", qty=1)])
             except StoreError:
@@ -150,12 +153,17 @@ class Writer:
             await asyncio.sleep(self.pace)
 
     def start(self) -> None:
+        self._stopping = False
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> int:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        if self._task is not None and not self._task.done():
+            self._stopping = True
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), 30)
+            except TimeoutError:
+                self._task.cancel()
+                raise
         return self.appended
 
 
