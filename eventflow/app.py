@@ -20,7 +20,7 @@ from ._logging import Throttled
 from .brokers import open_broker
 from .envelope import Envelope, new_id
 from .errors import BrokerError, ComponentFailedError, ConfigurationError, MessageRefusedError
-from .events import Event, EventRegistry, default_registry, to_envelope
+from .events import Event, EventRegistry, default_registry, envelope_for, to_envelope
 from .headers import MESSAGE_ID_HEADER
 from .patterns import overlap, validate_topic
 from .ports import Broker, DedupStore, Store
@@ -203,10 +203,8 @@ class App:
         Starts a new correlation (the new envelope's id) unless ``correlation_id`` is given.
         An ``Envelope`` is published keeping its id (and its fields, except those given here).
         """
-        if isinstance(message, Envelope):
-            env = message.overridden(key=key, headers=headers, correlation_id=correlation_id)
-        else:
-            env = to_envelope(
+        if isinstance(message, Event):
+            env = envelope_for(
                 message,
                 source=self.name,
                 key=key,
@@ -214,6 +212,10 @@ class App:
                 correlation_id=correlation_id,
             )
             check_outgoing(message, env.data)  # model_construct/model_copy skip validation
+        else:  # an Envelope keeps its id; to_envelope refuses anything else
+            env = to_envelope(message, source=self.name).overridden(
+                key=key, headers=headers, correlation_id=correlation_id
+            )
         if topic is None:
             topic = env.type
         else:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
 
 from .envelope import Envelope, derived_id
-from .events import Event, to_envelope
+from .events import Event, envelope_for, to_envelope
 from .headers import TRACEPARENT_HEADER
 from .patterns import validate_topic
 from .ports import EventStore, Transaction
@@ -37,16 +38,34 @@ class Context:
     _tx_failed: BaseException | None = None
     _tx_scope: AbstractAsyncContextManager[Transaction] | None = None
 
-    def __init__(self, app: ConsumerHost, envelope: Envelope, group: str, attempt: int) -> None:
+    def __init__(
+        self,
+        app: ConsumerHost,
+        envelope: Envelope | None,
+        group: str,
+        attempt: int,
+        *,
+        fields: dict[str, Any] | None = None,
+    ) -> None:
+        """``envelope`` is the message being handled; the consumer may pass None and the
+        envelope's checked wire ``fields`` instead, and the envelope is built from them the
+        first time something reads it (most handlers never do)."""
+        if envelope is None and fields is None:
+            raise TypeError("Context needs the envelope or its fields")
         self._app = app
         self._envelope = envelope
+        self._fields = fields
         self.group = group
         self.attempt = attempt
 
     @property
     def envelope(self) -> Envelope:
         """The message being handled."""
-        return self._envelope
+        env = self._envelope
+        if env is None:
+            assert self._fields is not None  # checked in __init__
+            env = self._envelope = Envelope._trusted(self._fields)
+        return env
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """The store transaction of this handling (SQL stores: your SQL runs in it).
@@ -131,7 +150,7 @@ class Context:
             if counts is None:
                 counts = self._counts = {}
             n = counts[message.event_type] = counts.get(message.event_type, 0) + 1
-            env = to_envelope(
+            env = envelope_for(
                 message,
                 source=self._app.name,
                 key=key if key is not None else parent.key,  # the same entity, in order

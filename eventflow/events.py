@@ -26,7 +26,15 @@ from .errors import (
 )
 from .headers import TRACEPARENT_HEADER
 
-__all__ = ["Event", "EventRegistry", "Upcaster", "default_registry", "to_envelope", "upcaster"]
+__all__ = [
+    "Event",
+    "EventRegistry",
+    "Upcaster",
+    "default_registry",
+    "envelope_for",
+    "to_envelope",
+    "upcaster",
+]
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 E = TypeVar("E", bound="Event")
@@ -148,21 +156,24 @@ class EventRegistry:
 
         Raises a :class:`~eventflow.errors.DecodeError` subclass naming the problem.
         """
+        return self.decode_data(envelope.type, envelope.version, envelope.data, cls)
+
+    def decode_data(self, event_type: str, version: int, data: dict[str, Any], cls: type[E]) -> E:
+        """:meth:`decode_as` for an envelope's type, version and data: upcast ``data`` from
+        ``version`` to ``cls``'s, then validate it as ``cls``."""
         target = cls.event_version
-        version = envelope.version
-        data = envelope.data
         if version > target:
             raise FutureVersionError(
-                f"{envelope.type!r} v{version} is newer than the code's v{target}: "
+                f"{event_type!r} v{version} is newer than the code's v{target}: "
                 "deploy the consumer with the new event version"
             )
         if version < target:
-            data = self.upcast(envelope.type, data, version, target)
+            data = self.upcast(event_type, data, version, target)
         try:
             return cls.__pydantic_validator__.validate_python(data)  # type: ignore[no-any-return]
         except ValidationError as exc:
             raise EventValidationError(
-                f"{envelope.type!r} v{version} data does not validate as "
+                f"{event_type!r} v{version} data does not validate as "
                 f"{cls.__qualname__}: {_summarise(exc)}"
             ) from exc
 
@@ -347,17 +358,45 @@ def to_envelope(
     parent_traceparent: str | None = None,
     id: str | None = None,
 ) -> Envelope:
-    """Wrap an event in a new envelope (an Envelope passes through unchanged).
+    """Wrap an event in a new envelope (see :func:`envelope_for`); an Envelope passes
+    through unchanged."""
+    if isinstance(message, Event):
+        return envelope_for(
+            message,
+            source=source,
+            key=key,
+            headers=headers,
+            correlation_id=correlation_id,
+            causation_id=causation_id,
+            parent_traceparent=parent_traceparent,
+            id=id,
+        )
+    if isinstance(message, Envelope):
+        return message
+    raise _not_an_event(message)
+
+
+def envelope_for(
+    event: Event,
+    *,
+    source: str,
+    key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    correlation_id: str | None = None,
+    causation_id: str | None = None,
+    parent_traceparent: str | None = None,
+    id: str | None = None,
+) -> Envelope:
+    """A new envelope around ``event`` (an instance of an Event subclass declared with
+    ``type=``).
 
     The envelope gets a new UUIDv7 id unless ``id`` is given, and starts a correlation of
     its own (its id) unless ``correlation_id`` is given. The headers get a ``traceparent``
     unless they carry one: a child of ``parent_traceparent`` when given, else the root of a
     trace named after the correlation. The data is the event's JSON form.
     """
-    if isinstance(message, Envelope):
-        return message
-    if not isinstance(message, Event) or not message.event_type:
-        raise _not_an_event(message)
+    if not event.event_type:
+        raise _not_an_event(event)
     hdrs = dict(headers) if headers else {}
     if id is None and correlation_id is None and parent_traceparent is None:
         # A message that starts a correlation (App.publish's usual case): its id, the root
@@ -377,15 +416,15 @@ def to_envelope(
     return Envelope._trusted(
         {
             "id": env_id,
-            "type": message.event_type,
-            "version": message.event_version,
+            "type": event.event_type,
+            "version": event.event_version,
             "source": source,
             "time": stamp,
             "correlation_id": correlation,
             "causation_id": causation_id,
             "key": key,
             "headers": hdrs,
-            "data": message.__pydantic_serializer__.to_python(message, mode="json", warnings=False),
+            "data": event.__pydantic_serializer__.to_python(event, mode="json", warnings=False),
         }
     )
 

@@ -170,7 +170,7 @@ class Pipeline:
             policy = spec.retry
             while True:
                 attempt += 1
-                ctx = Context(self.host, env, group, attempt)
+                ctx = Context(self.host, env, group, attempt, fields=fields)
                 error = await self._call(ctx, arg, watch)
                 if ctx._tx is not None:
                     error = await self._settlement.settle(ctx, env_id, error, self.dedup)
@@ -325,18 +325,21 @@ class Pipeline:
                 "forget", "%s: could not clear the attempts of %s: %s", self.name, env_id, exc
             )
 
-    def _decode(self, fields: dict[str, Any]) -> tuple[Envelope, Any]:
-        """The envelope and the handler's argument: the envelope itself, or its event
-        upcast and validated. Raises ``DecodeError``."""
-        env = Envelope._trusted(fields)
+    def _decode(self, fields: dict[str, Any]) -> tuple[Envelope | None, Any]:
+        """The handler's argument (and the envelope, if decoding needed it): the envelope
+        itself, or its event upcast and validated. Raises ``DecodeError``."""
         sig = self.signature
         accepts = sig.accepts
+        registry = self.host.registry
+        if accepts is not None:
+            cls = accepts.get(fields["type"])
+            if cls is not None:  # the usual case: no Envelope needed
+                return None, registry.decode_data(
+                    fields["type"], fields["version"], fields["data"], cls
+                )
+        env = Envelope._trusted(fields)
         if accepts is None:
             return env, env
-        registry = self.host.registry
-        cls = accepts.get(env.type)
-        if cls is not None:
-            return env, registry.decode_as(env, cls)
         if sig.any_event:
             return env, registry.decode(env)
         known = env.type in registry.types()

@@ -2,7 +2,23 @@
 
 from typing import Any, cast
 
+import pytest
+
 from eventflow import Context, Envelope
+from eventflow.envelope import _wire_fields
+
+
+def test_a_consumer_context_builds_its_envelope_when_first_read() -> None:
+    env = Envelope.create("ut.ctx.lazy", {"n": 1}, key="k")
+    ctx = Context(cast(Any, None), None, "g", 1, fields=_wire_fields(env.to_bytes()))
+    built = ctx.envelope
+    assert built == env
+    assert ctx.envelope is built
+
+
+def test_a_context_needs_its_envelope_or_its_fields() -> None:
+    with pytest.raises(TypeError, match="envelope or its fields"):
+        Context(cast(Any, None), None, "g", 1)
 
 
 def test_a_context_given_its_envelope_returns_it() -> None:
