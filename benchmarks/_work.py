@@ -192,6 +192,14 @@ class Work(Generic[M]):
         await self.handler(event)
         await self.record(message_id)
 
+    async def handle_decoded(self, message_id: str, event: M) -> None:
+        """Steps 2, 4 and 5 for a message FastStream already decoded and validated."""
+        if await self.seen(message_id):
+            self.duplicates += 1
+            return
+        await self.handler(event)
+        await self.record(message_id)
+
     async def handler(self, event: M) -> None:
         """The user's handler: nothing to do (eventflow's benchmark handler only counts)."""
 

@@ -175,11 +175,7 @@ async def bench_faststream(url: str, n: int, keys: int, batch: int, store: str |
     )
     async def handle(msg: FsOrder) -> None:
         # FastStream decoded and validated it; the dedup lookup and record are ours.
-        if await work.seen(msg.id):
-            work.duplicates += 1
-            return
-        await work.handler(msg.data)
-        await work.record(msg.id)
+        await work.handle_decoded(msg.id, msg.data)
 
     gc.collect()
     try:
