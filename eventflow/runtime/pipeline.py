@@ -147,10 +147,12 @@ class Pipeline:
         self, delivery: Delivery, fields: dict[str, Any], env_id: str, watch: Watch
     ) -> None:
         spec, group, stats = self.spec, self.group, self.stats
+        # True once the message has (or may have) an attempt record to forget at the end.
+        tracked = delivery.delivery_count > 1 or env_id in self._recorded
         if spec.idempotent and await self.dedup.seen(group, env_id):
             stats.duplicates += 1
             await delivery.ack()
-            if delivery.delivery_count > 1 or env_id in self._recorded:
+            if tracked:
                 await self._forget(env_id)  # handled, then stopped before it forgot the record
             return
         try:
@@ -158,8 +160,6 @@ class Pipeline:
         except Exception as exc:  # DecodeError, or a validator raising something else
             await self._dead_letter(delivery, env_id, exc, attempts=0)
             return
-        # True once the message has (or may have) an attempt record to forget at the end.
-        tracked = delivery.delivery_count > 1 or env_id in self._recorded
         try:
             attempt = 0  # handler attempts that failed before this one
             if tracked:
