@@ -258,8 +258,9 @@ class Envelope(BaseModel):
     def _trusted(cls, fields: dict[str, Any]) -> Envelope:
         """Build from already-checked values (all ten fields), skipping pydantic validation.
 
-        Every message is built this way twice (published, consumed). pydantic's
-        ``model_construct`` takes about 12 µs for it, this about 1.3 µs: it does what
+        Every published message is built this way, and a consumed one whose envelope is
+        read. pydantic's ``model_construct`` takes about 12 µs for it, this about 1.3 µs
+        (on Kafka, 8,600 against 5,500 events/s end to end): it does what
         ``model_construct`` does for a complete set of fields, setting the three slots
         ``BaseModel`` declares through their descriptors.
         """
