@@ -29,7 +29,6 @@ from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
 from .runtime.relay import RELAY_GROUPS, EventRelay, OutboxRelay
-from .schema.outgoing import check_outgoing
 from .sourcing.aggregate import Aggregate
 from .sourcing.repository import Repository
 from .stores import dedup_for, store_for
@@ -211,7 +210,6 @@ class App:
                 headers=headers,
                 correlation_id=correlation_id,
             )
-            check_outgoing(message, env.data)  # model_construct/model_copy skip validation
         else:  # an Envelope keeps its id; to_envelope refuses anything else
             env = to_envelope(message, source=self.name).overridden(
                 key=key, headers=headers, correlation_id=correlation_id

@@ -12,7 +12,6 @@ from .headers import TRACEPARENT_HEADER
 from .patterns import validate_topic
 from .ports import EventStore, Transaction
 from .runtime.host import ConsumerHost
-from .schema.outgoing import check_outgoing
 
 __all__ = ["Context"]
 
@@ -160,7 +159,6 @@ class Context:
                 parent_traceparent=parent.headers.get(TRACEPARENT_HEADER),
                 id=derived_id(parent, self.group, message.event_type, str(n)),
             )
-            check_outgoing(message, env.data)  # model_construct/model_copy skip validation
         else:
             # An Envelope is sent as it is (its id and correlation too), but for the key and
             # headers given here.

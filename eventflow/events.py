@@ -30,6 +30,7 @@ __all__ = [
     "Event",
     "EventRegistry",
     "Upcaster",
+    "check_outgoing",
     "default_registry",
     "envelope_for",
     "to_envelope",
@@ -312,6 +313,28 @@ def is_unvalidated(instance: Event) -> bool:
     return ref is not None and ref() is instance
 
 
+def check_outgoing(message: Event, data: dict[str, Any]) -> None:
+    """Raise :class:`~eventflow.errors.EventValidationError` if ``data`` fails ``message``'s model.
+
+    ``data`` is the JSON form of ``message`` as it goes into the envelope. Only an instance
+    built without validation (``model_construct``, ``model_copy(update=...)``) is checked:
+    the constructor validated every other one. Every envelope made from an event (published,
+    sent from a handler, appended to a store) is checked here, by :func:`envelope_for`.
+    """
+    if not is_unvalidated(message):
+        return
+    cls = type(message)
+    try:
+        cls.__pydantic_validator__.validate_python(data)
+    except ValidationError as exc:
+        raise EventValidationError(
+            f"refusing {cls.event_type!r} v{cls.event_version}: its data does not validate "
+            f"as {cls.__qualname__} ({_summarise(exc)}); it was probably built with "
+            "model_construct() or model_copy(update=...), which skip validation: build it "
+            "with the constructor. Nothing was published or appended"
+        ) from exc
+
+
 def _carry_mark(source: Event, copied: E) -> E:
     """``copied``, marked unvalidated if ``source`` is."""
     if is_unvalidated(source):
@@ -393,7 +416,8 @@ def envelope_for(
     The envelope gets a new UUIDv7 id unless ``id`` is given, and starts a correlation of
     its own (its id) unless ``correlation_id`` is given. The headers get a ``traceparent``
     unless they carry one: a child of ``parent_traceparent`` when given, else the root of a
-    trace named after the correlation. The data is the event's JSON form.
+    trace named after the correlation. The data is the event's JSON form; an event built
+    without validation has it checked first (:func:`check_outgoing`).
     """
     if not event.event_type:
         raise _not_an_event(event)
@@ -411,8 +435,10 @@ def envelope_for(
         correlation = correlation_id or env_id
         if TRACEPARENT_HEADER not in hdrs:
             hdrs[TRACEPARENT_HEADER] = traceparent_for(env_id, correlation, parent_traceparent)
-    # Every value here is valid by construction, so the envelope skips validation. An event
-    # built without validation may hold anything: the publisher validates its data after.
+    data = event.__pydantic_serializer__.to_python(event, mode="json", warnings=False)
+    check_outgoing(event, data)
+    # Every value here is valid by construction (the data just checked), so the envelope
+    # skips validation.
     return Envelope._trusted(
         {
             "id": env_id,
@@ -424,7 +450,7 @@ def envelope_for(
             "causation_id": causation_id,
             "key": key,
             "headers": hdrs,
-            "data": event.__pydantic_serializer__.to_python(event, mode="json", warnings=False),
+            "data": data,
         }
     )
 

@@ -5,35 +5,13 @@ An ``Event`` is validated when it is constructed, but ``model_construct`` and
 would dead-letter. :func:`check_outgoing` validates the serialised payload, the exact data
 consumers will validate, and raises before anything is sent. It costs one validation of the
 payload, paid only for instances built without validation (``Event.model_construct`` and
-``model_copy`` mark them); envelopes are published as they are (the raw path).
+``model_copy`` mark them); envelopes are published as they are (the raw path). It lives in
+:mod:`eventflow.events`, where :func:`~eventflow.events.envelope_for` calls it for every
+envelope it makes; this module keeps its public name.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import ValidationError
-
-from ..errors import EventValidationError
-from ..events import Event, _summarise, is_unvalidated
+from ..events import check_outgoing
 
 __all__ = ["check_outgoing"]
-
-
-def check_outgoing(message: Event, data: dict[str, Any]) -> None:
-    """Raise :class:`~eventflow.errors.EventValidationError` if ``data`` fails ``message``'s model.
-
-    ``data`` is the JSON form of ``message`` as it goes into the envelope.
-    """
-    if not is_unvalidated(message):
-        return  # built by the constructor: pydantic validated it already
-    cls = type(message)
-    try:
-        cls.__pydantic_validator__.validate_python(data)
-    except ValidationError as exc:
-        raise EventValidationError(
-            f"not publishing {cls.event_type!r} v{cls.event_version}: its data does not "
-            f"validate as {cls.__qualname__} ({_summarise(exc)}); it was probably built with "
-            "model_construct() or model_copy(update=...), which skip validation: build it "
-            "with the constructor. Nothing was sent"
-        ) from exc

@@ -46,8 +46,8 @@ async def test_app_publish_refuses_invalid_events(bad: Parcel, broker_url: str) 
         await _until(lambda: len(seen) == 1)
 
     message = str(info.value)
-    assert "not publishing 'schema.test.parcel' v1" in message
-    assert "weight" in message and "Nothing was sent" in message
+    assert "refusing 'schema.test.parcel' v1" in message
+    assert "weight" in message and "Nothing was published or appended" in message
     assert [env.data["parcel_id"] for env in seen] == ["p-2"]  # the invalid one never left
 
 
@@ -148,3 +148,16 @@ async def test_an_envelope_subclass_is_sent_in_its_own_wire_form() -> None:
         (delivery,) = await sub.fetch(1, 1.0)
         assert delivery.payload == env.to_bytes()
         await delivery.ack()
+
+
+@pytest.mark.parametrize("bad", _invalid_parcels(), ids=["type", "missing", "constraint"])
+async def test_event_store_refuses_invalid_events(bad: Parcel) -> None:
+    """An event built without validation is refused by the store's append as by publish:
+    every envelope made from an Event is checked on the one path that makes it."""
+    from eventflow.adapters.memory import MemoryStore
+
+    store = MemoryStore()
+    with pytest.raises(EventValidationError, match="weight"):
+        await store.append("parcel-1", [bad])
+    await store.append("parcel-1", [Parcel(parcel_id="p-1", weight=2)])
+    assert [r.envelope.data["weight"] async for r in store.read_stream("parcel-1")] == [2]
