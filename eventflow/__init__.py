@@ -30,6 +30,7 @@ from .events import Event, EventRegistry, upcaster
 from .ports import DeadLetter, RecordedEvent, Transaction
 from .projections import Projection, ProjectionContext
 from .runtime.retry import RetryPolicy
+from .sagas import Saga, on_timer, step
 from .sourcing import Aggregate, Repository, on
 from .stores import open_store
 from .subscribe import subscribe
@@ -69,12 +70,15 @@ __all__ = (
     "Repository",
     "RestartPolicy",
     "RetryPolicy",
+    "Saga",
     "StoreError",
     "Transaction",
     "UnknownEventTypeError",
     "UpcastError",
     "on",
+    "on_timer",
     "open_store",
+    "step",
     "subscribe",
     "upcaster",
 )

@@ -9,6 +9,7 @@ within ``grace_period`` and closes the subscriptions so unacked messages are red
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -29,6 +30,7 @@ from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
 from .runtime.relay import RELAY_GROUPS, EventRelay, OutboxRelay
+from .sagas.runtime import SagaRuntime, Sagas
 from .sourcing.aggregate import Aggregate
 from .sourcing.repository import Repository
 from .stores import dedup_for, store_for
@@ -52,7 +54,9 @@ class App:
     store's dedup table (or a ``DedupStore`` / ``redis://host:6379/0`` URL). ``handlers``
     lists ``@subscribe`` functions or modules of them.
     ``projections`` lists ``Projection`` instances, each run by one instance at a time
-    across processes. The app relays the store's outbox (messages published inside
+    across processes. ``sagas`` lists ``Saga`` classes this app runs (their handlers join
+    the groups ``saga.<name>``; their timers fire on one instance at a time); ``app.sagas``
+    reads any saga in the store. The app relays the store's outbox (messages published inside
     ``ctx.transaction()``) to the broker; with ``relay_events=True`` it also publishes every
     event appended to the store (topic = type, key = stream id), in order per stream.
     ``restart_policy`` says how its components are restarted after transient failures and
@@ -67,6 +71,7 @@ class App:
         store: str | Store = "memory://",
         handlers: Iterable[object] = (),
         projections: Iterable[Projection] = (),
+        sagas: Iterable[type] = (),
         relay_events: bool = False,
         dedup: str | DedupStore | None = None,
         registry: EventRegistry | None = None,
@@ -84,7 +89,9 @@ class App:
         self.heartbeat_interval = heartbeat_interval
         self.instance = f"{name}@{socket.gethostname()}:{os.getpid()}:{new_id()[-12:]}"
         self._dedup_override = dedup_for(dedup) if dedup is not None else None
-        self._specs = collect_handlers(handlers)
+        self.sagas = Sagas(self.store, self.registry, name)
+        self._saga_runtime = SagaRuntime(sagas, self.sagas, self.registry)
+        self._specs = collect_handlers(handlers) + self._saga_runtime.handler_specs()
         self._bindings = [
             (spec, spec.group or name, inspect_handler(spec.fn)) for spec in self._specs
         ]
@@ -306,6 +313,11 @@ class App:
                     )
                     await consumer.subscribe()
                     self._consumers.append(consumer)
+                saga_classes = self._saga_runtime.classes
+                if saga_classes:
+                    await self.sagas.persistence.setup()
+                    for consumer in self._consumers:
+                        self._saga_runtime.watch_consumer(consumer)
                 self._started = True
                 for consumer in self._consumers:
                     self._draining.append(
@@ -315,6 +327,11 @@ class App:
                     runner = ProjectionRunner(projection, self.store, registry=self.registry)
                     self._projection_runners.append(runner)
                     supervisor.spawn(f"projection {projection.name}", runner.run)
+                for saga_cls in saga_classes:
+                    supervisor.spawn(
+                        f"saga timers {saga_cls.definition.name}",
+                        functools.partial(self._saga_runtime.run_timers, saga_cls),
+                    )
                 outbox = OutboxRelay(self.store, self.broker)
                 self._relays.append(outbox)
                 supervisor.spawn("outbox relay", outbox.run)

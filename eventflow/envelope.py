@@ -31,6 +31,7 @@ __all__ = [
     "Envelope",
     "child_traceparent",
     "derived_id",
+    "hashed_id",
     "new_id",
     "new_root",
     "new_traceparent",
@@ -160,9 +161,14 @@ def derived_id(parent: Envelope, *parts: str) -> str:
     handler that runs again on the same message publishes the same ids, and consumers'
     dedup stores drop the repeats.
     """
-    digest = hashlib.blake2b("\x00".join((parent.id, *parts)).encode(), digest_size=10).digest()
-    ms = int(parent.time.timestamp() * 1000) & 0xFFFF_FFFF_FFFF
-    h = "%012x" % ms
+    return hashed_id(int(parent.time.timestamp() * 1000), parent.id, *parts)
+
+
+def hashed_id(ms: int, *parts: str) -> str:
+    """A UUIDv7-shaped id whose time is ``ms`` (Unix milliseconds) and whose other bits are
+    a BLAKE2 hash of ``parts``: the same parts always give the same id."""
+    digest = hashlib.blake2b("\x00".join(parts).encode(), digest_size=10).digest()
+    h = "%012x" % (ms & 0xFFFF_FFFF_FFFF)
     rand_a = int.from_bytes(digest[:2], "big") & 0xFFF
     rnd = int.from_bytes(digest[2:], "big")
     return "%s-%s-7%03x-%04x-%012x" % (

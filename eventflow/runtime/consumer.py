@@ -57,6 +57,12 @@ class Consumer:
         return f"{self.group}:{self.spec.pattern}"
 
     @property
+    def caught_up_at(self) -> float:
+        """Wall time at which a fetch began that found nothing left and nothing unsettled
+        (0.0: not in this run yet): what the broker held before then is handled."""
+        return self._dispatcher.caught_up_at if self._dispatcher is not None else 0.0
+
+    @property
     def stats(self) -> ConsumerStats:
         """Counters since the consumer started."""
         return self._pipeline.stats

@@ -1,0 +1,413 @@
+"""Running sagas in an app: their handlers, their timer loop, and ``app.sagas``.
+
+Each saga class gets one ``@subscribe``-style handler per event type it takes (its start,
+replies, rejections, abort), all in the consumer group ``saga.<name>``. A handling loads the
+saga from its stream, applies the message (:class:`~eventflow.sagas.machine.Machine`) and
+saves the outcome inside ``ctx.transaction()``: the transitions, the index, the timers, the
+commands (through the outbox) and the message's dedup entry commit together. A conflict on
+the stream (two messages of one saga at once, on different topics) reloads and applies the
+message again, counted in ``conflicts``.
+
+Timers: one loop per saga class, holding the store lease ``eventflow:saga-timers:<name>``
+(one instance at a time across processes), fires due timers, each in a store transaction
+fenced by that lease. A timer that came due while no instance ran waits, when the app
+starts, until the saga's consumers have caught up with the broker (a fetch found nothing
+left), at most ``catch_up_limit`` seconds: a reply that reached the broker before the
+deadline wins over the timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from ..context import Context
+from ..envelope import Envelope, hashed_id
+from ..errors import ConcurrencyError, ConfigurationError
+from ..events import Event, EventRegistry, envelope_for
+from ..headers import TRACEPARENT_HEADER
+from ..ports import Store
+from ..runtime.retry import RetryPolicy
+from ..subscribe import HandlerSpec
+from .definition import Saga, SagaDefinition
+from .machine import STATUSES, Control, Machine, Outcome, Transition
+from .persistence import IndexRow, Loaded, SagaStore, TimerRow
+
+if TYPE_CHECKING:
+    from ..leases import Lease
+
+__all__ = ["SagaRuntime", "Sagas"]
+
+_log = logging.getLogger("eventflow.sagas")
+_S = TypeVar("_S", bound=Saga)
+_MAX_CONFLICTS = 50
+_TIMER_POLL = 0.5
+DEFAULT_CATCH_UP_LIMIT = 30.0
+
+
+class CaughtUp(Protocol):
+    """What the timer loop asks of a consumer (``runtime.consumer.Consumer``)."""
+
+    @property
+    def group(self) -> str:
+        """The consumer group."""
+
+    @property
+    def caught_up_at(self) -> float:
+        """When a fetch last found nothing left (wall time; 0.0: not yet)."""
+
+
+def _check_classes(classes: Iterable[object]) -> tuple[type[Saga], ...]:
+    out: list[type[Saga]] = []
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, Saga) and "definition" in vars(cls)):
+            raise ConfigurationError(
+                f"sagas= takes Saga subclasses declared with name=, start=, key=; got {cls!r}"
+            )
+        out.append(cls)
+    names = [c.definition.name for c in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigurationError(f"two sagas are named {', '.join(map(repr, dupes))}")
+    return tuple(out)
+
+
+class Sagas:
+    """``app.sagas``: read sagas from the app's store, and act on them as a person would.
+
+    A saga class need not be among the app's ``sagas=`` to be read.
+    """
+
+    def __init__(self, store: Store, registry: EventRegistry, source: str) -> None:
+        self._store = store
+        self._registry = registry
+        self._source = source
+        self._persistence: SagaStore | None = None
+        self.conflicts = 0
+        """Handlings that found their saga changed by another and applied their message again."""
+        self.stray = 0
+        """Messages for a saga key with no saga (logged, acked)."""
+
+    @property
+    def persistence(self) -> SagaStore:
+        """The store's saga tables (made on first use)."""
+        if self._persistence is None:
+            self._persistence = SagaStore(self._store)
+        return self._persistence
+
+    async def get(self, cls: type[_S], key: str) -> _S | None:
+        """The saga of ``key`` with its ``status`` and ``history``, or None."""
+        loaded = await self.persistence.load(cls.definition, key)
+        if loaded is None:
+            return None
+        saga = _build(cls, loaded)
+        history = await self.persistence.history(cls.definition.stream_prefix + key)
+        saga._meta["history"] = [Transition.from_dict(d) for d in history]
+        return saga
+
+    async def list(
+        self, *, status: str | None = None, name: str | None = None, limit: int = 1000
+    ) -> builtins.list[IndexRow]:
+        """Sagas in the index (id, name, key, status, started, updated), newest first."""
+        if status is not None and status not in STATUSES:
+            raise ConfigurationError(f"status={status!r}: one of {', '.join(STATUSES)}")
+        await self.persistence.setup()
+        return await self.persistence.list(name=name, status=status, limit=limit)
+
+    async def history(self, saga_id: str) -> builtins.list[Transition]:
+        """The transitions of the saga ``saga_id`` (``saga-<name>-<key>``), oldest first."""
+        return [Transition.from_dict(d) for d in await self.persistence.history(saga_id)]
+
+    async def retry(self, cls: type[Saga], key: str, *, by: str | None = None) -> Outcome:
+        """Issue the failed step (or compensation) again under a new attempt."""
+        return await self._act(cls, key, lambda m: m.retry(by, None))
+
+    async def skip(self, cls: type[Saga], key: str, *, by: str | None = None) -> Outcome:
+        """Record that a person handled the failed step by hand, and go on."""
+        return await self._act(cls, key, lambda m: m.skip(by, None))
+
+    async def abort(
+        self, cls: type[Saga], key: str, *, by: str | None = None, reason: str = "aborted"
+    ) -> Outcome:
+        """Compensate what the saga has done (before its pivot)."""
+        return await self._act(cls, key, lambda m: m.abort(reason, None, by))
+
+    async def _act(self, cls: type[Saga], key: str, what: Callable[[Machine], Any]) -> Outcome:
+        """Apply a person's input in a store transaction of its own."""
+        definition = cls.definition
+        await self.persistence.setup()
+        for _ in range(_MAX_CONFLICTS):
+            async with self._store.transaction() as tx:
+                loaded = await self.persistence.load(definition, key)
+                if loaded is None:
+                    raise ConfigurationError(
+                        f"no saga {definition.stream_prefix}{key}: check the id with "
+                        "`eventflow sagas list`"
+                    )
+                saga = _build(cls, loaded)
+                now = time.time()
+                machine = Machine(saga, loaded.control, now)
+                outcome: Outcome = await what(machine)
+                try:
+                    await self._save(tx, definition, loaded, saga, machine, None, now)
+                except ConcurrencyError:
+                    self.conflicts += 1
+                    continue
+                await self._store.outbox.add(
+                    self.commands(definition, machine.control, outcome, None), tx=tx
+                )
+                return outcome
+        raise ConcurrencyError(definition.stream_prefix + key, -1, -1)
+
+    async def _save(
+        self,
+        tx: Any,
+        definition: SagaDefinition,
+        loaded: Loaded | None,
+        saga: Saga,
+        machine: Machine,
+        cause: Envelope | None,
+        now: float,
+    ) -> None:
+        await self.persistence.save(
+            tx,
+            definition,
+            loaded.version if loaded is not None else 0,
+            saga.model_dump(mode="json"),
+            machine.control,
+            machine.out,
+            source=self._source,
+            cause=cause,
+            now=now,
+        )
+
+    def commands(
+        self,
+        definition: SagaDefinition,
+        control: Control,
+        outcome: Outcome,
+        cause: Envelope | None,
+    ) -> builtins.list[tuple[str, Envelope]]:
+        """The (topic, envelope) pairs of an outcome's commands and messages: each command
+        keeps the id the machine gave it (the same on every re-run), with the saga's key."""
+        out: builtins.list[tuple[str, Envelope]] = []
+        correlation = cause.correlation_id if cause is not None else control.correlation_id
+        parent = cause.headers.get(TRACEPARENT_HEADER) if cause is not None else None
+        for n, (event, command_id) in enumerate(
+            [*outcome.commands, *((m, None) for m in outcome.messages)]
+        ):
+            # A plain message from a timer method: numbered within its input.
+            message_id = hashed_id(
+                control.origin_ms, definition.name, control.key, str(control.seq), str(n)
+            )
+            env = envelope_for(
+                event,
+                source=self._source,
+                key=control.key,
+                correlation_id=correlation,
+                causation_id=cause.id if cause is not None else None,
+                parent_traceparent=parent,
+                id=command_id or message_id,
+            )
+            out.append((env.type, env))
+        return out
+
+
+def _build(cls: type[_S], loaded: Loaded) -> _S:
+    saga = cls.model_validate(loaded.state)
+    _set_meta(saga, loaded.control)
+    return saga
+
+
+def _set_meta(saga: Saga, control: Control) -> None:
+    saga._meta.update(key=control.key, status=control.status, reason=control.reason)
+
+
+class SagaRuntime:
+    """The handlers and timer loops of an app's sagas."""
+
+    def __init__(
+        self,
+        classes: Iterable[object],
+        sagas: Sagas,
+        registry: EventRegistry,
+        *,
+        catch_up_limit: float = DEFAULT_CATCH_UP_LIMIT,
+    ) -> None:
+        self.classes = _check_classes(classes)
+        self.sagas = sagas
+        self.registry = registry
+        self.catch_up_limit = catch_up_limit
+        self._started_at = 0.0
+        self._wake = asyncio.Event()
+        self._caught_up: dict[str, builtins.list[CaughtUp]] = {}
+
+    # -- handlers ------------------------------------------------------------------------
+
+    def handler_specs(self) -> list[HandlerSpec]:
+        """One handler per (saga, event type it takes), in the group ``saga.<name>``."""
+        specs: list[HandlerSpec] = []
+        for cls in self.classes:
+            for event_cls in cls.definition.input_types():
+                specs.append(
+                    HandlerSpec(
+                        fn=self._handler(cls, event_cls),
+                        pattern=event_cls.event_type,
+                        group=f"saga.{cls.definition.name}",
+                        concurrency=8,
+                        retry=RetryPolicy.of(5),
+                        timeout=30.0,
+                        dead_letter=True,
+                        idempotent=True,
+                    )
+                )
+        return specs
+
+    def watch_consumer(self, consumer: CaughtUp) -> None:
+        """Let the timer loop ask a consumer of the app when it last had nothing left (only
+        the saga groups' consumers count)."""
+        if consumer.group.startswith("saga."):
+            self._caught_up.setdefault(consumer.group, []).append(consumer)
+
+    def _handler(self, cls: type[Saga], event_cls: type[Event]) -> Callable[..., Any]:
+        definition = cls.definition
+        runtime = self
+
+        async def handle(envelope: Envelope, ctx: Context) -> None:
+            event = runtime.registry.decode_as(envelope, event_cls)
+            await runtime._handle(cls, event, envelope, ctx)
+
+        handle.__name__ = handle.__qualname__ = f"saga_{definition.name}_{event_cls.event_type}"
+        handle.__module__ = cls.__module__
+        return handle
+
+    async def _handle(self, cls: type[Saga], event: Event, env: Envelope, ctx: Context) -> None:
+        definition = cls.definition
+        key = _key_of(definition, event, env)
+        if key is None:
+            self.sagas.stray += 1
+            _log.warning(
+                "saga %s: %s %s names no saga key (%s field or message key); acked",
+                definition.name,
+                env.type,
+                env.id,
+                definition.key,
+            )
+            return
+        is_start = event.event_type == definition.start.event_type
+        async with ctx.transaction() as tx:
+            for _ in range(_MAX_CONFLICTS):
+                loaded = await self.sagas.persistence.load(definition, key)
+                now = time.time()
+                if loaded is None and not is_start:
+                    self.sagas.stray += 1
+                    _log.warning(
+                        "saga %s: no saga %s for %s %s; acked",
+                        definition.name,
+                        key,
+                        env.type,
+                        env.id,
+                    )
+                    return
+                if loaded is None:
+                    saga = cls()
+                    machine = Machine(saga, Control(key=key), now)
+                    await machine.start(event, env.id, env.correlation_id)
+                else:
+                    saga = _build(cls, loaded)
+                    machine = Machine(saga, loaded.control, now)
+                    if is_start:
+                        machine.ignored(env.id, f"a second {env.type} for {key}: starts nothing")
+                    else:
+                        await machine.message(event, env.id, env.causation_id)
+                try:
+                    await self.sagas._save(tx, definition, loaded, saga, machine, env, now)
+                except ConcurrencyError:
+                    self.sagas.conflicts += 1
+                    continue
+                break
+            else:
+                raise ConcurrencyError(definition.stream_prefix + key, -1, -1)
+        for topic, command in self.sagas.commands(definition, machine.control, machine.out, env):
+            await ctx.publish(command, topic=topic)
+        if machine.out.timers_set:
+            self._wake.set()
+
+    # -- timers --------------------------------------------------------------------------
+
+    async def run_timers(self, cls: type[Saga]) -> None:
+        """Fire the due timers of ``cls`` forever, holding its timer lease."""
+        definition = cls.definition
+        store = self.sagas.persistence
+        await store.setup()
+        if not self._started_at:
+            self._started_at = time.time()
+        names = [definition.name]
+        async with store.store.leases.hold(f"eventflow:saga-timers:{definition.name}") as lease:
+            while True:
+                self._wake.clear()
+                now = time.time()
+                for row in await store.due(names, now):
+                    if not self._may_fire(definition, row, now):
+                        continue
+                    await self._fire(cls, row, lease)
+                nxt = await store.next_due(names)
+                wait = _TIMER_POLL if nxt is None else min(_TIMER_POLL, max(0.0, nxt - time.time()))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.005))
+
+    def _may_fire(self, definition: SagaDefinition, row: TimerRow, now: float) -> bool:
+        """A timer due before this app started fires once the saga's consumers have caught
+        up with the broker (or ``catch_up_limit`` after the start)."""
+        if row.due >= self._started_at or now >= self._started_at + self.catch_up_limit:
+            return True
+        watched = self._caught_up.get(f"saga.{definition.name}", [])
+        return all(c.caught_up_at >= self._started_at for c in watched)
+
+    async def _fire(self, cls: type[Saga], row: TimerRow, lease: Lease) -> None:
+        definition = cls.definition
+        sagas = self.sagas
+        store = sagas.persistence.store
+        message_id = hashed_id(0, "saga-timer", row.saga_id, row.timer, row.token)
+        for _ in range(_MAX_CONFLICTS):
+            async with store.transaction() as tx:
+                loaded = await sagas.persistence.load(definition, row.key)
+                if loaded is None:
+                    await sagas.persistence.drop_timer(tx, row)
+                    return
+                saga = _build(cls, loaded)
+                now = time.time()
+                machine = Machine(saga, loaded.control, now)
+                outcome = await machine.timer(row.timer, row.token, message_id)
+                if not outcome.changed:
+                    await sagas.persistence.drop_timer(tx, row)  # cancelled or rescheduled
+                try:
+                    await sagas._save(tx, definition, loaded, saga, machine, None, now)
+                except ConcurrencyError:
+                    sagas.conflicts += 1
+                    continue
+                await store.outbox.add(
+                    sagas.commands(definition, machine.control, machine.out, None), tx=tx
+                )
+                # Fenced: a holder that lost the lease (paused past it) commits nothing.
+                await store.checkpoints.set(
+                    f"eventflow:saga-timers:{definition.name}", int(now * 1000), tx=tx, lease=lease
+                )
+                return
+
+
+def _key_of(definition: SagaDefinition, event: Event, env: Envelope) -> str | None:
+    value = getattr(event, definition.key, None)
+    if value is not None and value != "":
+        return str(value)
+    return env.key
+
+
+def saga_classes(items: Sequence[object]) -> tuple[type[Saga], ...]:
+    """Check ``App(sagas=...)``."""
+    return _check_classes(items)
