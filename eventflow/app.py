@@ -315,6 +315,7 @@ class App:
                     self._consumers.append(consumer)
                 saga_classes = self._saga_runtime.classes
                 if saga_classes:
+                    self._saga_runtime.starting()
                     await self.sagas.persistence.setup()
                     for consumer in self._consumers:
                         self._saga_runtime.watch_consumer(consumer)

@@ -268,6 +268,11 @@ class SagaRuntime:
                 )
         return specs
 
+    def starting(self) -> None:
+        """The app is starting: timers due before now wait for the consumers to catch up."""
+        self._started_at = time.time()
+        self._caught_up.clear()
+
     def watch_consumer(self, consumer: CaughtUp) -> None:
         """Let the timer loop ask a consumer of the app when it last had nothing left (only
         the saga groups' consumers count)."""
@@ -345,8 +350,6 @@ class SagaRuntime:
         definition = cls.definition
         store = self.sagas.persistence
         await store.setup()
-        if not self._started_at:
-            self._started_at = time.time()
         names = [definition.name]
         async with store.store.leases.hold(f"eventflow:saga-timers:{definition.name}") as lease:
             while True:
