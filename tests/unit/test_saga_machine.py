@@ -9,12 +9,13 @@ import asyncio
 import re
 import sys
 import types
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from eventflow import Event, Saga, on_timer, step
+from eventflow import App, Context, Event, Saga, on_timer, step, subscribe
 from eventflow.testing.sagas import SagaTest, SagaTestError, Sent
 
 
@@ -883,6 +884,98 @@ async def test_an_abort_from_on_reply_compensates_the_replied_step() -> None:
     t.then_status("compensated", reason="oversold").then_sent(ReserveStock, ReleaseStock)
 
 
+# -- async compensations and timer methods ---------------------------------------------------
+
+
+class AsyncUndo(Saga, name="ut.asyncundo", start=OrderPlaced, key="order_id"):
+    order_id: str = ""
+
+    def started(self, e: OrderPlaced) -> None:
+        self.order_id = e.order_id
+        self.set_timer("give_up", 10.0)
+
+    @step(reply=StockReserved, timeout=30.0)
+    def reserve(self) -> Event:
+        return ReserveStock(order_id=self.order_id, sku="s", qty=1)
+
+    @reserve.compensate(reply=PaymentRefunded, timeout=5.0)
+    async def release(self) -> Event:
+        await asyncio.sleep(0)
+        return ReleaseStock(order_id=self.order_id)
+
+    @on_timer("give_up")
+    async def _give_up(self) -> Event:
+        await asyncio.sleep(0)
+        self.abort("gave up")
+        return Remind(order_id=self.order_id, n=0)
+
+
+async def test_async_compensations_and_timer_methods() -> None:
+    t = await started(AsyncUndo)
+    (fired,) = await t.advance(10.0)
+    assert fired.kinds == [
+        "timer-fired",
+        "aborted",
+        "compensating",
+        "compensation-sent",
+    ]
+    assert types_of(fired.sent) == ["ReleaseStock", "Remind"]
+    t.then_status("compensating", reason="gave up").then_waiting("reserve", "undo")
+    await t.when_reply(PaymentRefunded(order_id="o-1"))
+    t.then_status("compensated")
+
+
+# -- the kit agrees with the runtime ---------------------------------------------------------
+
+
+def _participants(decline: bool) -> list[object]:
+    @subscribe(ReserveStock.event_type, group="ut.kit.inventory")
+    async def reserve(cmd: ReserveStock, ctx: Context) -> None:
+        await ctx.publish(StockReserved(order_id=cmd.order_id))
+
+    @subscribe(ChargePayment.event_type, group="ut.kit.payment")
+    async def charge(cmd: ChargePayment, ctx: Context) -> None:
+        if decline:
+            await ctx.publish(PaymentDeclined(order_id=cmd.order_id))
+        else:
+            await ctx.publish(PaymentCharged(order_id=cmd.order_id, charge_id="ch-1"))
+
+    @subscribe(ShipOrder.event_type, group="ut.kit.shipping")
+    async def ship(cmd: ShipOrder, ctx: Context) -> None:
+        await ctx.publish(OrderShipped(order_id=cmd.order_id))
+
+    return [reserve, charge, ship]
+
+
+@pytest.mark.parametrize("decline", [False, True], ids=["completed", "declined"])
+async def test_the_kit_records_what_the_runtime_records(
+    decline: bool, broker_url: str, waiter: Callable[..., Awaitable[None]]
+) -> None:
+    t = await started()
+    await t.when_reply(StockReserved(order_id="o-1"))
+    if decline:
+        await t.when_reply(PaymentDeclined(order_id="o-1"))
+    else:
+        await t.when_reply(PaymentCharged(order_id="o-1", charge_id="ch-1"))
+        await t.when_reply(OrderShipped(order_id="o-1"))
+    app = App("ut-kit", broker=broker_url, handlers=_participants(decline), sagas=[OrderSaga])
+    async with app:
+        await app.publish(OrderPlaced(order_id="o-1"), key="o-1")
+
+        async def ended() -> bool:
+            saga = await app.sagas.get(OrderSaga, "o-1")
+            return saga is not None and saga.status in ("completed", "compensated")
+
+        await waiter(ended, what="the saga to end")
+        real = await app.sagas.get(OrderSaga, "o-1")
+    assert real is not None
+    assert [(h.kind, h.step, h.detail) for h in real.history] == [
+        (h.kind, h.step, h.detail) for h in t.history
+    ]
+    assert real.model_dump() == t.saga.model_dump()
+    assert real.status == t.status == ("compensated" if decline else "completed")
+
+
 # -- the kit's own errors ------------------------------------------------------------------
 
 
@@ -937,6 +1030,35 @@ async def test_the_kit_refuses_what_cannot_happen() -> None:
     with pytest.raises(SagaTestError, match="takes a Saga subclass"):
         SagaTest(Saga)
     assert len(t.applied) == 1
+
+
+class Runaway(Saga, name="ut.runaway", start=OrderPlaced, key="order_id"):
+    order_id: str = ""
+
+    def started(self, e: OrderPlaced) -> None:
+        self.set_timer("again", 0.0)
+
+    @step(reply=StockReserved)
+    def reserve(self) -> Event:
+        return ReserveStock(order_id="x", sku="s", qty=1)
+
+    @on_timer("again")
+    def _again(self) -> None:
+        self.set_timer("again", 0.0)
+
+
+async def test_a_timer_that_keeps_setting_itself_due_at_once_is_stopped() -> None:
+    t = SagaTest(Runaway)
+    await t.given(OrderPlaced(order_id="o-1"))
+    with pytest.raises(SagaTestError, match="a timer keeps setting itself due at once"):
+        await t.advance(1.0)
+
+
+async def test_the_start_key_may_come_from_the_message_key() -> None:
+    t = SagaTest(OrderSaga)
+    await t.given(OrderPlaced(order_id=""), key="o-9")
+    assert (t.saga.key, t.saga.id) == ("o-9", "saga-ut.order-o-9")
+    assert t.sent[0].envelope.key == "o-9"
 
 
 async def test_the_then_checks_fail_with_what_happened() -> None:
