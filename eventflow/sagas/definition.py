@@ -36,6 +36,7 @@ __all__ = ["Compensation", "Saga", "SagaDefinition", "Step", "on_timer", "step"]
 
 StepFn = Callable[..., Any]
 _NAME = re.compile(r"^[a-z][a-z0-9_.]*$")
+_RESERVED_TIMERS = ("step:", "retry:")  # the machine's own timers: a step's deadline, a backoff
 
 
 def _event_types(value: object, what: str) -> tuple[type[Event], ...]:
@@ -110,6 +111,15 @@ class Step:
                 f"{self.fn.__name__}.compensate(reply=...) needs a timeout=: a compensation "
                 "waited for without one could wait forever"
             )
+        if timeout is not None and not replies:
+            raise ConfigurationError(
+                f"{self.fn.__name__}.compensate(timeout=...) needs reply=: a plain "
+                "compensation is done once issued, so nothing would be timed"
+            )
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(
+                f"{self.fn.__name__}.compensate(timeout={timeout!r}) must be positive seconds"
+            )
 
         def mark(method: StepFn) -> StepFn:
             if self.compensation is not None:
@@ -123,6 +133,8 @@ class Step:
         """Declare the method called with the step's reply (to keep what later steps need)."""
         if not self.reply:
             raise ConfigurationError(f"step {self.fn.__name__} has no reply= to handle")
+        if self.reply_handler is not None:
+            raise ConfigurationError(f"step {self.fn.__name__} has two on_reply methods")
         self.reply_handler = fn
         return fn
 
@@ -155,6 +167,8 @@ def step(
         raise ConfigurationError("a step with reject= or timeout= needs reply=: what succeeds it?")
     if retry < 1:
         raise ConfigurationError(f"step(retry={retry!r}) counts attempts in all: at least 1")
+    if retry_delay < 0:
+        raise ConfigurationError(f"step(retry_delay={retry_delay!r}) must be seconds >= 0")
 
     def mark(fn: StepFn) -> Step:
         return Step(fn, replies, rejects, timeout, pivot, retry, retry_delay)
@@ -166,8 +180,11 @@ def on_timer(name: str) -> Callable[[StepFn], StepFn]:
     """Mark a saga method called when the named timer set with ``self.set_timer(name, s)``
     fires. It may set or cancel timers, call ``self.abort(reason)``, or return an event to
     publish (with the saga's key)."""
-    if not name or name.startswith("step:"):
-        raise ConfigurationError(f"a timer name must be non-empty, not 'step:...' (got {name!r})")
+    if not name or name.startswith(_RESERVED_TIMERS):
+        raise ConfigurationError(
+            f"a timer name must be non-empty and not start with 'step:' or 'retry:' (the "
+            f"machine's deadlines and backoffs), got {name!r}"
+        )
 
     def mark(fn: StepFn) -> StepFn:
         fn.__eventflow_timer__ = name  # type: ignore[attr-defined]
@@ -250,11 +267,16 @@ class Saga(BaseModel):
                 "saga's key, also the key of its messages)"
             )
         steps = tuple(v for v in vars(cls).values() if isinstance(v, Step))
-        timers = {
-            v.__eventflow_timer__: attr
-            for attr, v in vars(cls).items()
-            if callable(v) and hasattr(v, "__eventflow_timer__")
-        }
+        timers: dict[str, str] = {}
+        for attr, v in vars(cls).items():
+            if callable(v) and hasattr(v, "__eventflow_timer__"):
+                timer = v.__eventflow_timer__
+                if timer in timers:
+                    raise ConfigurationError(
+                        f"saga {name!r} has two @on_timer({timer!r}) methods: "
+                        f"{timers[timer]} and {attr}"
+                    )
+                timers[timer] = attr
         pivots = [s.name for s in steps if s.pivot]
         if len(pivots) > 1:
             raise ConfigurationError(f"saga {name!r} has two pivot steps: {pivots}")
@@ -281,6 +303,8 @@ class Saga(BaseModel):
 
     def cancel_timer(self, name: str) -> None:
         """Cancel the named timer (nothing happens if it is not set)."""
+        if name not in type(self).definition.timers:
+            raise ConfigurationError(f"no @on_timer({name!r}) method on {type(self).__name__}")
         self._effects.append(("cancel", name))
 
     def abort(self, reason: str = "aborted") -> None:

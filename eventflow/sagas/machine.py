@@ -183,12 +183,13 @@ class Machine:
             self._cancel(f"step:{s.name}")
             c.waiting = None
             self._note("replied", s.name, etype)
+            # Done before its handler runs: an abort from the handler compensates it too.
+            self._step_done(s)
             if s.reply_handler is not None:
                 result = s.reply_handler(self.saga, event)
                 if is_async(result):
                     await result
                 await self._effects()
-            self._step_done(s)
             await self._advance()
         elif _is(event, s.reject):
             self._cancel(f"step:{s.name}")
@@ -243,6 +244,11 @@ class Machine:
                 result = await result
             if isinstance(result, Event):
                 self.out.messages.append(result)
+            elif result is not None:
+                raise TypeError(
+                    f"saga {self.definition.name}: {method.__name__} returned {result!r}; a "
+                    "timer method returns an event to publish (an Event instance) or None"
+                )
             await self._effects()
             await self._advance()
         return self.out
@@ -379,6 +385,8 @@ class Machine:
                     return
                 s = steps[c.next_step]
                 command = await self._call(s.fn)
+                if c.phase != "forward":
+                    return  # the step method aborted the saga: its command is not sent
                 if command is None:
                     self._note("step-done", s.name, "local step")
                     self._step_done(s)

@@ -4,6 +4,8 @@
 test module subclasses it and provides a ``broker_factory`` fixture (see that module).
 ``eventflow.testing.store_contract.StoreContract`` is the event store's, with a
 ``store_factory`` fixture.
+``eventflow.testing.sagas.SagaTest`` tests a saga in-process on a virtual clock
+(docs/saga-testing.md).
 This package imports pytest, so import it from tests only.
 """
 
@@ -17,12 +19,15 @@ from .broker_contract import (
     eventually,
     unique_name,
 )
+from .sagas import SagaTest, SagaTestError
 from .store_contract import StoreContract, StoreFactory, store_pool
 
 __all__ = (
     "BrokerContract",
     "BrokerFactory",
     "Member",
+    "SagaTest",
+    "SagaTestError",
     "StoreContract",
     "StoreFactory",
     "broker_pool",
