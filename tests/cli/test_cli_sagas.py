@@ -147,6 +147,7 @@ class Desk:
     reject_flight: set[str] = field(default_factory=set)
     silent_flight: set[str] = field(default_factory=set)
     cancel_ok: set[str] = field(default_factory=set)
+    crash_flight: set[str] = field(default_factory=set)
     log: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -162,8 +163,10 @@ def _participants(desk: Desk) -> list[Any]:
         if cmd.trip_id in desk.cancel_ok:
             await ctx.publish(HotelCancelled(trip_id=cmd.trip_id))
 
-    @subscribe(BookFlight.event_type, group="clisaga.flight")
+    @subscribe(BookFlight.event_type, group="clisaga.flight", retry=1)
     async def book_flight(cmd: BookFlight, ctx: Context) -> None:
+        if cmd.trip_id in desk.crash_flight:
+            raise RuntimeError(f"no seats for {cmd.trip_id}")
         if cmd.trip_id in desk.silent_flight:
             return
         if cmd.trip_id in desk.reject_flight:
@@ -416,6 +419,104 @@ def test_by_is_required(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 2
     assert "--by" in capsys.readouterr().err
     assert main(["sagas", "abort", "saga-x-1", "--by", " ", "--store", url]) == 2
+
+
+# -- trace ---------------------------------------------------------------------------------
+
+
+def _lines(out: str) -> list[tuple[int, str]]:
+    """(depth, text) of each line of a trace, after its header."""
+    return [((len(x) - len(x.lstrip())) // 2, x.strip()) for x in out.splitlines()[1:]]
+
+
+def _find(lines: list[tuple[int, str]], *parts: str) -> int:
+    hits = [i for i, (_, text) in enumerate(lines) if all(p in text for p in parts)]
+    assert len(hits) == 1, (parts, lines)
+    return hits[0]
+
+
+def _parent(lines: list[tuple[int, str]], i: int) -> int:
+    depth = lines[i][0]
+    return next(j for j in range(i - 1, -1, -1) if lines[j][0] == depth - 1)
+
+
+async def test_trace_shows_saga_transitions_in_the_causal_tree(
+    url: str, broker_url: str, waiter: Wait, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with _trips(url, broker_url, waiter) as (app, desk):
+        desk.cancel_ok.add("t-fail")
+        sid = "saga-clisaga.trip-t-fail"
+        argv = ["sagas", "retry", sid, "--by", "alice", "--store", url, "--saga", SAGA]
+        assert await _cli(argv) == 0
+        await _until(app, "t-fail", "compensated", waiter)
+        desk.crash_flight.add("t-crash")
+        await app.publish(TripRequested(trip_id="t-crash"), key="t-crash")
+
+        async def dead_lettered() -> bool:
+            return bool(await app.store.dead_letters.list())
+
+        await waiter(dead_lettered, what="the crashed flight command is dead-lettered")
+        saga = await app.sagas.get(TripSaga, "t-fail")
+        crashed = await app.sagas.get(TripSaga, "t-crash")
+        assert saga is not None and crashed is not None
+    history = saga.history
+    correlation = history[0].message_id
+    assert correlation is not None
+    capsys.readouterr()
+    assert await _cli(["trace", correlation, "--store", url]) == 0
+    out = capsys.readouterr().out
+    n = len(history)
+    assert out.splitlines()[0] == (
+        f"correlation {correlation}: {n} stored message(s), {n} of them saga transitions"
+    )
+    lines = _lines(out)
+    assert sum(1 for _, text in lines if text.startswith("saga transition ")) == n
+    # The start event is not stored: its transitions sit under a line naming it.
+    started = _find(lines, "saga transition  started")
+    assert lines[_parent(lines, started)][1] == (
+        f"{correlation}  not stored: the message that started {sid}"
+    )
+    # The reply is nested under the command it answered, and what it caused under it.
+    hotel = _find(lines, "command-sent hotel")
+    replied = _find(lines, "replied hotel")
+    assert _parent(lines, _parent(lines, replied)) == hotel
+    assert "the answer to command" in lines[_parent(lines, replied)][1]
+    flight = _find(lines, "command-sent flight")
+    assert _parent(lines, _parent(lines, _find(lines, "rejected flight"))) == flight
+    # The first cancellation timed out: its timer's transitions under that cancellation.
+    first_cancel = _find(lines, "compensation-sent hotel", "(attempt 1)")
+    timed_out = _find(lines, "timed-out hotel")
+    assert _parent(lines, _parent(lines, timed_out)) == first_cancel
+    assert lines[_parent(lines, timed_out)][1].startswith("the deadline of hotel passed")
+    # alice's retry is an input of its own; the second cancellation's reply under it.
+    retried = _find(lines, "saga transition  retried hotel", "by alice")
+    person = _parent(lines, retried)
+    assert lines[person] == (1, "alice ran `eventflow sagas retry` (no message)")
+    second_cancel = _find(lines, "compensation-sent hotel", "(attempt 2)")
+    assert _parent(lines, second_cancel) == person
+    compensated = _find(lines, "saga transition  compensated hotel")
+    assert _parent(lines, _parent(lines, compensated)) == second_cancel
+
+    assert await _cli(["trace", correlation, "--store", url, "--json"]) == 0
+    doc = orjson.loads(capsys.readouterr().out)
+    marks = [m["saga_transition"] for m in doc["messages"]]
+    assert [m["kind"] for m in sorted(marks, key=lambda m: m["version"])] == [
+        t.kind for t in history
+    ]
+    sent = [m for m in marks if m["kind"] in ("command-sent", "compensation-sent")]
+    assert len(sent) == 4 and all(m["command_id"] for m in sent)
+    assert len({m["command_id"] for m in sent}) == 4  # a retry is a new command id
+
+    # A participant's dead letter (caused by the flight command) nests under the transition
+    # that sent the command.
+    crash_correlation = crashed.history[0].message_id
+    assert crash_correlation is not None
+    assert await _cli(["trace", crash_correlation, "--store", url]) == 0
+    lines = _lines(capsys.readouterr().out)
+    letter = _find(lines, "DEAD LETTER of group clisaga.flight: RuntimeError: no seats")
+    envelope = letter - 1  # a stored message is two lines: the envelope, then where
+    assert lines[envelope][1].startswith("clisaga.flight.book v1")
+    assert _parent(lines, envelope) == _find(lines, "command-sent flight")
 
 
 # -- diagram ---------------------------------------------------------------------------------
