@@ -330,6 +330,9 @@ async def test_retry_resumes_a_failed_saga_through_the_outbox(
     retried = [t for t in saga.history if t.kind == "retried"]
     assert len(retried) == 1 and retried[0].by == "alice" and retried[0].step == "hotel"
     assert saga.history[-1].kind == "compensated"
+    # Why it was compensated outlives the failed compensation and the retry.
+    assert saga.reason == "flight rejected (clisaga.flight.rejected)"
+    assert saga.history[-1].detail == saga.reason
 
 
 async def test_skip_by_the_apps_saga_class(
@@ -354,6 +357,7 @@ async def test_skip_by_the_apps_saga_class(
         assert saga is not None and saga.status == "compensated"
         skipped = [t for t in saga.history if t.kind == "skipped"]
         assert [(t.by, t.step) for t in skipped] == [("bob", "hotel")]
+        assert saga.reason == "flight rejected (clisaga.flight.rejected)"
     assert desk.log.count(("cancel", "t-skip")) == 1  # skipped: not asked again
 
 
