@@ -39,7 +39,7 @@ from ._common import (
     table,
 )
 
-__all__ = ["add_parser", "command", "diagram", "load_saga", "row_as_dict"]
+__all__ = ["CLI_SOURCE", "add_parser", "command", "diagram", "load_saga", "row_as_dict"]
 
 CLI_SOURCE = "eventflow-cli"
 """The ``source`` of commands a retry issues when no ``--app`` is given."""

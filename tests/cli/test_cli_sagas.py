@@ -2,7 +2,7 @@
 against a SQLite store whose sagas a real App ran (memory broker).
 
 The trip saga books a hotel, then a flight; the hotel's cancellation waits for a reply
-(2 s), so a cancellation nobody answers leaves the saga ``failed``. The command line runs
+(3 s), so a cancellation nobody answers leaves the saga ``failed``. The command line runs
 in a thread while the app runs, as it would beside a live service.
 """
 
@@ -81,13 +81,17 @@ class TripSaga(Saga, name="clisaga.trip", start=TripRequested, key="trip_id", ab
     def _booked(self, e: HotelBooked) -> None:
         self.room = e.room
 
-    @hotel.compensate(reply=HotelCancelled, timeout=2.0)
+    @hotel.compensate(reply=HotelCancelled, timeout=3.0)
     def cancel_hotel(self) -> Event:
         return CancelHotel(trip_id=self.trip_id)
 
     @step(reply=FlightBooked, reject=FlightRejected, timeout=30.0)
     def flight(self) -> Event:
         return BookFlight(trip_id=self.trip_id)
+
+
+class Ordered(Event, type="clisaga.ordered"):
+    n: str
 
 
 class Pay(Event, type="clisaga.pay"):
@@ -118,10 +122,13 @@ class DeliveryFailed(Event, type="clisaga.delivery.failed"):
     n: str
 
 
-class PivotSaga(Saga, name="clisaga.pivot", start=Pay, key="n"):
+class PivotSaga(Saga, name="clisaga.pivot", start=Ordered, key="n"):
     """A pivot (pay), a local step, a retried step after it."""
 
     n: str = ""
+
+    def started(self, e: Ordered) -> None:
+        self.n = e.n
 
     @step(reply=Paid, reject=PayDeclined, timeout=10.0, pivot=True)
     def pay(self) -> Event:
@@ -135,7 +142,7 @@ class PivotSaga(Saga, name="clisaga.pivot", start=Pay, key="n"):
     def note(self) -> None:
         return None
 
-    @step(reply=Delivered, reject=DeliveryFailed, timeout=5.0, retry=3)
+    @step(reply=Delivered, reject=DeliveryFailed, timeout=5.0, retry=2, retry_delay=0.05)
     def deliver(self) -> Event:
         return Deliver(n=self.n)
 
@@ -277,7 +284,7 @@ async def test_show_prints_the_history_as_a_table(
     head = dict(line.split(":", 1) for line in out[:11])
     assert head["id"].strip() == sid
     assert head["status"].strip() == "failed"
-    assert "cancel_hotel got no reply within 2.0s" in head["reason"]
+    assert "cancel_hotel got no reply within 3.0s" in head["reason"]
     assert orjson.loads(head["state"]) == {"trip_id": "t-fail", "room": "r-t-fail"}
     assert out[11] == f"history ({len(history)} transitions, oldest first):"
     assert out[12].split() == ["AT", "KIND", "STEP", "DETAIL", "BY", "MESSAGE", "ID"]
@@ -417,6 +424,58 @@ async def test_refusals_write_nothing(
         assert await _status(app, "t-fail") == "failed"
 
 
+async def test_retry_a_step_past_the_pivot(
+    url: str, broker_url: str, waiter: Wait, capsys: pytest.CaptureFixture[str]
+) -> None:
+    delivered = asyncio.Event()
+    attempts: list[str] = []
+
+    @subscribe(Pay.event_type, group="clisaga.pay")
+    async def pay(cmd: Pay, ctx: Context) -> None:
+        await ctx.publish(Paid(n=cmd.n))
+
+    @subscribe(Deliver.event_type, group="clisaga.deliver")
+    async def deliver(cmd: Deliver, ctx: Context) -> None:
+        attempts.append(ctx.envelope.id)
+        if delivered.is_set():
+            await ctx.publish(Delivered(n=cmd.n))
+        else:
+            await ctx.publish(DeliveryFailed(n=cmd.n))
+
+    app = App("pivots", broker=broker_url, store=url, handlers=[pay, deliver], sagas=[PivotSaga])
+    async with app:
+        await app.publish(Ordered(n="p-1"), key="p-1")
+
+        async def failed() -> bool:
+            saga = await app.sagas.get(PivotSaga, "p-1")
+            return saga is not None and saga.status == "failed"
+
+        await waiter(failed, what="p-1 out of its 2 attempts")
+        sid = "saga-clisaga.pivot-p-1"
+        capsys.readouterr()
+        argv = ["sagas", "abort", sid, "--by", "erin", "--store", url, "--saga"]
+        assert await _cli([*argv, f"{__name__}:PivotSaga"]) == 1
+        assert "retried or skipped" in capsys.readouterr().err
+        delivered.set()
+        argv[1] = "retry"
+        assert await _cli([*argv, f"{__name__}:PivotSaga"]) == 0
+        out = capsys.readouterr().out
+        assert "command-sent      deliver" in out and "(attempt 3)" in out
+
+        async def completed() -> bool:
+            saga = await app.sagas.get(PivotSaga, "p-1")
+            return saga is not None and saga.status == "completed"
+
+        await waiter(completed, what="p-1 completed after the retry")
+        saga = await app.sagas.get(PivotSaga, "p-1")
+        assert saga is not None
+    assert len(attempts) == len(set(attempts)) == 3  # each attempt a new command id
+    kinds = [t.kind for t in saga.history]
+    assert "compensating" not in kinds  # past the pivot nothing is compensated
+    assert kinds.count("retry-scheduled") == 1 and kinds[-1] == "completed"
+    assert [t.by for t in saga.history if t.kind == "retried"] == ["erin"]
+
+
 def test_by_is_required(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["sagas", "retry", "saga-x-1", "--store", url])
@@ -539,7 +598,7 @@ def test_diagram_of_the_trip_saga(capsys: pytest.CaptureFixture[str]) -> None:
         "step_flight --> completed : FlightBooked",
         "step_flight --> undo_hotel : FlightRejected / timeout 30s / abort (TripCancelled)",
         "undo_hotel --> compensated : HotelCancelled",
-        "undo_hotel --> failed : timeout 2s",
+        "undo_hotel --> failed : timeout 3s",
         "completed --> [*]",
         "compensated --> [*]",
     ]
@@ -554,14 +613,14 @@ def test_diagram_marks_the_pivot_and_retries_after_it() -> None:
     assert "class step_pay pivot" in lines
     edges = [line for line in lines if "-->" in line]
     assert edges == [
-        "[*] --> step_pay : Pay",
+        "[*] --> step_pay : Ordered",
         "step_pay --> step_note : Paid",
         "step_pay --> compensated : PayDeclined",
         "step_pay --> undo_pay : timeout 10s / abort",
         "step_note --> step_deliver : done (no reply)",
         "step_deliver --> completed : Delivered",
         "step_deliver --> step_deliver : DeliveryFailed / timeout 5s, retry",
-        "step_deliver --> failed : 3 attempts spent",
+        "step_deliver --> failed : 2 attempts spent",
         "undo_pay --> compensated : issued",
         "completed --> [*]",
         "compensated --> [*]",
