@@ -62,7 +62,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser = subparsers.add_parser(
         "sagas",
         help="list sagas, show one's history, retry/skip/abort one, draw a definition",
-        description="Inspect the sagas kept in a store and act on them as a person would.",
+        description=(
+            "Inspect the sagas kept in a store and act on them as a person would. retry, "
+            "skip and abort write the commands they issue to the store's outbox: a running "
+            "app on that store sends them with its outbox relay."
+        ),
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
