@@ -10,6 +10,8 @@
     eventflow projections list|status|rebuild     projections: lag, rebuild from the log
     eventflow store init|read|tail                the event store: schema, streams, live log
     eventflow trace CORRELATION_ID                the causal tree of one business transaction
+    eventflow sagas list|show|retry|skip|abort    sagas: index, history, a person's actions
+    eventflow sagas diagram MODULE:SAGA           a Mermaid state diagram of a saga class
 
 Exit codes: 0 success, 1 the command failed (unknown id, failed check), 2 bad usage (bad
 MODULE:APP, bad URL, missing option), 130 interrupted. User errors print one line on
@@ -25,6 +27,7 @@ from collections.abc import Callable, Sequence
 from ..errors import EventflowError
 from . import dlq, run, status
 from . import projections as _projections
+from . import sagas as _sagas
 from . import schema as _schema
 from . import store as _store
 from . import trace as _trace
@@ -90,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     _schema.add_parser(subparsers)
     _store.add_parser(subparsers)
     _trace.add_parser(subparsers)
+    _sagas.add_parser(subparsers)
     return parser
 
 

@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "format_time",
     "indent",
     "load_app",
+    "load_object",
     "resolve_target",
     "table",
 ]
@@ -82,16 +84,22 @@ def configure_logging(level: str) -> None:
 # -- MODULE:APP --------------------------------------------------------------------------------
 
 
-def load_app(spec: str, app_dir: str | None = ".") -> App:
-    """Import ``module:attr`` (``attr`` may be dotted) and return the ``App`` it names.
+def load_object(
+    spec: str, app_dir: str | None, what: str, hint: Callable[[Any], bool] | None = None
+) -> Any:
+    """Import ``module:attr`` (``attr`` may be dotted) and return the object it names.
 
-    ``app_dir`` is put first on ``sys.path`` (like ``python -m`` does with the current
-    directory), so ``eventflow run myservice:app`` finds ``./myservice.py``.
-    Raises ``CliError`` (exit code 2) saying what is wrong and how to fix it.
+    ``what`` names the kind of object in messages (``APP``, ``SAGA``); ``hint`` tells which
+    attributes of the module to suggest when ``attr`` is missing. ``app_dir`` is put
+    first on ``sys.path`` (like ``python -m`` does with the current directory). Raises
+    ``CliError`` (exit code 2) saying what is wrong and how to fix it.
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr or ":" in attr:
-        raise CliError(f"expected MODULE:APP such as 'shop.orders:app', got {spec!r}", EXIT_USAGE)
+        raise CliError(
+            f"expected MODULE:{what} such as 'shop.orders:{what.lower()}', got {spec!r}",
+            EXIT_USAGE,
+        )
     if app_dir is not None:
         path = os.path.abspath(app_dir)
         if path not in sys.path:
@@ -120,11 +128,22 @@ def load_app(spec: str, app_dir: str | None = ".") -> App:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            apps = sorted(k for k, v in vars(module).items() if isinstance(v, App))
-            hint = f"; App objects in it: {', '.join(apps)}" if apps else ""
+            found = sorted(k for k, v in vars(module).items() if hint is not None and hint(v))
+            names = f"; {what.title()} objects in it: {', '.join(found)}" if found else ""
             raise CliError(
-                f"module {module_name!r} has no attribute {attr!r}{hint}", EXIT_USAGE
+                f"module {module_name!r} has no attribute {attr!r}{names}", EXIT_USAGE
             ) from None
+    return obj
+
+
+def load_app(spec: str, app_dir: str | None = ".") -> App:
+    """Import ``module:attr`` (``attr`` may be dotted) and return the ``App`` it names.
+
+    ``app_dir`` is put first on ``sys.path`` (like ``python -m`` does with the current
+    directory), so ``eventflow run myservice:app`` finds ``./myservice.py``.
+    Raises ``CliError`` (exit code 2) saying what is wrong and how to fix it.
+    """
+    obj = load_object(spec, app_dir, "APP", lambda v: isinstance(v, App))
     if not isinstance(obj, App):
         raise CliError(
             f"{spec!r} is a {type(obj).__name__}, not an eventflow App; point at the object "

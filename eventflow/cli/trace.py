@@ -6,6 +6,15 @@ store keeps of one correlation — events appended to the event store, dead lett
 messages still waiting in the outbox — and prints them as a tree, each under its cause.
 Messages that only ever travelled through the broker are not stored, so they appear only as
 the (missing) causes of what is.
+
+Saga transitions are events of the saga's stream (``saga-<name>-<key>``) with the
+correlation id of the saga and, as ``causation_id``, the id of the message the saga handled.
+Each shows as ``saga transition KIND STEP DETAIL``. The transitions one input made (a
+message, a timer, a person's action) are grouped under that input; a command a saga sent
+is known by the transition that sent it (its id is in the saga's saved state), so what the
+command caused (a dead letter, the command still in the outbox, a stored event) and the
+answer the saga took as its reply (the input it handled while it waited for that command)
+nest under that transition, even though neither the command nor the reply is stored.
 """
 
 from __future__ import annotations
@@ -13,12 +22,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 from dataclasses import dataclass, field
+from datetime import UTC
+from typing import Any
 
 import orjson
 
 from ..envelope import Envelope
 from ..errors import DecodeError
 from ..ports import Store
+from ..sagas.persistence import TRANSITION_TYPE
 from ._common import (
     CliError,
     add_log_level,
@@ -28,16 +40,41 @@ from ._common import (
     resolve_target,
 )
 
-__all__ = ["Node", "add_parser", "collect", "render"]
+__all__ = ["Node", "SagaMark", "add_parser", "collect", "render"]
+
+
+@dataclass(slots=True)
+class SagaMark:
+    """What a saga transition node is: the saga, the transition and the command it sent."""
+
+    saga_id: str
+    version: int
+    transition: dict[str, Any]
+    control: dict[str, Any] | None  # the saga's control state, on the last of a batch
+    command_id: str | None = None  # set for command-sent and compensation-sent
 
 
 @dataclass(slots=True)
 class Node:
-    """One message of the trace and where it was found."""
+    """One message of the trace and where it was found.
 
-    envelope: Envelope
+    ``envelope`` is None for a message that is not stored but known as the cause of saga
+    transitions (a start event, a reply, a timer, a person's action): ``where`` says what
+    it was. ``saga`` is set for a saga transition (an event of the saga's stream).
+    """
+
+    envelope: Envelope | None
     where: str
     children: list[Node] = field(default_factory=list)
+    saga: SagaMark | None = None
+    id: str = ""  # the placeholder's message id, if known
+
+    @property
+    def time(self) -> float:
+        """When it happened (a placeholder: when its first child did)."""
+        if self.envelope is not None:
+            return self.envelope.time.timestamp()
+        return min((c.time for c in self.children), default=0.0)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,7 +100,13 @@ async def collect(store: Store, correlation_id: str) -> list[Node]:
     async for rec in store.read_all(after=0):
         if rec.envelope.correlation_id == correlation_id:
             where = f"store {rec.stream_id}@{rec.stream_version} (position {rec.position})"
-            nodes.append(Node(rec.envelope, where))
+            node = Node(rec.envelope, where)
+            if rec.envelope.type == TRANSITION_TYPE:
+                data = dict(rec.envelope.data)
+                state = data.pop("saga", None)
+                control = state.get("control") if isinstance(state, dict) else None
+                node.saga = SagaMark(rec.stream_id, rec.stream_version, data, control)
+            nodes.append(node)
     for letter in await store.dead_letters.list(limit=1_000_000):
         try:
             env = Envelope.from_bytes(letter.payload)
@@ -79,31 +122,151 @@ async def collect(store: Store, correlation_id: str) -> list[Node]:
             continue
         if env.correlation_id == correlation_id:
             nodes.append(Node(env, f"outbox, not yet sent to {msg.topic}"))
+    _saga_batches(nodes)  # names the commands on the transitions that sent them
     return nodes
 
 
 def _tree(nodes: list[Node]) -> list[Node]:
     by_id: dict[str, Node] = {}
-    for node in sorted(nodes, key=lambda n: n.envelope.time):
+    for node in sorted(nodes, key=lambda n: n.time):
+        assert node.envelope is not None
         by_id.setdefault(node.envelope.id, node)
+    # Messages a saga sent are known by the command-sent transition that issued them, and
+    # causes that are not stored get a placeholder holding what they caused.
+    commands: dict[str, Node] = {}
+    placeholders: dict[str, Node] = {}
+    parents: dict[int, Node] = {}
     roots: list[Node] = []
+    for batch, answered in _saga_batches(list(by_id.values())):
+        for node in batch:
+            assert node.saga is not None
+            if node.saga.command_id:
+                commands[node.saga.command_id] = node
+        first = batch[0]
+        assert first.envelope is not None and first.saga is not None
+        cause = first.envelope.causation_id
+        if cause is not None and cause in by_id:
+            continue  # under the stored message that caused it, as any other message
+        key = cause or f"saga-input:{first.envelope.id}"
+        holder = placeholders.get(key)
+        if holder is None:
+            holder = Node(None, _cause_label(first.saga, cause, answered), id=cause or "")
+            placeholders[key] = holder
+            parent = commands.get(answered or "")
+            if parent is not None:
+                parents[id(holder)] = parent
+        for node in batch:
+            parents[id(node)] = holder
     for node in by_id.values():
-        parent = by_id.get(node.envelope.causation_id or "")
+        assert node.envelope is not None
+        parent = parents.get(id(node))
+        if parent is None:
+            if node.envelope.id in commands and commands[node.envelope.id] is not node:
+                parent = commands[node.envelope.id]  # the command itself (outbox)
+            else:
+                cause = node.envelope.causation_id or ""
+                parent = by_id.get(cause) or commands.get(cause) or placeholders.get(cause)
         if parent is not None and parent is not node:
             parent.children.append(node)
         else:
             roots.append(node)
+    for holder in placeholders.values():
+        parent = parents.get(id(holder))
+        (parent.children if parent is not None else roots).append(holder)
+    _sort(roots)
     return roots
+
+
+def _sort(nodes: list[Node]) -> None:
+    def order(n: Node) -> tuple[float, str, int]:
+        mark = n.saga
+        return (n.time, mark.saga_id, mark.version) if mark else (n.time, "", 0)
+
+    nodes.sort(key=order)
+    for n in nodes:
+        _sort(n.children)
+
+
+def _saga_batches(nodes: list[Node]) -> list[tuple[list[Node], str | None]]:
+    """The transitions of each saga cut into the batches one input made (each ends with the
+    one carrying the saga's state), with the command the input answered (the one the saga
+    waited for before it). Command ids go onto the transitions that sent them."""
+    streams: dict[str, list[Node]] = {}
+    for node in nodes:
+        if node.saga is not None:
+            streams.setdefault(node.saga.saga_id, []).append(node)
+    out: list[tuple[list[Node], str | None]] = []
+    for stream in streams.values():
+        stream.sort(key=lambda n: n.saga.version if n.saga else 0)
+        issued = 0
+        waiting: str | None = None
+        batch: list[Node] = []
+        for node in stream:
+            batch.append(node)
+            mark = node.saga
+            assert mark is not None
+            if mark.control is None:
+                continue
+            sent = [n for n in batch if n.saga and n.saga.transition["kind"] in _SENT]
+            new = list(mark.control.get("issued", []))[issued:]
+            for n, command_id in zip(sent, new, strict=False):
+                assert n.saga is not None
+                n.saga.command_id = command_id
+            issued += len(new)
+            out.append((batch, waiting))
+            w = mark.control.get("waiting")
+            waiting = w.get("command_id") if isinstance(w, dict) else None
+            batch = []
+        if batch:  # the rest of a batch cut off by the correlation (should not happen)
+            out.append((batch, waiting))
+    return out
+
+
+_SENT = ("command-sent", "compensation-sent")
+_PERSON = {"retried": "retry", "skipped": "skip", "aborted": "abort"}
+
+
+def _cause_label(mark: SagaMark, cause: str | None, answered: str | None) -> str:
+    """What the unstored input of a batch of transitions was."""
+    t = mark.transition
+    kind, detail, by = t["kind"], t.get("detail") or "", t.get("by")
+    if cause is None:
+        if by:
+            return f"{by} ran `eventflow sagas {_PERSON.get(kind, kind)}` (no message)"
+        if kind == "timed-out":
+            return f"the deadline of {t.get('step')} passed (a timer, no message)"
+        return "a timer fired (no message)"
+    what = ""
+    if kind in ("replied", "rejected") or (kind == "compensated" and t.get("step")):
+        what = f": {detail}" + (f", the answer to command {answered}" if answered else "")
+    elif kind == "started":
+        what = f": the message that started {mark.saga_id}"
+    elif detail:
+        what = f": {detail}"
+    return f"{cause}  not stored{what}"
 
 
 def render(correlation_id: str, nodes: list[Node]) -> str:
     """The tree as indented text, oldest first at each level."""
     if not nodes:
         return f"no stored message has correlation id {correlation_id!r}"
-    lines = [f"correlation {correlation_id}: {len(nodes)} stored message(s)"]
+    sagas = sum(1 for n in nodes if n.saga is not None)
+    lines = [
+        f"correlation {correlation_id}: {len(nodes)} stored message(s)"
+        + (f", {sagas} of them saga transitions" if sagas else "")
+    ]
 
     def walk(node: Node, depth: int) -> None:
+        pad = "  " * (depth + 1)
         env = node.envelope
+        if env is None:
+            lines.append(f"{pad}{node.where}")
+        elif node.saga is not None:
+            lines.append(f"{pad}{_transition_line(node.saga, env)}")
+        if env is None or node.saga is not None:
+            for child in node.children:
+                walk(child, depth + 1)
+            return
         missing = ""
         if depth == 0 and env.causation_id and env.id != correlation_id:
             missing = f"  (caused by {env.causation_id}, not stored)"
@@ -118,6 +281,20 @@ def render(correlation_id: str, nodes: list[Node]) -> str:
     for root in _tree(nodes):
         walk(root, 0)
     return "\n".join(lines)
+
+
+def _transition_line(mark: SagaMark, env: Envelope) -> str:
+    t = mark.transition
+    parts = ["saga transition", f"{t['kind']}{' ' + t['step'] if t.get('step') else ''}"]
+    if t.get("detail"):
+        parts.append(str(t["detail"]))
+    if t.get("by"):
+        parts.append(f"by {t['by']}")
+    if mark.command_id:
+        parts.append(f"command {mark.command_id}")
+    stamp = env.time.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+    parts.append(f"{mark.saga_id}@{mark.version}  {stamp}")
+    return "  ".join(parts)
 
 
 def command(args: argparse.Namespace) -> int:
@@ -140,9 +317,7 @@ def command(args: argparse.Namespace) -> int:
             orjson.dumps(
                 {
                     "correlation_id": args.correlation_id,
-                    "messages": [
-                        {"where": n.where, "envelope": n.envelope.to_dict()} for n in nodes
-                    ],
+                    "messages": [_as_json(n) for n in nodes],
                 },
                 option=orjson.OPT_UTC_Z,
             ).decode()
@@ -150,3 +325,16 @@ def command(args: argparse.Namespace) -> int:
     else:
         print(render(args.correlation_id, nodes))
     return 0
+
+
+def _as_json(node: Node) -> dict[str, Any]:
+    assert node.envelope is not None
+    out: dict[str, Any] = {"where": node.where, "envelope": node.envelope.to_dict()}
+    if node.saga is not None:
+        out["saga_transition"] = {
+            "saga_id": node.saga.saga_id,
+            "version": node.saga.version,
+            **node.saga.transition,
+            "command_id": node.saga.command_id,
+        }
+    return out

@@ -265,8 +265,8 @@ class Machine:
         c = self.control
         if c.status != FAILED or c.resume is None:
             return self._ignore(f"retry asked of a saga that is {c.status}")
-        step_name, kind = c.resume["step"], c.resume["kind"]
-        c.resume, c.reason = None, None
+        step_name, kind, c.reason = c.resume["step"], c.resume["kind"], c.resume.get("reason")
+        c.resume = None
         self._note("retried", step_name, f"{kind} again", by)
         if kind == "undo":
             c.attempts[f"undo:{step_name}"] = c.attempts.get(f"undo:{step_name}", 1) + 1
@@ -284,8 +284,8 @@ class Machine:
         c = self.control
         if c.status != FAILED or c.resume is None:
             return self._ignore(f"skip asked of a saga that is {c.status}")
-        step_name, kind = c.resume["step"], c.resume["kind"]
-        c.resume, c.reason = None, None
+        step_name, kind, c.reason = c.resume["step"], c.resume["kind"], c.resume.get("reason")
+        c.resume = None
         self._note("skipped", step_name, f"{kind} handled by hand", by)
         if kind == "undo":
             c.status, c.phase = COMPENSATING, "compensating"
@@ -365,6 +365,9 @@ class Machine:
 
     def _fail(self, reason: str, resume: dict[str, str]) -> None:
         c = self.control
+        if resume["kind"] == "undo" and c.reason:
+            # Why it compensates: back in .reason once a person resumes the compensation.
+            resume = {**resume, "reason": c.reason}
         c.status, c.reason, c.resume, c.waiting = FAILED, reason, resume, None
         self._note("failed", resume["step"], reason)
 

@@ -92,6 +92,8 @@ class Sagas:
         """Handlings that found their saga changed by another and applied their message again."""
         self.stray = 0
         """Messages for a saga key with no saga (logged, acked)."""
+        self.classes: tuple[type[Saga], ...] = ()
+        """The saga classes the app runs (its ``sagas=``)."""
 
     @property
     def persistence(self) -> SagaStore:
@@ -118,6 +120,15 @@ class Sagas:
             raise ConfigurationError(f"status={status!r}: one of {', '.join(STATUSES)}")
         await self.persistence.setup()
         return await self.persistence.list(name=name, status=status, limit=limit)
+
+    async def find(self, saga_id: str) -> IndexRow | None:
+        """The index row (name, key, status, times) of ``saga-<name>-<key>``, or None."""
+        await self.persistence.setup()
+        return await self.persistence.find(saga_id)
+
+    def saga_class(self, name: str) -> type[Saga] | None:
+        """The class among the app's ``sagas=`` declared with ``name=name``, or None."""
+        return next((c for c in self.classes if c.definition.name == name), None)
 
     async def history(self, saga_id: str) -> builtins.list[Transition]:
         """The transitions of the saga ``saga_id`` (``saga-<name>-<key>``), oldest first."""
@@ -241,6 +252,7 @@ class SagaRuntime:
     ) -> None:
         self.classes = _check_classes(classes)
         self.sagas = sagas
+        sagas.classes = self.classes
         self.registry = registry
         self.catch_up_limit = catch_up_limit
         self._started_at = 0.0
