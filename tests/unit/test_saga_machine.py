@@ -329,7 +329,7 @@ async def test_a_compensation_without_its_reply_in_time_fails_the_saga() -> None
     (fired,) = await t.advance(1.0)
     assert fired.kinds == ["timed-out", "failed"]
     t.then_status("failed", reason="compensation refund got no reply within 10.0s")
-    assert t.control.resume == {"step": "charge", "kind": "undo"}
+    assert t.control.resume == {"step": "charge", "kind": "undo", "reason": "ship timed out"}
     assert "waits for a person" in t.waits_for
     assert t.timers == {}
     await t.advance(3600.0)  # nothing more happens by itself
