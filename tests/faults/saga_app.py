@@ -30,7 +30,7 @@ from eventflow import App, Context, Event, Saga, on_timer, step, subscribe
 
 SHIP_TIMEOUT = 60.0
 """Seconds the order saga waits for shipping: above what a storm of kills delays a reply by
-(each kill holds the dead process's messages and partitions for a second or two; 25 s seen).
+(each kill holds the dead process's messages and partitions for a second or two; 32 s seen).
 Shorter, a reply that reached the broker before the deadline can lose to the timeout after
 a restart: see ``test_a_reply_in_a_killed_members_partition_before_the_deadline_wins``."""
 LATE_SHIP_TIMEOUT = 2.0
