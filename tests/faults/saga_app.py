@@ -360,7 +360,13 @@ async def ended(conn: asyncpg.Connection, keys: list[str]) -> bool:
 async def main(broker: str, store: str, saga: str) -> None:
     """Run the saga app until SIGTERM (graceful) or death."""
     logging.basicConfig(level=os.environ.get("FX_LOG_LEVEL", "WARNING"))
-    app = App("fx-sagas", broker=broker, store=store, sagas=[SAGAS[s] for s in saga.split(",")])
+    app = App(
+        "fx-sagas",
+        broker=broker,
+        store=store,
+        sagas=[SAGAS[s] for s in saga.split(",")],
+        heartbeat_interval=0.2,  # the tests read the processes' counters from the heartbeats
+    )
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with app:

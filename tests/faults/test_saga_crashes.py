@@ -18,6 +18,7 @@ held up in the broker, a hole shown by the last test here (marked xfail, strict)
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -224,6 +225,10 @@ async def test_the_saga_process_killed_20_times_ends_every_saga_right_with_effec
                 holds,
             )
             assert {r["what"]: r["n"] for r in counts} == {"reminded": 5, "unheld": 5}
+        # The kills did leave messages unfinished: the saga processes counted redeliveries
+        # (the killed ones' last heartbeats stay behind).
+        beats = await saga_db.fetch("SELECT stats::text FROM ef_heartbeats")
+        assert sum(json.loads(row[0]).get("redelivered", 0) for row in beats) > 0
         dead = await fx_db.fetchval("SELECT count(*) FROM ef_dead_letters")
         dead += await saga_db.fetchval("SELECT count(*) FROM ef_dead_letters")
         assert dead == 0
