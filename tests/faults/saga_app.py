@@ -1,0 +1,378 @@
+"""Sagas and participants for the saga fault tests, and the saga process they kill.
+
+    python tests/faults/saga_app.py BROKER_URL STORE_URL SAGA
+
+runs ``App("fx-sagas", sagas=[...])`` with the sagas named in SAGA (``order``, ``late``,
+``timer``, ``quick``, comma separated) until SIGTERM, printing ``ready`` once its
+subscriptions are live. The tests SIGKILL it, SIGSTOP it and start it again.
+
+The participants (:func:`participants`) run in the test's own process, on a store of their
+own, and write each effect as a row of ``fx_effects`` inside ``ctx.transaction()``: the
+table has no unique key, so only eventflow's inbox keeps an effect from being applied twice.
+An order's outcome is in its id: ``o-007-ok`` (everything succeeds), ``-declined`` (the
+payment is declined), ``-rejected`` (no stock), ``-late`` (shipping never answers; these
+run in ``FxLateSaga``, whose shipping deadline is short).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from eventflow import App, Context, Event, Saga, on_timer, step, subscribe
+
+SHIP_TIMEOUT = 60.0
+"""Seconds the order saga waits for shipping: above what a storm of kills delays a reply by
+(each kill holds the dead process's messages and partitions for a second or two; 32 s seen).
+Shorter, a reply that reached the broker before the deadline can lose to the timeout after
+a restart: see ``test_a_reply_in_a_killed_members_partition_before_the_deadline_wins``."""
+LATE_SHIP_TIMEOUT = 2.0
+"""Seconds the late-order saga waits for shipping that never comes."""
+QUICK_TIMEOUT = 1.0
+"""Seconds the quick saga waits for its one step."""
+HOLD_TIMEOUT = 6.0
+"""Seconds the timer saga's step waits for an answer that never comes."""
+
+# -- the order saga --------------------------------------------------------------------------
+
+
+class FxOrderPlaced(Event, type="fxsaga.order.placed"):
+    order_id: str
+
+
+class FxReserve(Event, type="fxsaga.stock.reserve"):
+    order_id: str
+
+
+class FxReserved(Event, type="fxsaga.stock.reserved"):
+    order_id: str
+
+
+class FxNoStock(Event, type="fxsaga.stock.rejected"):
+    order_id: str
+
+
+class FxRelease(Event, type="fxsaga.stock.release"):
+    order_id: str
+
+
+class FxCharge(Event, type="fxsaga.payment.charge"):
+    order_id: str
+
+
+class FxCharged(Event, type="fxsaga.payment.charged"):
+    order_id: str
+    charge_id: str
+
+
+class FxDeclined(Event, type="fxsaga.payment.declined"):
+    order_id: str
+
+
+class FxRefund(Event, type="fxsaga.payment.refund"):
+    order_id: str
+
+
+class FxRefunded(Event, type="fxsaga.payment.refunded"):
+    order_id: str
+
+
+class FxShip(Event, type="fxsaga.shipping.ship"):
+    order_id: str
+
+
+class FxShipped(Event, type="fxsaga.shipping.shipped"):
+    order_id: str
+
+
+class FxLatePlaced(Event, type="fxsaga.lateorder.placed"):
+    order_id: str
+
+
+def _order_saga(name: str, start: type[FxOrderPlaced | FxLatePlaced], ship_timeout: float) -> Any:
+    class OrderSaga(Saga, name=name, start=start, key="order_id"):
+        """Reserve, charge, ship; the refund is a compensation with a reply (waited for
+        before the stock is released)."""
+
+        order_id: str = ""
+        charge_id: str | None = None
+
+        def started(self, e: FxOrderPlaced | FxLatePlaced) -> None:
+            self.order_id = e.order_id
+
+        @step(reply=FxReserved, reject=FxNoStock, timeout=60.0)
+        def reserve(self) -> Event:
+            return FxReserve(order_id=self.order_id)
+
+        @reserve.compensate
+        def release(self) -> Event:
+            return FxRelease(order_id=self.order_id)
+
+        @step(reply=FxCharged, reject=FxDeclined, timeout=60.0)
+        def charge(self) -> Event:
+            return FxCharge(order_id=self.order_id)
+
+        @charge.on_reply
+        def _charged(self, e: FxCharged) -> None:
+            self.charge_id = e.charge_id
+
+        @charge.compensate(reply=FxRefunded, timeout=60.0)
+        def refund(self) -> Event:
+            return FxRefund(order_id=self.order_id)
+
+        @step(reply=FxShipped, timeout=ship_timeout)
+        def ship(self) -> Event:
+            return FxShip(order_id=self.order_id)
+
+    return OrderSaga
+
+
+FxOrderSaga: type[Saga] = _order_saga("fxorder", FxOrderPlaced, SHIP_TIMEOUT)
+"""The orders that are shipped (or fail before): a deadline no kill storm reaches."""
+FxLateSaga: type[Saga] = _order_saga("fxlate", FxLatePlaced, LATE_SHIP_TIMEOUT)
+"""The same saga for the orders nobody ships: a short deadline, to time out under the kills."""
+
+
+class FxQuickPlaced(Event, type="fxsaga.quick.placed"):
+    order_id: str
+
+
+class FxQuickSaga(Saga, name="fxquick", start=FxQuickPlaced, key="order_id"):
+    """One step with a short deadline, shipped by a participant the test holds back."""
+
+    order_id: str = ""
+
+    def started(self, e: FxQuickPlaced) -> None:
+        self.order_id = e.order_id
+
+    @step(reply=FxShipped, timeout=QUICK_TIMEOUT)
+    def ship(self) -> Event:
+        return FxShip(order_id=self.order_id)
+
+
+# -- the timer saga --------------------------------------------------------------------------
+
+
+class FxHoldPlaced(Event, type="fxsaga.hold.placed"):
+    hold_id: str
+    remind_in: float
+
+
+class FxHold(Event, type="fxsaga.hold.hold"):
+    hold_id: str
+
+
+class FxHeld(Event, type="fxsaga.hold.held"):
+    hold_id: str
+
+
+class FxRemind(Event, type="fxsaga.hold.remind"):
+    hold_id: str
+
+
+class FxUnhold(Event, type="fxsaga.hold.unhold"):
+    hold_id: str
+
+
+class FxTimerSaga(Saga, name="fxtimer", start=FxHoldPlaced, key="hold_id"):
+    """Two timers per saga: a named one (``remind``, due ``remind_in`` seconds after the
+    start; its method sends ``FxRemind``) and the step's deadline (nobody answers ``FxHold``:
+    it times out and ``FxUnhold`` compensates it)."""
+
+    hold_id: str = ""
+
+    def started(self, e: FxHoldPlaced) -> None:
+        self.hold_id = e.hold_id
+        self.set_timer("remind", e.remind_in)
+
+    @step(reply=FxHeld, timeout=HOLD_TIMEOUT)
+    def hold(self) -> Event:
+        return FxHold(hold_id=self.hold_id)
+
+    @hold.compensate
+    def unhold(self) -> Event:
+        return FxUnhold(hold_id=self.hold_id)
+
+    @on_timer("remind")
+    def remind(self) -> Event:
+        return FxRemind(hold_id=self.hold_id)
+
+
+SAGAS: dict[str, type[Saga]] = {
+    "order": FxOrderSaga,
+    "late": FxLateSaga,
+    "timer": FxTimerSaga,
+    "quick": FxQuickSaga,
+}
+
+# -- participants ----------------------------------------------------------------------------
+
+EFFECTS_TABLE = (
+    "CREATE TABLE fx_effects (seq bigserial PRIMARY KEY, entity text NOT NULL, "
+    "what text NOT NULL, message_id text NOT NULL, at timestamptz NOT NULL "
+    "DEFAULT clock_timestamp())"
+)
+"""The participants' effects (no unique key on purpose: see the module docstring)."""
+
+
+async def _effect(ctx: Context, entity: str, what: str) -> None:
+    async with ctx.transaction() as tx:
+        await tx.execute(
+            "INSERT INTO fx_effects (entity, what, message_id) VALUES ($1, $2, $3)",
+            entity,
+            what,
+            ctx.envelope.id,
+        )
+
+
+class ShippingGate:
+    """Holds shipping back: ``arrived`` is set when a ship command came, and the participant
+    answers it once ``opened`` is set."""
+
+    def __init__(self) -> None:
+        self.arrived = asyncio.Event()
+        self.opened = asyncio.Event()
+
+
+def participants(gate: ShippingGate | None = None) -> list[Any]:
+    """Inventory, payment, shipping (order and quick sagas) and the holder (timer saga)."""
+
+    @subscribe(FxReserve.event_type, group="fx.inventory", concurrency=8)
+    async def reserve(cmd: FxReserve, ctx: Context) -> None:
+        if cmd.order_id.endswith("-rejected"):
+            await ctx.publish(FxNoStock(order_id=cmd.order_id))
+            return
+        await _effect(ctx, cmd.order_id, "reserved")
+        await ctx.publish(FxReserved(order_id=cmd.order_id))
+
+    @subscribe(FxRelease.event_type, group="fx.inventory", concurrency=8)
+    async def release(cmd: FxRelease, ctx: Context) -> None:
+        await _effect(ctx, cmd.order_id, "released")
+
+    @subscribe(FxCharge.event_type, group="fx.payment", concurrency=8)
+    async def charge(cmd: FxCharge, ctx: Context) -> None:
+        if cmd.order_id.endswith("-declined"):
+            await ctx.publish(FxDeclined(order_id=cmd.order_id))
+            return
+        await _effect(ctx, cmd.order_id, "charged")
+        await ctx.publish(FxCharged(order_id=cmd.order_id, charge_id=f"ch-{cmd.order_id}"))
+
+    @subscribe(FxRefund.event_type, group="fx.payment", concurrency=8)
+    async def refund(cmd: FxRefund, ctx: Context) -> None:
+        await _effect(ctx, cmd.order_id, "refunded")
+        await ctx.publish(FxRefunded(order_id=cmd.order_id))
+
+    @subscribe(FxShip.event_type, group="fx.shipping", concurrency=8)
+    async def ship(cmd: FxShip, ctx: Context) -> None:
+        if cmd.order_id.endswith("-late"):
+            return  # never answers: the saga's ship step times out
+        if gate is not None:
+            gate.arrived.set()
+            await gate.opened.wait()
+        await _effect(ctx, cmd.order_id, "shipped")
+        await ctx.publish(FxShipped(order_id=cmd.order_id))
+
+    @subscribe(FxRemind.event_type, group="fx.holder", concurrency=8)
+    async def remind(msg: FxRemind, ctx: Context) -> None:
+        await _effect(ctx, msg.hold_id, "reminded")
+
+    @subscribe(FxUnhold.event_type, group="fx.holder", concurrency=8)
+    async def unhold(cmd: FxUnhold, ctx: Context) -> None:
+        await _effect(ctx, cmd.hold_id, "unheld")
+
+    return [reserve, release, charge, refund, ship, remind, unhold]
+
+
+# -- for the tests: the saga process from outside, and reading the stores -------------------
+
+
+async def connect(store_url: str) -> asyncpg.Connection:
+    """A plain connection on the schema of ``store_url``."""
+    base, _, query = store_url.partition("?")
+    schema = dict(p.split("=", 1) for p in query.split("&"))["schema"]
+    return await asyncpg.connect(base, server_settings={"search_path": schema})
+
+
+class SagaProcess:
+    """A ``saga_app.py`` process."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, broker: str, store: str, saga: str) -> SagaProcess:
+        """Start one and wait until its subscriptions are live."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            broker,
+            store,
+            saga,
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        )
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        assert line.strip() == b"ready", f"the saga process did not start: {line!r}"
+        return cls(proc)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` if it still runs."""
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+
+    async def kill(self) -> None:
+        """SIGKILL it and reap it."""
+        self.signal(signal.SIGKILL)
+        await self.proc.wait()
+
+    async def stop(self) -> None:
+        """SIGTERM it and wait for it to exit."""
+        self.signal(signal.SIGTERM)
+        await asyncio.wait_for(self.proc.wait(), 30)
+
+
+async def transitions(conn: asyncpg.Connection) -> int:
+    """Saga transitions stored so far."""
+    return int(await conn.fetchval("SELECT count(*) FROM ef_events WHERE stream_id LIKE 'saga-%'"))
+
+
+async def ended(conn: asyncpg.Connection, keys: list[str]) -> bool:
+    """Whether every saga of ``keys`` is completed or compensated (the index)."""
+    done = await conn.fetchval(
+        "SELECT count(*) FROM ef_sagas WHERE key = ANY($1::text[]) "
+        "AND status IN ('completed', 'compensated')",
+        keys,
+    )
+    return int(done) == len(keys)
+
+
+# -- the saga process ------------------------------------------------------------------------
+
+
+async def main(broker: str, store: str, saga: str) -> None:
+    """Run the saga app until SIGTERM (graceful) or death."""
+    logging.basicConfig(level=os.environ.get("FX_LOG_LEVEL", "WARNING"))
+    app = App(
+        "fx-sagas",
+        broker=broker,
+        store=store,
+        sagas=[SAGAS[s] for s in saga.split(",")],
+        heartbeat_interval=0.2,  # the tests read the processes' counters from the heartbeats
+    )
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with app:
+        print("ready", flush=True)
+        await stop.wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))
