@@ -325,8 +325,7 @@ class App:
                 saga_classes = self._saga_runtime.classes
                 if saga_classes:
                     await self.sagas.persistence.setup()
-                    for consumer in self._consumers:
-                        self._saga_runtime.watch_consumer(consumer)
+                    self._saga_runtime.begin(self._consumers)
                 self._started = True
                 for consumer in self._consumers:
                     self._draining.append(

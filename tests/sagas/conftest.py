@@ -70,12 +70,14 @@ async def postgres_schema_url() -> AsyncIterator[str]:
         yield url
 
 
-SETUPS = [
-    pytest.param("memory-memory", id="memory-memory"),
+SERVICES = [
     pytest.param("memory-sqlite", id="memory-sqlite"),
     pytest.param("nats-postgres", id="nats-postgres", marks=pytest.mark.service("nats")),
     pytest.param("kafka-postgres", id="kafka-postgres", marks=pytest.mark.service("kafka")),
 ]
+"""memory + SQLite and the real servers: ``parametrize("saga_setup", SERVICES, indirect=True)``."""
+SETUPS = [pytest.param("memory-memory", id="memory-memory"), *SERVICES]
+"""Every setup (the default of ``saga_setup``): also two apps sharing one memory store."""
 
 
 @pytest.fixture(params=SETUPS)

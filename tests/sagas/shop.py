@@ -178,7 +178,7 @@ Check = Callable[[], bool]
 # -- more sagas for the broker and outage tests (issue 14, "Must show") --------------------
 
 
-SHIP_DEADLINE = 4.0
+SHIP_DEADLINE = 3.0
 """Seconds ``OutageSaga`` waits for ``OrderShipped``."""
 
 
@@ -239,7 +239,7 @@ def gated_shipping(gate: Gate, effects: Effects, group: str = "shop") -> list[An
     """A shipping handler for ``gate.held`` and ``gate.silent`` (give those orders to the
     plain participants' ``Script.never_ship``) and an observer of ``OrderShipped``."""
 
-    @subscribe(ShipOrder.event_type, group=f"{group}.gated", timeout=60.0)
+    @subscribe(ShipOrder.event_type, group=f"{group}.gated", concurrency=8, timeout=60.0)
     async def ship(cmd: ShipOrder, ctx: Context) -> None:
         if cmd.order_id in gate.silent:
             gate.arrived.add(cmd.order_id)
