@@ -387,8 +387,8 @@ class Done(Event, type="sagatest.timers.done"):
 
 
 REMINDER_FIRST = 30.0
-REMINDER_AGAIN = 0.6
-EXPIRY = 0.3
+REMINDER_AGAIN = 2.0
+EXPIRY = 1.5
 
 
 class TimerSaga(Saga, name="sagatest.timers", start=TimersStarted, key="order_id"):
@@ -474,7 +474,7 @@ class Paid(Event, type="sagatest.booking.paid"):
     order_id: str
 
 
-UNBOOK_TIMEOUT = 0.5
+UNBOOK_TIMEOUT = 1.5
 
 
 class BookingSaga(Saga, name="sagatest.booking", start=BookingStarted, key="order_id"):

@@ -20,6 +20,7 @@ from eventflow.adapters.memory.broker import MemoryBrokerConfig
 
 from .conftest import SERVICES, Setup
 from .shop import (
+    EXPIRY,
     REMINDER_AGAIN,
     REMINDER_FIRST,
     Effects,
@@ -191,6 +192,7 @@ async def test_pivot_abort_and_timers(saga_setup: Setup, waiter: Wait) -> None:
     started = timed.history[0].at
     fired = next(t.at for t in timed.history if t.kind == "timer-fired")
     assert (fired - started).total_seconds() < REMINDER_FIRST / 2  # the new time, not the old
+    assert (fired - started).total_seconds() > EXPIRY  # expire's time passed, cancelled
 
 
 class _CountingBroker(MemoryBroker):

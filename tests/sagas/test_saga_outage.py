@@ -15,10 +15,12 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
+
 from eventflow import App
 from eventflow.adapters.memory import MemoryBroker
 
-from .conftest import Setup
+from .conftest import SERVICES, Setup
 from .shop import (
     UNBOOK_TIMEOUT,
     BookingSaga,
@@ -126,6 +128,7 @@ async def _outage(saga_setup: Setup, waiter: Wait, *, same_app: bool, backlog: i
     assert sent == ["charge", "reserve"]
 
 
+@pytest.mark.parametrize("saga_setup", SERVICES, indirect=True)
 async def test_a_compensation_without_its_reply_fails_and_retry_resumes_it(
     saga_setup: Setup, waiter: Wait
 ) -> None:
