@@ -178,7 +178,7 @@ Check = Callable[[], bool]
 # -- more sagas for the broker and outage tests (issue 14, "Must show") --------------------
 
 
-SHIP_DEADLINE = 4.0
+SHIP_DEADLINE = 5.0
 """Seconds ``OutageSaga`` waits for ``OrderShipped``."""
 
 

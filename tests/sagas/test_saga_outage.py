@@ -13,12 +13,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import pytest
 
 from eventflow import App
-from eventflow.adapters.memory import MemoryBroker
 
 from .conftest import SERVICES, Setup
 from .shop import (
@@ -51,22 +49,16 @@ async def test_a_reply_sent_during_an_outage_wins_over_the_deadline(
     saga_setup: Setup, waiter: Wait
 ) -> None:
     """o-reply: the shipping reply is published while the saga app is down, before the
-    deadline; the app comes back (a new App, as a restarted process) after the deadline:
-    completed, nothing compensated. o-silent (control): no reply: timed out, refund then
-    release."""
+    deadline; the app comes back after the deadline: completed, nothing compensated.
+    o-silent (control): no reply: timed out, refund then release.
+
+    The app comes back as a new App (a restarted process), but on memory + memory as the
+    same App object started again: its timer loop must wait for this run's consumers, not
+    trust the first run's start time (it did not: the reply lost)."""
     # Enough backlog that catching up takes longer than the timer loop's first look (with
     # no wait for the consumers, every setup here fails: checked).
-    backlog = 1000 if saga_setup.name == "memory-memory" else 100
-    await _outage(saga_setup, waiter, same_app=False, backlog=backlog)
-
-
-async def test_the_same_app_started_again_waits_for_its_consumers_again(
-    broker_url: str, hub: MemoryBroker, tmp_path: Path, waiter: Wait
-) -> None:
-    """As above with the saga's App object stopped and started again (memory + SQLite): its
-    timer loop must wait for this run's consumers, not trust the first run's start time."""
-    here = Setup("memory-sqlite", broker_url, f"sqlite:///{tmp_path / 's.db'}", "shop")
-    await _outage(here, waiter, same_app=True, backlog=300)
+    memory = saga_setup.name == "memory-memory"
+    await _outage(saga_setup, waiter, same_app=memory, backlog=1000 if memory else 100)
 
 
 async def _outage(saga_setup: Setup, waiter: Wait, *, same_app: bool, backlog: int = 0) -> None:
@@ -108,7 +100,7 @@ async def _outage(saga_setup: Setup, waiter: Wait, *, same_app: bool, backlog: i
             )
         )
         margin = due["o-reply"] - time.time()
-        assert margin > 0.3, f"{margin:.2f}s before the deadline: too late to test anything"
+        assert margin > 1.0, f"{margin:.2f}s before the deadline: too late to test anything"
         gate.opened.set()
         await waiter(lambda: "o-reply" in gate.replied_at, timeout=TIMEOUT, what="the reply")
         assert gate.replied_at["o-reply"] < due["o-reply"], "the reply came after the deadline"
