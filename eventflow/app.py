@@ -307,18 +307,25 @@ class App:
                 await self.store.open(supervisor)
                 if self._dedup_override is not None:
                     await self._dedup_override.open()
-                for spec, group, signature in self._bindings:
-                    consumer = Consumer(
-                        self, spec, group, signature, grace_period=self.grace_period
-                    )
-                    await consumer.subscribe()
-                    self._consumers.append(consumer)
+                # Every subscription joins at once: on Kafka each join into a group is a
+                # rebalance of about a second, so an app with a saga (a handler per event
+                # type in one group) took that long per handler when they joined in turn.
+                # A join that fails cancels the others; teardown closes the broker with them.
+                consumers = [
+                    Consumer(self, spec, group, signature, grace_period=self.grace_period)
+                    for spec, group, signature in self._bindings
+                ]
+                try:
+                    async with asyncio.TaskGroup() as joining:
+                        for consumer in consumers:
+                            joining.create_task(consumer.subscribe())
+                except BaseExceptionGroup as failed:  # the first join's own error, as before
+                    raise failed.exceptions[0] from None
+                self._consumers.extend(consumers)
                 saga_classes = self._saga_runtime.classes
                 if saga_classes:
-                    self._saga_runtime.starting()
                     await self.sagas.persistence.setup()
-                    for consumer in self._consumers:
-                        self._saga_runtime.watch_consumer(consumer)
+                    self._saga_runtime.begin(self._consumers)
                 self._started = True
                 for consumer in self._consumers:
                     self._draining.append(

@@ -280,10 +280,13 @@ class SagaRuntime:
                 )
         return specs
 
-    def starting(self) -> None:
-        """The app is starting: timers due before now wait for the consumers to catch up."""
+    def begin(self, consumers: Iterable[CaughtUp]) -> None:
+        """A run of the app starts (every start, also of an App stopped before): timers due
+        before now wait for this run's saga consumers to catch up, not the last run's."""
         self._started_at = time.time()
-        self._caught_up.clear()
+        self._caught_up = {}
+        for consumer in consumers:
+            self.watch_consumer(consumer)
 
     def watch_consumer(self, consumer: CaughtUp) -> None:
         """Let the timer loop ask a consumer of the app when it last had nothing left (only
@@ -362,6 +365,8 @@ class SagaRuntime:
         definition = cls.definition
         store = self.sagas.persistence
         await store.setup()
+        if not self._started_at:  # run without begin(): this is the start
+            self._started_at = time.time()
         names = [definition.name]
         async with store.store.leases.hold(f"eventflow:saga-timers:{definition.name}") as lease:
             while True:
