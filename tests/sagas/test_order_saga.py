@@ -69,12 +69,18 @@ async def test_the_order_saga_outcomes(broker_url: str, store_url: str, waiter: 
         # Plain compensations count as done once issued: wait until the participants
         # handled them before leaving the app.
         await waiter(lambda: len(effects.of("o-late")) == 4 and len(effects.of("o-dec")) == 2)
+        late = await app.sagas.get(OrderSaga, "o-late")
+        assert late is not None
+        sent = [t.step for t in late.history if t.kind == "compensation-sent"]
+        assert sent == ["charge", "reserve"]  # newest first: refund, then release
 
     assert effects.of("o-ok") == ["reserved", "charged", "shipped"]
     assert effects.of("o-rej") == []  # stock rejected: nothing to compensate
     assert effects.of("o-dec") == ["reserved", "released"]  # declined: stock released
-    # shipping timed out: refund, then release, in that order
-    assert effects.of("o-late") == ["reserved", "charged", "refunded", "released"]
+    # shipping timed out: refund and release (issued in that order, checked above; plain
+    # compensations on different topics may be applied in any order)
+    assert effects.of("o-late")[:2] == ["reserved", "charged"]
+    assert sorted(effects.of("o-late")[2:]) == ["refunded", "released"]
 
 
 async def test_abort_from_an_event(broker_url: str, store_url: str, waiter: Wait) -> None:
@@ -101,4 +107,5 @@ async def test_abort_from_an_event(broker_url: str, store_url: str, waiter: Wait
         assert saga is not None
         assert any(t.kind == "aborted" for t in saga.history)
         await waiter(lambda: len(effects.of("o-1")) == 4)
-    assert effects.of("o-1") == ["reserved", "charged", "refunded", "released"]
+    assert effects.of("o-1")[:2] == ["reserved", "charged"]
+    assert sorted(effects.of("o-1")[2:]) == ["refunded", "released"]
