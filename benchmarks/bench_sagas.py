@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import ctypes
 import gc
 import json
 import pstats
@@ -75,6 +76,7 @@ STEP_TIMEOUT = 300.0  # longer than any run: no timer fires, the memory phase st
 WAIT_LIMIT = 300.0
 THROUGHPUT_TARGET = 0.5
 MEMORY_TARGET_MB = 50.0
+MEMORY_WINDOW = 200
 
 
 # -- events ---------------------------------------------------------------------------------
@@ -512,36 +514,54 @@ def rss_mb() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status (Linux only)")
 
 
+def _trimmed_rss_mb() -> float | None:
+    """The RSS once glibc returned the freed heap to the system (``malloc_trim(0)``): what
+    is still allocated, without the allocator's high-water mark. None without glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return None
+    return rss_mb()
+
+
 async def memory_child(setup: str, services: Services, side: str, waiting: int) -> dict[str, Any]:
     """RSS of the started app, then with ``waiting`` orders whose first command is never
-    answered (each received by the silent inventory)."""
+    answered (each received by the silent inventory). Orders start in windows of
+    ``MEMORY_WINDOW``, each once the last one's commands arrived, so no backlog of unhandled
+    messages (freed later, but kept by the allocator) inflates the figure."""
     global _probe
     probe = _probe = Probe(asyncio.Semaphore(waiting), waiting)
     handlers = [silent_inventory] + (FLOOR if side == "floor" else [])
     tag = uuid.uuid4().hex[:8]
     async with _app(setup, services, side, handlers) as app:
-        gc.collect()
         await asyncio.sleep(0.5)  # the app's background loops have run once
         gc.collect()
-        empty = rss_mb()
+        empty, empty_trimmed = rss_mb(), _trimmed_rss_mb()
         start = time.perf_counter()
-        window = 200
-        for i in range(0, waiting, window):
+        for i in range(0, waiting, MEMORY_WINDOW):
+            end = min(waiting, i + MEMORY_WINDOW)
             await asyncio.gather(
-                *(
-                    app.publish(o, key=o.order_id)
-                    for o in (_order(j, tag) for j in range(i, min(waiting, i + window)))
-                )
+                *(app.publish(o, key=o.order_id) for o in (_order(j, tag) for j in range(i, end)))
             )
-        await asyncio.wait_for(probe.done.wait(), WAIT_LIMIT)
+
+            async def arrived(end: int = end) -> bool:
+                return probe.received >= end
+
+            await _until(arrived, f"{end} commands received")
         took = time.perf_counter() - start
         if side == "saga":
             running = await app.sagas.list(status="running", limit=waiting + 1)
             assert len(running) == waiting, len(running)
         await asyncio.sleep(1.0)  # the last dedup marks and acks settle
         gc.collect()
-        full = rss_mb()
-    return {"empty_mb": empty, "waiting_mb": full, "seconds": took}
+        full, full_trimmed = rss_mb(), _trimmed_rss_mb()
+    return {
+        "empty_mb": empty,
+        "waiting_mb": full,
+        "empty_trimmed_mb": empty_trimmed,
+        "waiting_trimmed_mb": full_trimmed,
+        "seconds": took,
+    }
 
 
 def run_memory(setup: str, services: Services, side: str, waiting: int) -> dict[str, Any]:
@@ -673,10 +693,17 @@ def _memory(setup: str, services: Services, waiting: int, with_floor: bool) -> N
     if with_floor:
         sides.append(("floor", run_memory(setup, services, "floor", waiting)))
     for side, m in sides:
+        trimmed = ""
+        if m["waiting_trimmed_mb"] is not None:
+            trimmed = (
+                f", after malloc_trim {m['empty_trimmed_mb']:.1f} -> "
+                f"{m['waiting_trimmed_mb']:.1f} MB "
+                f"({m['waiting_trimmed_mb'] - m['empty_trimmed_mb']:+.1f} MB)"
+            )
         print(
             f"{setup} memory, {side}: empty app {m['empty_mb']:.1f} MB RSS, with {waiting:,} "
-            f"waiting {m['waiting_mb']:.1f} MB (delta {m['waiting_mb'] - m['empty_mb']:+.1f} MB; "
-            f"started in {m['seconds']:.1f} s)",
+            f"waiting {m['waiting_mb']:.1f} MB (delta {m['waiting_mb'] - m['empty_mb']:+.1f} MB"
+            f"{trimmed}; started in {m['seconds']:.1f} s)",
             flush=True,
         )
     delta = saga["waiting_mb"] - saga["empty_mb"]
