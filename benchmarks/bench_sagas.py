@@ -32,17 +32,20 @@ orders are started whose first command is never answered (the inventory particip
 it and replies nothing) and the RSS is read again once every command arrived. The saga
 keeps no state in memory per open saga, so the delta must stay within 50 MB.
 
-    python benchmarks/bench_sagas.py [--sagas 400] [--rounds 3] [--in-flight 100]
+    python benchmarks/bench_sagas.py [--sagas 300] [--rounds 3] [--in-flight 100]
         [--waiting 10000] [--setups nats-pg memory-sqlite] [--no-memory] [--memory-floor]
         [--postgres-url postgresql://postgres@127.0.0.1:5432/test] [--nats-url URL]
 
-``--profile FILE`` runs one saga round per setup under cProfile and writes the stats.
+``--profile FILE`` runs one saga round per setup under cProfile and writes the stats;
+``--count-statements`` counts the PostgreSQL statements and transactions per order on each
+side (a figure the machine's noise does not move).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import cProfile
 import ctypes
@@ -434,6 +437,7 @@ class Round:
     per_second: float
     p50_ms: float
     p99_ms: float
+    cpu_ms: float  # this process's CPU time (every thread) per order, steadier than wall time
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -451,15 +455,22 @@ async def run_round(setup: str, services: Services, side: str, n: int, in_flight
     handlers = PARTICIPANTS + (FLOOR if side == "floor" else [])
     async with _app(setup, services, side, handlers) as app:
         gc.collect()
+        cpu = time.process_time()
         for order in orders:
             await probe.limit.acquire()
             starts[order.order_id] = time.time()
             await app.publish(order, key=order.order_id)
         await asyncio.wait_for(probe.done.wait(), WAIT_LIMIT)
+        cpu = time.process_time() - cpu
         ends = await (_saga_ends(app, n) if side == "saga" else _floor_ends(app, n))
     latencies = [ends[k] - starts[k] for k in starts]
     elapsed = max(ends.values()) - min(starts.values())
-    return Round(n / elapsed, _percentile(latencies, 0.5) * 1e3, _percentile(latencies, 0.99) * 1e3)
+    return Round(
+        n / elapsed,
+        _percentile(latencies, 0.5) * 1e3,
+        _percentile(latencies, 0.99) * 1e3,
+        cpu / n * 1e3,
+    )
 
 
 async def _until(check: Callable[[], Any], what: str) -> None:
@@ -599,6 +610,40 @@ def _nats(url: str | None, setups: list[str]) -> Iterator[str]:
         yield server.url
 
 
+def _count_statements(services: Services, args: argparse.Namespace) -> None:
+    """Statements and transactions per order on PostgreSQL, per side: a steady figure on a
+    noisy machine (counted by wrapping asyncpg's connection, for this diagnosis only)."""
+    import asyncpg.connection
+
+    counts: collections.Counter[str] = collections.Counter()
+    conn_cls: Any = asyncpg.connection.Connection
+    execute, executemany, simple = conn_cls._execute, conn_cls.executemany, conn_cls.execute
+
+    async def _execute(self: Any, query: str, *a: Any, **kw: Any) -> Any:
+        counts[" ".join(query.split())[:100]] += 1
+        return await execute(self, query, *a, **kw)
+
+    async def _executemany(self: Any, query: str, *a: Any, **kw: Any) -> Any:
+        counts[" ".join(query.split())[:100]] += 1
+        return await executemany(self, query, *a, **kw)
+
+    async def _simple(self: Any, query: str, *a: Any, **kw: Any) -> Any:
+        if not a:  # with arguments it goes through _execute, counted there
+            counts[" ".join(query.split())[:100]] += 1
+        return await simple(self, query, *a, **kw)
+
+    conn_cls._execute, conn_cls.executemany, conn_cls.execute = _execute, _executemany, _simple
+    for side in ("saga", "floor"):
+        asyncio.run(run_round("nats-pg", services, side, 20, args.in_flight))
+        counts.clear()
+        asyncio.run(run_round("nats-pg", services, side, args.sagas, args.in_flight))
+        total = sum(counts.values()) / args.sagas
+        begins = counts["BEGIN;"] / args.sagas
+        print(f"== {side}: {total:.1f} statements, {begins:.2f} transactions per order")
+        for query, count in counts.most_common(16):
+            print(f"{count / args.sagas:7.2f}  {query}")
+
+
 def _profile(setups: list[str], services: Services, args: argparse.Namespace) -> None:
     for setup in setups:
         asyncio.run(run_round(setup, services, "saga", min(args.sagas, 100), args.in_flight))
@@ -615,7 +660,7 @@ def _profile(setups: list[str], services: Services, args: argparse.Namespace) ->
 def main() -> None:
     """Alternate saga and floor rounds per setup, then the memory phase; print the figures."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--sagas", type=int, default=400, help="orders per round")
+    parser.add_argument("--sagas", type=int, default=300, help="orders per round")
     parser.add_argument("--rounds", type=int, default=3, help="saga/floor round pairs")
     parser.add_argument("--in-flight", type=int, default=100, help="orders open at once")
     parser.add_argument("--waiting", type=int, default=10_000, help="open sagas, memory phase")
@@ -627,6 +672,11 @@ def main() -> None:
     parser.add_argument("--nats-url", default=None, help="an existing NATS (default: start one)")
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
     parser.add_argument("--profile", default=None, help="cProfile one saga round per setup")
+    parser.add_argument(
+        "--count-statements",
+        action="store_true",
+        help="count PostgreSQL statements per order on each side (no timing)",
+    )
     parser.add_argument("--memory-child", choices=["saga", "floor"], help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -642,6 +692,9 @@ def main() -> None:
         services = Services(nats_url, args.postgres_url)
         if args.profile:
             _profile(args.setups, services, args)
+            return
+        if args.count_statements:
+            _count_statements(services, args)
             return
         for setup in args.setups:
             _throughput(setup, services, args)
@@ -665,9 +718,9 @@ def _throughput(setup: str, services: Services, args: argparse.Namespace) -> Non
         ratios.append(saga.per_second / floor.per_second)
         print(
             f"{setup} round {i + 1}: saga {saga.per_second:,.0f}/s (p50 {saga.p50_ms:.0f} ms, "
-            f"p99 {saga.p99_ms:.0f} ms), floor {floor.per_second:,.0f}/s (p50 "
-            f"{floor.p50_ms:.0f} ms, p99 {floor.p99_ms:.0f} ms), saga/floor "
-            f"x{ratios[-1]:.2f}",
+            f"p99 {saga.p99_ms:.0f} ms, CPU {saga.cpu_ms:.1f} ms/order), floor "
+            f"{floor.per_second:,.0f}/s (p50 {floor.p50_ms:.0f} ms, p99 {floor.p99_ms:.0f} ms, "
+            f"CPU {floor.cpu_ms:.1f} ms/order), saga/floor x{ratios[-1]:.2f}",
             flush=True,
         )
 
@@ -679,8 +732,9 @@ def _throughput(setup: str, services: Services, args: argparse.Namespace) -> Non
         f"{setup}: median of {args.rounds} rounds of {args.sagas} orders (in flight "
         f"{args.in_flight}, handlers at concurrency {CONCURRENCY}): saga "
         f"{med(sagas, 'per_second'):,.0f} sagas/s, p50 {med(sagas, 'p50_ms'):.0f} ms, p99 "
-        f"{med(sagas, 'p99_ms'):.0f} ms; floor {med(floors, 'per_second'):,.0f} orders/s, p50 "
-        f"{med(floors, 'p50_ms'):.0f} ms, p99 {med(floors, 'p99_ms'):.0f} ms; saga/floor "
+        f"{med(sagas, 'p99_ms'):.0f} ms, CPU {med(sagas, 'cpu_ms'):.1f} ms/saga; floor "
+        f"{med(floors, 'per_second'):,.0f} orders/s, p50 {med(floors, 'p50_ms'):.0f} ms, p99 "
+        f"{med(floors, 'p99_ms'):.0f} ms, CPU {med(floors, 'cpu_ms'):.1f} ms/order; saga/floor "
         f"x{ratio:.2f} (target >= x{THROUGHPUT_TARGET}: "
         f"{'met' if ratio >= THROUGHPUT_TARGET else 'NOT met'})",
         flush=True,
