@@ -17,7 +17,7 @@ Control state (``Control``) is saved beside the saga's own fields after every in
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -95,14 +95,26 @@ class Control:
     seq: int = 0  # inputs applied: names timer tokens
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON form."""
-        return asdict(self)
+        """The JSON form (a copy: changing this control later leaves it as it is)."""
+        return {name: _json_copy(getattr(self, name)) for name in self.__dataclass_fields__}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Control:
-        """Read back :meth:`as_dict` (unknown keys from a newer version are ignored)."""
+        """Read back :meth:`as_dict` (unknown keys from a newer version are ignored). The
+        control owns copies: the machine changes it in place, and ``data`` may be what the
+        store holds (the memory store returns its own envelopes), which a handling that
+        rolls back must leave unchanged."""
         known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: _json_copy(v) for k, v in data.items() if k in known})
+
+
+def _json_copy(value: Any) -> Any:
+    """A copy of a JSON value's lists and dicts (the scalars are immutable)."""
+    if isinstance(value, dict):
+        return {k: _json_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_copy(v) for v in value]
+    return value
 
 
 @dataclass

@@ -355,7 +355,10 @@ class SagaRuntime:
                 raise ConcurrencyError(definition.stream_prefix + key, -1, -1)
         for topic, command in self.sagas.commands(definition, machine.control, machine.out, env):
             await ctx.publish(command, topic=topic)
-        if machine.out.timers_set:
+        # The timer loop looks at least every _TIMER_POLL seconds: wake it only for a timer
+        # due before its next look (waking it for every step's timeout cost two queries).
+        timers = machine.out.timers_set
+        if timers and min(due for due, _ in timers.values()) < time.time() + _TIMER_POLL:
             self._wake.set()
 
     # -- timers --------------------------------------------------------------------------

@@ -1,0 +1,68 @@
+"""A loaded saga's control state is its own: changing it (the machine does, before a save that
+may roll back) never changes what the store holds (the memory store keeps the envelopes it
+returns)."""
+
+from __future__ import annotations
+
+from eventflow.sagas.machine import Control, Machine
+from eventflow.sagas.persistence import SagaStore
+from eventflow.stores import store_for
+
+from .shop import OrderPlaced, OrderSaga, StockReserved
+
+
+def test_from_dict_and_as_dict_share_nothing_with_their_input() -> None:
+    data = Control(key="k", done=["reserve"], timers={"step:charge": {"due": 1.0}}).as_dict()
+    control = Control.from_dict(data)
+    control.done.append("charge")
+    control.timers["step:charge"]["due"] = 2.0
+    control.timers["step:ship"] = {"due": 3.0}
+    assert data["done"] == ["reserve"]
+    assert data["timers"] == {"step:charge": {"due": 1.0}}
+    out = control.as_dict()
+    control.done.append("ship")
+    control.timers["step:charge"]["due"] = 4.0
+    assert out["done"] == ["reserve", "charge"]
+    assert out["timers"]["step:charge"] == {"due": 2.0}
+
+
+async def test_a_handling_that_rolls_back_leaves_the_stored_saga_as_it_was() -> None:
+    store = store_for("memory://")
+    await store.open()
+    try:
+        persistence = SagaStore(store)
+        await persistence.setup()
+        definition = OrderSaga.definition
+        saga = OrderSaga()
+        machine = Machine(saga, Control(key="o-1"), 1000.0)
+        await machine.start(OrderPlaced(order_id="o-1"), "m-1", "m-1")
+        async with store.transaction() as tx:
+            await persistence.save(
+                tx,
+                definition,
+                0,
+                saga.model_dump(mode="json"),
+                machine.control,
+                machine.out,
+                source="test",
+                cause=None,
+                now=1000.0,
+            )
+        before = await persistence.load(definition, "o-1")
+        assert before is not None
+        stored = before.control.as_dict()
+        # A reply is applied to the loaded state, and the handling then fails (no save).
+        loaded = await persistence.load(definition, "o-1")
+        assert loaded is not None
+        again = Machine(OrderSaga.model_validate(loaded.state), loaded.control, 1001.0)
+        await again.message(
+            StockReserved(order_id="o-1"),
+            "m-2",
+            loaded.control.issued[-1],
+        )
+        assert loaded.control.done == ["reserve"]  # the machine did change its copy
+        after = await persistence.load(definition, "o-1")
+        assert after is not None
+        assert after.control.as_dict() == stored
+    finally:
+        await store.close()
