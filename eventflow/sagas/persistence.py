@@ -18,6 +18,7 @@ memory store keeps them in dicts, applied when its transaction commits.
 from __future__ import annotations
 
 import builtins
+import copy
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -123,7 +124,10 @@ class SagaStore:
                     f"the last event of {stream!r} carries no saga state: the stream was "
                     "written by something other than eventflow's sagas"
                 )
-            return Loaded(rec.stream_version, saga["state"], Control.from_dict(saga["control"]))
+            # A copy: the memory store hands out its stored envelope's data, which a handling
+            # that changes the saga and then rolls back must leave as it was.
+            state = copy.deepcopy(saga["state"]) if not self._sql else saga["state"]
+            return Loaded(rec.stream_version, state, Control.from_dict(saga["control"]))
         return None
 
     async def history(self, saga_id: str) -> builtins.list[dict[str, Any]]:

@@ -66,3 +66,37 @@ async def test_a_handling_that_rolls_back_leaves_the_stored_saga_as_it_was() -> 
         assert after.control.as_dict() == stored
     finally:
         await store.close()
+
+
+async def test_a_loaded_state_shares_nothing_with_the_stored_one() -> None:
+    """Fields typed ``Any`` (or dicts) keep what ``model_validate`` is given: a handling that
+    changes one and then fails must not change the memory store's copy."""
+    store = store_for("memory://")
+    await store.open()
+    try:
+        persistence = SagaStore(store)
+        definition = OrderSaga.definition
+        saga = OrderSaga()
+        machine = Machine(saga, Control(key="o-2"), 1000.0)
+        await machine.start(OrderPlaced(order_id="o-2"), "m-1", "m-1")
+        state = saga.model_dump(mode="json")
+        state["extra_notes"] = {"seen": ["m-1"]}  # stands for a nested Any value
+        async with store.transaction() as tx:
+            await persistence.save(
+                tx,
+                definition,
+                0,
+                state,
+                machine.control,
+                machine.out,
+                source="test",
+                cause=None,
+                now=1000.0,
+            )
+        first = await persistence.load(definition, "o-2")
+        assert first is not None
+        first.state["extra_notes"]["seen"].append("m-2")  # changed, then never saved
+        again = await persistence.load(definition, "o-2")
+        assert again is not None and again.state["extra_notes"] == {"seen": ["m-1"]}
+    finally:
+        await store.close()
