@@ -274,16 +274,6 @@ def _check_history(oid: str, kind: str, history: list[tuple[str, str | None]]) -
         ], history
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "hole: a saga process started after a step's deadline fires the overdue timer once "
-        "its consumers' fetches find nothing, but on NATS the partitions a killed member "
-        "still claims (and the messages it held) are invisible until its lease (ack_wait) "
-        "runs out, so an empty fetch does not mean the broker has nothing left: the reply "
-        "that reached the broker before the deadline loses to the timeout"
-    ),
-)
 @pytest.mark.timeout(90)
 async def test_a_reply_in_a_killed_members_partition_before_the_deadline_wins(
     nats_base: str, saga_store_url: str, effects_store_url: str
