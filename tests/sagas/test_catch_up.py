@@ -28,7 +28,7 @@ Wait = Callable[..., Awaitable[None]]
 class FakeConsumer:
     """A saga consumer whose broker tells ``values`` (one per ask; the last repeats)."""
 
-    def __init__(self, group: str, *values: int | None | Exception) -> None:
+    def __init__(self, group: str, *values: int | Exception | None) -> None:
         self.group = group
         self.caught_up_at = 0.0
         self.values = list(values)
@@ -89,7 +89,7 @@ async def test_timers_due_after_the_start_and_past_the_limit_do_not_wait() -> No
 
 @pytest.mark.parametrize("answer", [None, BrokerError("down")])
 async def test_a_broker_that_cannot_tell_leaves_the_empty_fetch_rule(
-    answer: None | Exception,
+    answer: Exception | None,
 ) -> None:
     consumer = FakeConsumer(GROUP, answer)
     runtime = _runtime(consumer)
