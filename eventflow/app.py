@@ -24,7 +24,7 @@ from .errors import BrokerError, ComponentFailedError, ConfigurationError, Messa
 from .events import Event, EventRegistry, default_registry, envelope_for, to_envelope
 from .headers import MESSAGE_ID_HEADER
 from .patterns import overlap, validate_topic
-from .ports import Broker, DedupStore, Store
+from .ports import Broker, DedupStore, Store, declared
 from .projections import Projection, ProjectionRunner
 from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
@@ -315,6 +315,7 @@ class App:
                     self._consumers.append(consumer)
                 saga_classes = self._saga_runtime.classes
                 if saga_classes:
+                    declared(self.broker, Broker, "backlog")  # overdue timers ask it
                     self._saga_runtime.starting()
                     await self.sagas.persistence.setup()
                     for consumer in self._consumers:
