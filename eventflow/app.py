@@ -24,7 +24,7 @@ from .errors import BrokerError, ComponentFailedError, ConfigurationError, Messa
 from .events import Event, EventRegistry, default_registry, envelope_for, to_envelope
 from .headers import MESSAGE_ID_HEADER
 from .patterns import overlap, validate_topic
-from .ports import Broker, DedupStore, Store
+from .ports import Broker, DedupStore, Store, declared
 from .projections import Projection, ProjectionRunner
 from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
@@ -324,6 +324,7 @@ class App:
                 self._consumers.extend(consumers)
                 saga_classes = self._saga_runtime.classes
                 if saga_classes:
+                    declared(self.broker, Broker, "backlog")  # overdue timers ask it
                     await self.sagas.persistence.setup()
                     self._saga_runtime.begin(self._consumers)
                 self._started = True

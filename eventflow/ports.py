@@ -154,6 +154,15 @@ class Broker(Protocol):
     async def subscribe(self, pattern: str, *, group: str) -> Subscription:
         """Join ``group`` on ``pattern``; messages published after this returns reach it."""
 
+    async def backlog(self, pattern: str, *, group: str) -> int | None:
+        """How many messages ``group`` still has to handle on ``pattern``: those not yet
+        delivered to it plus those delivered and not yet acked (or, on Kafka, not yet
+        committed), across every member of the group, including members of other processes
+        and members that died and still hold partitions. 0 means everything that reached
+        the broker for the group before the call is settled (an ack may take a moment to
+        count). None: this broker cannot tell (a caller then falls back to its own
+        evidence). Raises ``BrokerError`` when the broker cannot be asked (it is down)."""
+
 
 @runtime_checkable
 class DedupStore(Protocol):

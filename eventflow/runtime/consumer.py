@@ -17,7 +17,7 @@ starts a new run on a new subscription.
 
 from __future__ import annotations
 
-from ..ports import DedupStore, Subscription
+from ..ports import Broker, DedupStore, Subscription, declared
 from ..subscribe import HandlerSpec, Signature
 from .dispatch import Dispatcher
 from .host import ConsumerHost
@@ -61,6 +61,13 @@ class Consumer:
         """Wall time at which a fetch began that found nothing left and nothing unsettled
         (0.0: not in this run yet): what the broker held before then is handled."""
         return self._dispatcher.caught_up_at if self._dispatcher is not None else 0.0
+
+    async def backlog(self) -> int | None:
+        """What this consumer's group still has to handle on its pattern, across every
+        member (``Broker.backlog``); None when the broker cannot tell."""
+        backlog = declared(self.host.broker, Broker, "backlog")
+        value: int | None = await backlog(self.spec.pattern, group=self.group)
+        return value
 
     @property
     def stats(self) -> ConsumerStats:

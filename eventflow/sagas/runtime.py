@@ -11,9 +11,11 @@ message again, counted in ``conflicts``.
 Timers: one loop per saga class, holding the store lease ``eventflow:saga-timers:<name>``
 (one instance at a time across processes), fires due timers, each in a store transaction
 fenced by that lease. A timer that came due while no instance ran waits, when the app
-starts, until the saga's consumers have caught up with the broker (a fetch found nothing
-left), at most ``catch_up_limit`` seconds: a reply that reached the broker before the
-deadline wins over the timeout.
+starts, until the broker has nothing left for the saga's group (``Broker.backlog`` is 0 on
+each of its patterns: nothing undelivered, nothing delivered and not acked, also what a
+killed member still holds), at most ``catch_up_limit`` seconds: a reply that reached the
+broker before the deadline wins over the timeout. A broker that cannot tell its backlog
+(None) leaves the older rule: each saga consumer had a fetch that found nothing left.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from .._logging import Throttled
 from ..context import Context
 from ..envelope import Envelope, hashed_id
-from ..errors import ConcurrencyError, ConfigurationError
+from ..errors import BrokerError, ConcurrencyError, ConfigurationError
 from ..events import Event, EventRegistry, envelope_for
 from ..headers import TRACEPARENT_HEADER
 from ..ports import Store
@@ -44,9 +47,11 @@ if TYPE_CHECKING:
 __all__ = ["SagaRuntime", "Sagas"]
 
 _log = logging.getLogger("eventflow.sagas")
+_warn = Throttled(_log)
 _S = TypeVar("_S", bound=Saga)
 _MAX_CONFLICTS = 50
 _TIMER_POLL = 0.5
+_BACKLOG_CACHE = 0.2
 DEFAULT_CATCH_UP_LIMIT = 30.0
 
 
@@ -60,6 +65,9 @@ class CaughtUp(Protocol):
     @property
     def caught_up_at(self) -> float:
         """When a fetch last found nothing left (wall time; 0.0: not yet)."""
+
+    async def backlog(self) -> int | None:
+        """What the group still has to handle on the consumer's pattern (None: unknown)."""
 
 
 def _check_classes(classes: Iterable[object]) -> tuple[type[Saga], ...]:
@@ -258,6 +266,7 @@ class SagaRuntime:
         self._started_at = 0.0
         self._wake = asyncio.Event()
         self._caught_up: dict[str, builtins.list[CaughtUp]] = {}
+        self._backlogs: dict[str, tuple[float, int | None]] = {}  # group -> (at, sum)
 
     # -- handlers ------------------------------------------------------------------------
 
@@ -376,7 +385,7 @@ class SagaRuntime:
                 self._wake.clear()
                 now = time.time()
                 for row in await store.due(names, now):
-                    if not self._may_fire(definition, row, now):
+                    if not await self._may_fire(definition, row, now):
                         continue
                     await self._fire(cls, row, lease)
                 nxt = await store.next_due(names)
@@ -384,13 +393,45 @@ class SagaRuntime:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.005))
 
-    def _may_fire(self, definition: SagaDefinition, row: TimerRow, now: float) -> bool:
-        """A timer due before this app started fires once the saga's consumers have caught
-        up with the broker (or ``catch_up_limit`` after the start)."""
+    async def _may_fire(self, definition: SagaDefinition, row: TimerRow, now: float) -> bool:
+        """A timer due before this app started fires once the broker has nothing left for
+        the saga's group (or ``catch_up_limit`` after the start); with a broker that cannot
+        tell, once each saga consumer had a fetch that found nothing left."""
         if row.due >= self._started_at or now >= self._started_at + self.catch_up_limit:
             return True
-        watched = self._caught_up.get(f"saga.{definition.name}", [])
+        group = f"saga.{definition.name}"
+        watched = self._caught_up.get(group, [])
+        backlog = await self._backlog(group, watched, now)
+        if backlog is not None:
+            return backlog == 0
         return all(c.caught_up_at >= self._started_at for c in watched)
+
+    async def _backlog(self, group: str, watched: Sequence[CaughtUp], now: float) -> int | None:
+        """The group's backlog over its consumers' patterns, asked at most every
+        ``_BACKLOG_CACHE`` seconds; None if the broker cannot tell (or cannot be asked)."""
+        cached = self._backlogs.get(group)
+        if (
+            cached is not None
+            and self._started_at <= cached[0]
+            and now - cached[0] < _BACKLOG_CACHE
+        ):
+            return cached[1]
+        total: int | None
+        try:
+            values = await asyncio.gather(*(c.backlog() for c in watched))
+        except BrokerError as exc:
+            _warn.warning(
+                f"backlog {group}",
+                "saga group %s: the broker did not tell its backlog (%s); overdue timers "
+                "wait for an empty fetch instead",
+                group,
+                exc,
+            )
+            total = None
+        else:
+            total = None if None in values else sum(v for v in values if v is not None)
+        self._backlogs[group] = (now, total)
+        return total
 
     async def _fire(self, cls: type[Saga], row: TimerRow, lease: Lease) -> None:
         definition = cls.definition

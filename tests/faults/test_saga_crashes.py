@@ -11,8 +11,9 @@ saga process is killed while named timers wait and kept down past their due time
 once the process is back, once.
 
 The orders that get shipped have a long shipping deadline and the ones that never do a
-short one (two saga classes, one definition): a short deadline loses to a reply that a kill
-held up in the broker, a hole shown by the last test here (marked xfail, strict).
+short one (two saga classes, one definition). The last test here holds a reply in the
+partition of a killed member past a short deadline: the overdue timer waits until the
+group's backlog on the broker is 0 (``Broker.backlog``), so the reply still wins.
 """
 
 from __future__ import annotations
@@ -274,16 +275,6 @@ def _check_history(oid: str, kind: str, history: list[tuple[str, str | None]]) -
         ], history
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "hole: a saga process started after a step's deadline fires the overdue timer once "
-        "its consumers' fetches find nothing, but on NATS the partitions a killed member "
-        "still claims (and the messages it held) are invisible until its lease (ack_wait) "
-        "runs out, so an empty fetch does not mean the broker has nothing left: the reply "
-        "that reached the broker before the deadline loses to the timeout"
-    ),
-)
 @pytest.mark.timeout(90)
 async def test_a_reply_in_a_killed_members_partition_before_the_deadline_wins(
     nats_base: str, saga_store_url: str, effects_store_url: str

@@ -1,6 +1,7 @@
 """Capabilities a store declares on its port (``durable``, ``supports_sql``,
-``outbox.added``) decide what the core does; an adapter that lacks one gets a
-``ConfigurationError`` naming the port, not a silently different behaviour."""
+``outbox.added``), and a broker on its (``backlog``, asked by sagas), decide what the core
+does; an adapter that lacks one gets a ``ConfigurationError`` naming the port, not a
+silently different behaviour."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, cast
 
 import pytest
 
-from eventflow import ConfigurationError
+from eventflow import App, ConfigurationError, Event, Saga
 from eventflow.adapters.memory.store import MemoryDeadLetterStore, MemoryStore
 from eventflow.brokers import open_broker
 from eventflow.cli import main
@@ -114,3 +115,42 @@ def test_the_cli_names_what_a_third_party_store_lacks(
 def test_outbox_port_declares_added() -> None:
     assert "added" in dir(Outbox)
     assert "durable" in dir(Store) and "supports_sql" in dir(Store)
+
+
+class OldBroker:
+    """A third-party broker written before ``Broker.backlog`` was declared."""
+
+    def __init__(self) -> None:
+        self._inner = open_broker("memory://old-broker")
+        self.url = self._inner.url
+
+    async def start(self, supervisor: Any = None) -> None:
+        await self._inner.start(supervisor)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    async def publish(self, topic: str, payload: bytes, **kw: Any) -> None:
+        await self._inner.publish(topic, payload, **kw)
+
+    async def subscribe(self, pattern: str, *, group: str) -> Any:
+        return await self._inner.subscribe(pattern, group=group)
+
+
+class CapPlaced(Event, type="captest.order.placed"):
+    order_id: str
+
+
+class CapSaga(Saga, name="captest.order", start=CapPlaced, key="order_id"):
+    """A saga with nothing to do but start."""
+
+    order_id: str = ""
+
+
+async def test_an_app_with_sagas_refuses_a_broker_without_backlog() -> None:
+    app = App("old", broker=cast(Any, OldBroker()), sagas=[CapSaga])
+    with pytest.raises(ConfigurationError, match=r"OldBroker lacks 'backlog'.*ports\.Broker"):
+        await app.start()
+    await app.stop()
+    async with App("old", broker=cast(Any, OldBroker())):  # no sagas: not needed
+        pass

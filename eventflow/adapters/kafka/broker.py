@@ -51,6 +51,7 @@ class KafkaBroker:
         """Whether the producer is idempotent (None until started)."""
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
+        self._offsets: AIOKafkaConsumer | None = None  # group-less, for backlog()
         self._subs: set[KafkaSubscription] = set()
         self._names: dict[str, str] = {}  # eventflow topic -> Kafka topic known to exist
         self._lock = asyncio.Lock()
@@ -163,8 +164,8 @@ class KafkaBroker:
         """Close every subscription (committing finished work), then disconnect. Idempotent."""
         async with self._lock:
             own, self._own_supervisor = self._own_supervisor, None
-            producer, admin = self._producer, self._admin
-            self._producer = self._admin = None
+            producer, admin, offsets = self._producer, self._admin, self._offsets
+            self._producer = self._admin = self._offsets = None
             self._names.clear()
             try:
                 for sub in list(self._subs):
@@ -178,6 +179,8 @@ class KafkaBroker:
                     await own.close()
                 if producer is not None:
                     await producer.stop()
+                if offsets is not None:
+                    await close_client(offsets)
                 if admin is not None:
                     await admin.close()
 
@@ -339,6 +342,51 @@ class KafkaBroker:
             await sub.close()
             raise
         return sub
+
+    async def backlog(self, pattern: str, *, group: str) -> int:
+        """What ``group`` still has to handle on ``pattern``: over the partitions of the
+        topics matching it now, the end offset minus the group's committed offset (a
+        partition the group never committed counts from its first offset). Members commit
+        every ``commit_interval``, so a message counts until the commit after its ack."""
+        admin = self._live_admin()
+        validate_pattern(pattern)
+        cfg = self.config
+        regex = pattern_regex(pattern, cfg.topic_prefix)
+        exact = None if is_wildcard(pattern) else kafka_topic(pattern, cfg.topic_prefix)
+        try:
+            consumer = await self._offsets_client()
+            ends = await self._end_offsets(admin, consumer, regex, exact)
+            if not ends:
+                return 0
+            tps = list(ends)
+            committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+            missing = [tp for tp in tps if tp not in committed or committed[tp].offset < 0]
+            starts = await consumer.beginning_offsets(missing) if missing else {}
+        except KafkaError as exc:
+            raise BrokerError(
+                f"kafka: could not tell the backlog of group {group!r} on {pattern!r}: "
+                f"{exc!r}; are the brokers up?"
+            ) from exc
+        total = 0
+        for tp, end in ends.items():
+            done = int(starts[tp]) if tp in starts else int(committed[tp].offset)
+            total += max(0, end - done)
+        return total
+
+    async def _offsets_client(self) -> AIOKafkaConsumer:
+        """A group-less consumer client for end and beginning offsets (made on first use)."""
+        async with self._lock:
+            if self._producer is None:
+                raise BrokerError("kafka broker is not started: call `await broker.start()` first")
+            if self._offsets is None:
+                client = self._new_consumer(enable_auto_commit=False)
+                try:
+                    await client.start()
+                except BaseException:
+                    await close_client(client)
+                    raise
+                self._offsets = client
+            return self._offsets
 
     def _new_consumer(self, **options: Any) -> AIOKafkaConsumer:
         """A consumer client of the brokers (one place, so a fault test can wrap it)."""

@@ -194,6 +194,12 @@ class MemoryBroker:
         self._subs.add(sub)
         return sub
 
+    async def backlog(self, pattern: str, *, group: str) -> int:
+        """Messages of ``group`` on ``pattern`` not yet acked (undelivered, out to a member,
+        or to be delivered again); 0 for a group nobody subscribed yet."""
+        state = self._live_hub().groups.get((group, pattern))
+        return state.size if state is not None else 0
+
     def group_sizes(self) -> dict[tuple[str, str], int]:
         """Unacked messages per (group, pattern): the lag of each group, for status and tests."""
         hub = self._live_hub()

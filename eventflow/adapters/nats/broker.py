@@ -29,13 +29,14 @@ from ...headers import KEY_HEADER, MESSAGE_ID_HEADER
 from ...patterns import validate_pattern, validate_topic
 from ...ports import Subscription
 from ...supervision import Supervisor
-from .config import NatsBrokerConfig, group_id, partition_of
+from .config import NatsBrokerConfig, consumer_name, group_id, partition_of
 
 try:
     from nats.aio.client import Client
     from nats.errors import ConnectionClosedError, MaxPayloadError, NoRespondersError
     from nats.errors import Error as NatsError
     from nats.js import JetStreamContext
+    from nats.js.errors import NotFoundError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("nats-py", "nats") from exc
 
@@ -357,3 +358,32 @@ class NatsBroker:
             await sub.close()
             raise
         return sub
+
+    async def backlog(self, pattern: str, *, group: str) -> int:
+        """What ``group`` still has to handle on ``pattern``: over its partition consumers,
+        the messages not yet delivered (``num_pending``) plus those delivered and not acked
+        (``num_ack_pending``: held by a member, live or dead, or waiting for redelivery).
+        A partition consumer that does not exist (nobody subscribed yet) counts 0. Acks
+        are sent without waiting, so one may count for a moment after ``ack`` returned."""
+        self._connection()
+        js = self._js
+        assert js is not None  # set with the connection
+        validate_pattern(pattern)
+        cfg = self.config
+        gid = group_id(group, pattern)
+
+        async def one(partition: int) -> int:
+            name = consumer_name(gid, partition)
+            try:
+                info = await js.consumer_info(cfg.stream, name, timeout=cfg.request_timeout)
+            except NotFoundError:
+                return 0
+            except (NatsError, TimeoutError) as exc:
+                raise BrokerError(
+                    f"NATS did not tell the backlog of consumer {name!r} of stream "
+                    f"{cfg.stream!r} ({type(exc).__name__}: {exc}); is the server up?"
+                ) from exc
+            return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+
+        counts = await asyncio.gather(*(one(p) for p in range(cfg.partitions)))
+        return sum(counts)

@@ -21,6 +21,7 @@ A network broker's module also subclasses :class:`StartupContract` (the first co
 bounded and interruptible), providing ``broker_at``.
 """
 
+from .backlog import BacklogContract
 from .delivery import DeliveryContract
 from .groups import GroupContract
 from .redelivery import RedeliveryContract
@@ -37,6 +38,7 @@ from .support import (
 )
 
 __all__ = [
+    "BacklogContract",
     "BrokerAt",
     "BrokerContract",
     "BrokerFactory",
@@ -52,8 +54,8 @@ __all__ = [
 
 
 # Bases in reverse: pytest runs inherited tests in reverse MRO order, so this runs the
-# delivery tests first, then groups, then settling, redelivery and lifecycle.
-class BrokerContract(RedeliveryContract, GroupContract, DeliveryContract):
+# delivery tests first, then groups, then settling, redelivery and lifecycle, then backlog.
+class BrokerContract(BacklogContract, RedeliveryContract, GroupContract, DeliveryContract):
     """The guarantees of :class:`eventflow.ports.Broker`, as tests every adapter must pass.
 
     Subclass it as ``class TestXBroker(BrokerContract)`` and provide the ``broker_factory``
