@@ -45,9 +45,7 @@ class FakeConsumer:
 def _runtime(*consumers: FakeConsumer, limit: float = 30.0) -> SagaRuntime:
     sagas = Sagas(store_for("memory://"), default_registry, "test")
     runtime = SagaRuntime([OrderSaga], sagas, default_registry, catch_up_limit=limit)
-    runtime.starting()
-    for consumer in consumers:
-        runtime.watch_consumer(consumer)
+    runtime.begin(consumers)
     return runtime
 
 
