@@ -21,12 +21,16 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from eventflow import App, Context, Event, Saga, on_timer, step, subscribe
+from eventflow.testing import unique_name
+from eventflow.testing.postgres import isolated_schema, postgres_url
 
 SHIP_TIMEOUT = 60.0
 """Seconds the order saga waits for shipping: above what a storm of kills delays a reply by
@@ -291,6 +295,34 @@ def participants(gate: ShippingGate | None = None) -> list[Any]:
 
 
 # -- for the tests: the saga process from outside, and reading the stores -------------------
+
+
+def nats_saga_url(nats_base: str, prefix: str) -> str:
+    """A NATS URL on a stream of the test's own, with short claims and acks (a killed
+    member's partitions and unacked messages pass on within seconds)."""
+    stream = unique_name(prefix).upper()
+    return (
+        f"{nats_base}?stream={stream}&ack_wait=1&lease_ttl=1.5&heartbeat_interval=0.25&partitions=4"
+    )
+
+
+@asynccontextmanager
+async def saga_schema(lease_ttl: float) -> AsyncIterator[str]:
+    """A PostgreSQL schema of its own for the saga processes, with a short lease TTL."""
+    async with isolated_schema(postgres_url()) as url:
+        yield f"{url}&lease_ttl={lease_ttl}"
+
+
+@asynccontextmanager
+async def effects_schema() -> AsyncIterator[str]:
+    """A PostgreSQL schema of its own for the participants, with their effects table."""
+    async with isolated_schema(postgres_url()) as url:
+        conn = await connect(url)
+        try:
+            await conn.execute(EFFECTS_TABLE)
+        finally:
+            await conn.close()
+        yield url
 
 
 async def connect(store_url: str) -> asyncpg.Connection:

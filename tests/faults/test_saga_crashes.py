@@ -32,10 +32,8 @@ from eventflow.events import EventRegistry
 from eventflow.sagas.runtime import Sagas
 from eventflow.testing import eventually, unique_name
 from eventflow.testing.nats_server import nats_service_url
-from eventflow.testing.postgres import isolated_schema, postgres_url
 
 from .saga_app import (
-    EFFECTS_TABLE,
     FxHoldPlaced,
     FxLatePlaced,
     FxLateSaga,
@@ -46,8 +44,11 @@ from .saga_app import (
     SagaProcess,
     ShippingGate,
     connect,
+    effects_schema,
     ended,
+    nats_saga_url,
     participants,
+    saga_schema,
     transitions,
 )
 
@@ -76,28 +77,20 @@ def nats_base() -> Iterator[str]:
 
 @pytest.fixture
 def broker_url(nats_base: str) -> str:
-    stream = unique_name("FXSAGA").upper()
-    return (
-        f"{nats_base}?stream={stream}&ack_wait=1&lease_ttl=1.5&heartbeat_interval=0.25&partitions=4"
-    )
+    return nats_saga_url(nats_base, "FXSAGA")
 
 
 @pytest.fixture
 async def saga_store_url() -> AsyncIterator[str]:
     """The saga process's store."""
-    async with isolated_schema(postgres_url()) as url:
-        yield f"{url}&lease_ttl={LEASE_TTL}"
+    async with saga_schema(LEASE_TTL) as url:
+        yield url
 
 
 @pytest.fixture
 async def effects_store_url() -> AsyncIterator[str]:
     """The participants' store, with their effects table."""
-    async with isolated_schema(postgres_url()) as url:
-        conn = await connect(url)
-        try:
-            await conn.execute(EFFECTS_TABLE)
-        finally:
-            await conn.close()
+    async with effects_schema() as url:
         yield url
 
 
