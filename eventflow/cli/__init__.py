@@ -14,13 +14,15 @@
     eventflow sagas diagram MODULE:SAGA           a Mermaid state diagram of a saga class
 
 Exit codes: 0 success, 1 the command failed (unknown id, failed check), 2 bad usage (bad
-MODULE:APP, bad URL, missing option), 130 interrupted. User errors print one line on
-stderr, never a traceback.
+MODULE:APP, bad URL, missing option), 130 interrupted, 141 the reader of the output went
+away (``| head``). User errors print one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -34,6 +36,8 @@ from . import trace as _trace
 from ._common import EXIT_FAILURE, CliError
 
 __all__ = ["build_parser", "main"]
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that went away
 
 
 def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -116,3 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("eventflow: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`eventflow ... | head`): stop quietly, as shell tools do.
+        # stdout goes to /dev/null so that the interpreter's last flush does not fail too.
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
