@@ -202,8 +202,8 @@ async def _list(args: argparse.Namespace, target: Target, sagas: Sagas) -> int:
             r.name,
             r.key,
             r.status,
-            format_time(_utc(r.started)),
-            format_time(_utc(r.updated)),
+            format_time(r.started),
+            format_time(r.updated),
         ]
         for r in rows
     ]
@@ -218,8 +218,8 @@ def row_as_dict(row: IndexRow) -> dict[str, Any]:
         "name": row.name,
         "key": row.key,
         "status": row.status,
-        "started": _utc(row.started).isoformat(),
-        "updated": _utc(row.updated).isoformat(),
+        "started": row.started.isoformat(),
+        "updated": row.updated.isoformat(),
     }
 
 
@@ -241,7 +241,7 @@ async def _show(args: argparse.Namespace, sagas: Sagas) -> int:
         "status": control.status,
         "reason": control.reason,
         "started": started.isoformat(),
-        "updated": _utc(row.updated).isoformat() if row is not None else None,
+        "updated": row.updated.isoformat() if row is not None else None,
         "correlation_id": control.correlation_id,
         "waiting": control.waiting,
         "timers": {
@@ -261,7 +261,7 @@ async def _show(args: argparse.Namespace, sagas: Sagas) -> int:
         ("status", control.status),
         ("reason", control.reason or "-"),
         ("started", _at(started)),
-        ("updated", _at(_utc(row.updated)) if row is not None else "-"),
+        ("updated", _at(row.updated) if row is not None else "-"),
         ("correlation", control.correlation_id or "-"),
         ("waiting", _waiting(control)),
         ("timers", ", ".join(f"{n} due {_at(_utc(t['due']))}" for n, t in control.timers.items())),

@@ -22,6 +22,7 @@ import copy
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from ..envelope import Envelope, hashed_id
@@ -54,8 +55,8 @@ class IndexRow:
     name: str
     key: str
     status: str
-    started: float
-    updated: float
+    started: datetime
+    updated: datetime
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class SagaStore:
         )
         await self.store.append(saga_id, envelopes, expected_version=loaded_version)
         started = control.origin_ms / 1000
-        row = IndexRow(saga_id, definition.name, key, control.status, started, now)
+        row = IndexRow(saga_id, definition.name, key, control.status, _at(started), _at(now))
         timers = [
             TimerRow(saga_id, name, definition.name, key, due, token)
             for name, (due, token) in outcome.timers_set.items()
@@ -171,8 +172,8 @@ class SagaStore:
                 row.name,
                 row.key,
                 row.status,
-                row.started,
-                row.updated,
+                started,
+                now,
             )
             for name in outcome.timers_cancelled:
                 await tx.execute(
@@ -260,7 +261,7 @@ class SagaStore:
                 for r in self._memory().index.values()
                 if (name is None or r.name == name) and (status is None or r.status == status)
             ]
-            return sorted(rows, key=lambda r: -r.updated)[:limit]
+            return sorted(rows, key=lambda r: r.updated, reverse=True)[:limit]
         async with self.store.transaction() as tx:
             found = await tx.fetch(
                 "SELECT id, name, key, status, started, updated FROM ef_sagas "
@@ -270,7 +271,7 @@ class SagaStore:
                 status or "",
                 limit,
             )
-        return [IndexRow(r[0], r[1], r[2], r[3], float(r[4]), float(r[5])) for r in found]
+        return [_row(r) for r in found]
 
     async def find(self, saga_id: str) -> IndexRow | None:
         """The index row of ``saga_id``, if it exists."""
@@ -283,8 +284,7 @@ class SagaStore:
             )
         if not found:
             return None
-        r = found[0]
-        return IndexRow(r[0], r[1], r[2], r[3], float(r[4]), float(r[5]))
+        return _row(found[0])
 
     async def due(
         self, names: Sequence[str], now: float, limit: int = 100
@@ -345,6 +345,15 @@ class SagaStore:
         if tables is None:
             tables = _memory_tables[self.store] = _MemoryTables()
         return tables
+
+
+def _at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def _row(r: tuple[Any, ...]) -> IndexRow:
+    """An index row from SQL (times are stored as Unix seconds)."""
+    return IndexRow(r[0], r[1], r[2], r[3], _at(float(r[4])), _at(float(r[5])))
 
 
 def saga_store(store: Store) -> SagaStore:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,7 @@ async def test_the_order_saga_outcomes(broker_url: str, store_url: str, waiter: 
         assert any(t.kind == "ignored" and "second" in t.detail for t in ok.history)
         rows = await app.sagas.list(status="compensated")
         assert {r.key for r in rows} == {"o-rej", "o-dec", "o-late"}
+        assert all(r.started.tzinfo is UTC and r.started <= r.updated for r in rows)
         # Plain compensations count as done once issued: wait until the participants
         # handled them before leaving the app.
         await waiter(lambda: len(effects.of("o-late")) == 4 and len(effects.of("o-dec")) == 2)
