@@ -313,7 +313,9 @@ class Machine:
         self._message_id = message_id
         self.control.seq += 1
 
-    def _note(self, kind: str, step: str | None = None, detail: str = "", by: str | None = None):  # type: ignore[no-untyped-def]
+    def _note(
+        self, kind: str, step: str | None = None, detail: str = "", by: str | None = None
+    ) -> None:
         at = datetime.fromtimestamp(self.now, UTC)
         self.out.transitions.append(Transition(kind, step, at, self._message_id, detail, by))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import builtins
 import copy
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -202,11 +202,7 @@ class SagaStore:
             for t in timers:
                 tables.timers[(saga_id, t.timer)] = t
 
-        defer = getattr(tx, "defer", None)
-        if defer is None:
-            apply()
-        else:
-            defer(apply)
+        _on_commit(tx, apply)
 
     def _transition_envelopes(
         self,
@@ -330,8 +326,7 @@ class SagaStore:
                 if tables.timers.get(key) == row:
                     del tables.timers[key]
 
-            defer = getattr(tx, "defer", None)
-            apply() if defer is None else defer(apply)
+            _on_commit(tx, apply)
             return
         await tx.execute(
             "DELETE FROM ef_saga_timers WHERE saga_id = $1 AND timer = $2 AND token = $3",
@@ -345,6 +340,16 @@ class SagaStore:
         if tables is None:
             tables = _memory_tables[self.store] = _MemoryTables()
         return tables
+
+
+def _on_commit(tx: Transaction, apply: Callable[[], None]) -> None:
+    """Run ``apply`` when the memory store's transaction ``tx`` commits (now, for a
+    transaction that cannot defer)."""
+    defer = getattr(tx, "defer", None)
+    if defer is None:
+        apply()
+    else:
+        defer(apply)
 
 
 def _at(seconds: float) -> datetime:

@@ -25,7 +25,7 @@ import builtins
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .._logging import Throttled
@@ -34,7 +34,7 @@ from ..envelope import Envelope, hashed_id
 from ..errors import BrokerError, ConcurrencyError, ConfigurationError
 from ..events import Event, EventRegistry, envelope_for
 from ..headers import TRACEPARENT_HEADER
-from ..ports import Store
+from ..ports import Store, Transaction
 from ..runtime.retry import RetryPolicy
 from ..subscribe import HandlerSpec
 from .definition import Saga, SagaDefinition
@@ -160,50 +160,63 @@ class Sagas:
         """Apply a person's input in a store transaction of its own."""
         definition = cls.definition
         await self.persistence.setup()
-        for _ in range(_MAX_CONFLICTS):
-            async with self._store.transaction() as tx:
-                loaded = await self.persistence.load(definition, key)
-                if loaded is None:
-                    raise ConfigurationError(
-                        f"no saga {definition.stream_prefix}{key}: check the id with "
-                        "`eventflow sagas list`"
-                    )
-                saga = _build(cls, loaded)
-                now = time.time()
-                machine = Machine(saga, loaded.control, now)
-                outcome: Outcome = await what(machine)
-                try:
-                    await self._save(tx, definition, loaded, saga, machine, None, now)
-                except ConcurrencyError:
-                    self.conflicts += 1
-                    continue
-                await self._store.outbox.add(
-                    self.commands(definition, machine.control, outcome, None), tx=tx
-                )
-                return outcome
-        raise ConcurrencyError(definition.stream_prefix + key, -1, -1)
 
-    async def _save(
+        async def run(loaded: Loaded | None, now: float) -> Machine:
+            if loaded is None:
+                raise ConfigurationError(
+                    f"no saga {definition.stream_prefix}{key}: check the id with "
+                    "`eventflow sagas list`"
+                )
+            machine = Machine(_build(cls, loaded), loaded.control, now)
+            await what(machine)
+            return machine
+
+        async with self._store.transaction() as tx:
+            machine = await self.apply(tx, cls, key, run, cause=None)
+            assert machine is not None  # run never declines
+            await self._store.outbox.add(
+                self.commands(definition, machine.control, machine.out, None), tx=tx
+            )
+        return machine.out
+
+    async def apply(
         self,
-        tx: Any,
-        definition: SagaDefinition,
-        loaded: Loaded | None,
-        saga: Saga,
-        machine: Machine,
+        tx: Transaction,
+        cls: type[Saga],
+        key: str,
+        run: Callable[[Loaded | None, float], Awaitable[Machine | None]],
+        *,
         cause: Envelope | None,
-        now: float,
-    ) -> None:
-        await self.persistence.save(
-            tx,
-            definition,
-            loaded.version if loaded is not None else 0,
-            saga.model_dump(mode="json"),
-            machine.control,
-            machine.out,
-            source=self._source,
-            cause=cause,
-            now=now,
-        )
+    ) -> Machine | None:
+        """Load the saga of ``key``, let ``run`` apply one input to it (given the loaded
+        saga, None if it never started, and the time) and save the outcome in ``tx``. When
+        the stream moved meanwhile (another input of the saga committed first), load and
+        apply again, counted in ``conflicts``. Returns the machine that was saved, or None
+        when ``run`` declined (returned None: nothing is saved)."""
+        definition = cls.definition
+        for _ in range(_MAX_CONFLICTS):
+            loaded = await self.persistence.load(definition, key)
+            now = time.time()
+            machine = await run(loaded, now)
+            if machine is None:
+                return None
+            try:
+                await self.persistence.save(
+                    tx,
+                    definition,
+                    loaded.version if loaded is not None else 0,
+                    machine.saga.model_dump(mode="json"),
+                    machine.control,
+                    machine.out,
+                    source=self._source,
+                    cause=cause,
+                    now=now,
+                )
+            except ConcurrencyError:
+                self.conflicts += 1
+                continue
+            return machine
+        raise ConcurrencyError(definition.stream_prefix + key, -1, -1)
 
     def commands(
         self,
@@ -212,18 +225,19 @@ class Sagas:
         outcome: Outcome,
         cause: Envelope | None,
     ) -> builtins.list[tuple[str, Envelope]]:
-        """The (topic, envelope) pairs of an outcome's commands and messages: each command
-        keeps the id the machine gave it (the same on every re-run), with the saga's key."""
+        """The (topic, envelope) pairs of an input's commands and messages, with the saga's
+        key: each command keeps the id the machine gave it (the same on every re-run); a
+        plain message from a timer method gets one numbered within its input."""
         out: builtins.list[tuple[str, Envelope]] = []
         correlation = cause.correlation_id if cause is not None else control.correlation_id
         parent = cause.headers.get(TRACEPARENT_HEADER) if cause is not None else None
-        for n, (event, command_id) in enumerate(
-            [*outcome.commands, *((m, None) for m in outcome.messages)]
-        ):
-            # A plain message from a timer method: numbered within its input.
-            message_id = hashed_id(
-                control.origin_ms, definition.name, control.key, str(control.seq), str(n)
-            )
+        sent: builtins.list[tuple[Event, str | None]] = [*outcome.commands]
+        sent.extend((m, None) for m in outcome.messages)
+        for n, (event, command_id) in enumerate(sent):
+            if command_id is None:
+                command_id = hashed_id(
+                    control.origin_ms, definition.name, control.key, str(control.seq), str(n)
+                )
             env = envelope_for(
                 event,
                 source=self._source,
@@ -231,7 +245,7 @@ class Sagas:
                 correlation_id=correlation,
                 causation_id=cause.id if cause is not None else None,
                 parent_traceparent=parent,
-                id=command_id or message_id,
+                id=command_id,
             )
             out.append((env.type, env))
         return out
@@ -329,39 +343,30 @@ class SagaRuntime:
             )
             return
         is_start = event.event_type == definition.start.event_type
-        async with ctx.transaction() as tx:
-            for _ in range(_MAX_CONFLICTS):
-                loaded = await self.sagas.persistence.load(definition, key)
-                now = time.time()
-                if loaded is None and not is_start:
-                    self.sagas.stray += 1
-                    _log.warning(
-                        "saga %s: no saga %s for %s %s; acked",
-                        definition.name,
-                        key,
-                        env.type,
-                        env.id,
-                    )
-                    return
-                if loaded is None:
-                    saga = cls()
-                    machine = Machine(saga, Control(key=key), now)
-                    await machine.start(event, env.id, env.correlation_id)
-                else:
-                    saga = _build(cls, loaded)
-                    machine = Machine(saga, loaded.control, now)
-                    if is_start:
-                        machine.ignored(env.id, f"a second {env.type} for {key}: starts nothing")
-                    else:
-                        await machine.message(event, env.id, env.causation_id)
-                try:
-                    await self.sagas._save(tx, definition, loaded, saga, machine, env, now)
-                except ConcurrencyError:
-                    self.sagas.conflicts += 1
-                    continue
-                break
+
+        async def run(loaded: Loaded | None, now: float) -> Machine | None:
+            if loaded is None and not is_start:
+                self.sagas.stray += 1
+                _log.warning(
+                    "saga %s: no saga %s for %s %s; acked", definition.name, key, env.type, env.id
+                )
+                return None
+            if loaded is None:
+                machine = Machine(cls(), Control(key=key), now)
+                await machine.start(event, env.id, env.correlation_id)
+                return machine
+            machine = Machine(_build(cls, loaded), loaded.control, now)
+            if is_start:
+                machine.ignored(env.id, f"a second {env.type} for {key}: starts nothing")
             else:
-                raise ConcurrencyError(definition.stream_prefix + key, -1, -1)
+                await machine.message(event, env.id, env.causation_id)
+            return machine
+
+        async with ctx.transaction() as tx:
+            saved = await self.sagas.apply(tx, cls, key, run, cause=env)
+        if saved is None:
+            return
+        machine = saved
         for topic, command in self.sagas.commands(definition, machine.control, machine.out, env):
             await ctx.publish(command, topic=topic)
         # The timer loop looks at least every _TIMER_POLL seconds: wake it only for a timer
@@ -380,7 +385,7 @@ class SagaRuntime:
         if not self._started_at:  # run without begin(): this is the start
             self._started_at = time.time()
         names = [definition.name]
-        async with store.store.leases.hold(f"eventflow:saga-timers:{definition.name}") as lease:
+        async with store.store.leases.hold(_timer_lease(definition)) as lease:
             while True:
                 self._wake.clear()
                 now = time.time()
@@ -438,31 +443,33 @@ class SagaRuntime:
         sagas = self.sagas
         store = sagas.persistence.store
         message_id = hashed_id(0, "saga-timer", row.saga_id, row.timer, row.token)
-        for _ in range(_MAX_CONFLICTS):
-            async with store.transaction() as tx:
-                loaded = await sagas.persistence.load(definition, row.key)
-                if loaded is None:
-                    await sagas.persistence.drop_timer(tx, row)
-                    return
-                saga = _build(cls, loaded)
-                now = time.time()
-                machine = Machine(saga, loaded.control, now)
-                outcome = await machine.timer(row.timer, row.token, message_id)
-                if not outcome.changed:
-                    await sagas.persistence.drop_timer(tx, row)  # cancelled or rescheduled
-                try:
-                    await sagas._save(tx, definition, loaded, saga, machine, None, now)
-                except ConcurrencyError:
-                    sagas.conflicts += 1
-                    continue
-                await store.outbox.add(
-                    sagas.commands(definition, machine.control, machine.out, None), tx=tx
-                )
-                # Fenced: a holder that lost the lease (paused past it) commits nothing.
-                await store.checkpoints.set(
-                    f"eventflow:saga-timers:{definition.name}", int(now * 1000), tx=tx, lease=lease
-                )
+
+        async def run(loaded: Loaded | None, now: float) -> Machine | None:
+            if loaded is None:
+                return None
+            machine = Machine(_build(cls, loaded), loaded.control, now)
+            await machine.timer(row.timer, row.token, message_id)
+            return machine
+
+        async with store.transaction() as tx:
+            machine = await sagas.apply(tx, cls, row.key, run, cause=None)
+            if machine is None or not machine.out.changed:
+                # No saga, or a timer cancelled or rescheduled: its row goes.
+                await sagas.persistence.drop_timer(tx, row)
+            if machine is None:
                 return
+            await store.outbox.add(
+                sagas.commands(definition, machine.control, machine.out, None), tx=tx
+            )
+            # Fenced: a holder that lost the lease (paused past it) commits nothing.
+            await store.checkpoints.set(
+                _timer_lease(definition), int(machine.now * 1000), tx=tx, lease=lease
+            )
+
+
+def _timer_lease(definition: SagaDefinition) -> str:
+    """The lease the timer loop of a saga holds, and the checkpoint its firings are fenced by."""
+    return f"eventflow:saga-timers:{definition.name}"
 
 
 def _key_of(definition: SagaDefinition, event: Event, env: Envelope) -> str | None:
@@ -470,8 +477,3 @@ def _key_of(definition: SagaDefinition, event: Event, env: Envelope) -> str | No
     if value is not None and value != "":
         return str(value)
     return env.key
-
-
-def saga_classes(items: Sequence[object]) -> tuple[type[Saga], ...]:
-    """Check ``App(sagas=...)``."""
-    return _check_classes(items)
