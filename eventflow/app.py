@@ -22,6 +22,7 @@ from .brokers import open_broker
 from .envelope import Envelope, new_id
 from .errors import BrokerError, ComponentFailedError, ConfigurationError, MessageRefusedError
 from .events import Event, EventRegistry, default_registry, envelope_for, to_envelope
+from .groups import GroupSpec
 from .headers import MESSAGE_ID_HEADER
 from .patterns import overlap, validate_topic
 from .ports import Broker, DedupStore, Store, declared
@@ -148,6 +149,16 @@ class App:
     def groups(self) -> tuple[str, ...]:
         """The consumer groups of this app's handlers."""
         return tuple(dict.fromkeys(group for _, group, _ in self._bindings))
+
+    @property
+    def subscriptions(self) -> tuple[GroupSpec, ...]:
+        """Every (group, pattern) this app's handlers and sagas join, with where the group
+        begins if it does not exist yet: what ``eventflow groups declare`` creates."""
+        return tuple(
+            dict.fromkeys(
+                GroupSpec(group, spec.pattern, spec.start) for spec, group, _ in self._bindings
+            )
+        )
 
     @property
     def dead_letter_groups(self) -> tuple[str, ...] | None:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from .envelope import Envelope
 from .errors import ConfigurationError
@@ -40,11 +40,18 @@ __all__ = [
     "OutboxMessage",
     "RecordedEvent",
     "Snapshot",
+    "StartPosition",
     "Store",
     "Subscription",
     "Transaction",
     "declared",
 ]
+
+
+StartPosition = Literal["latest", "earliest"]
+"""Where a consumer group that does not exist yet begins: at the end of its topics
+(``"latest"``: only messages published from then on) or at the oldest message the broker
+keeps (``"earliest"``). See :meth:`Broker.subscribe`."""
 
 
 @runtime_checkable
@@ -126,6 +133,14 @@ class Broker(Protocol):
 
     ``App`` sends each envelope's id in the ``eventflow-id`` header (NATS turns it into
     ``Nats-Msg-Id`` for the server's duplicate window); a broker may ignore it.
+
+    Groups are created on the broker by their first ``subscribe`` (at its ``start``) or
+    ahead by ``declare`` (``eventflow groups declare``). ``declare`` is a method of its
+    own rather than a ``subscribe`` then ``close``: joining a group that has live members
+    moves their partitions twice (a NATS reassignment, a Kafka rebalance) and waits for
+    the join (a second or more on Kafka), while creating the group is one request per
+    partition; and ``eventflow groups list`` asks the same question without creating
+    anything (``create=False``), which no subscription can.
     """
 
     @property
@@ -151,8 +166,19 @@ class Broker(Protocol):
     ) -> None:
         """Send ``payload`` to ``topic``; returns once the broker has accepted it."""
 
-    async def subscribe(self, pattern: str, *, group: str) -> Subscription:
-        """Join ``group`` on ``pattern``; messages published after this returns reach it."""
+    async def subscribe(
+        self, pattern: str, *, group: str, start: StartPosition = "latest"
+    ) -> Subscription:
+        """Join ``group`` on ``pattern``; messages published after this returns reach it.
+
+        ``start`` applies only when the group does not exist yet on the broker (see
+        ``declare`` for what "exists" is): the group is then created at the end of the
+        topics (``"latest"``: what was published before is not delivered to it) or at the
+        oldest message the broker keeps (``"earliest"``), and its creation is logged
+        (``eventflow.groups.log_new_group``). An existing group keeps its position: every
+        message published since it exists reaches it, also those that came while it had
+        no member, and a later ``start`` changes nothing. Any other value raises
+        ``ConfigurationError``."""
 
     async def backlog(self, pattern: str, *, group: str) -> int | None:
         """How many messages ``group`` still has to handle on ``pattern``: those not yet
@@ -162,6 +188,27 @@ class Broker(Protocol):
         the broker for the group before the call is settled (an ack may take a moment to
         count). None: this broker cannot tell (a caller then falls back to its own
         evidence). Raises ``BrokerError`` when the broker cannot be asked (it is down)."""
+
+    async def declare(
+        self,
+        pattern: str,
+        *,
+        group: str,
+        start: StartPosition = "latest",
+        create: bool = True,
+    ) -> bool:
+        """Whether ``group`` existed on ``pattern`` before this call; with ``create`` (the
+        default) one that did not is created at ``start``, as ``subscribe`` would create it
+        (logged the same way), but without joining or consuming, so messages published
+        from then on wait for its first member. ``create=False`` only looks. Idempotent.
+
+        A group "exists" where the broker keeps its position: the memory broker while a
+        broker of its hub is open in this process; NATS while any of its partition
+        consumers exists; Kafka while it has a committed offset on a partition of the
+        topics matching ``pattern`` (Kafka then keeps offsets ``offsets.retention.minutes``
+        past the group's last member, 7 days by default). Raises ``BrokerError`` when the
+        broker cannot be asked, or cannot record a position (Kafka: no topic matches a
+        wildcard ``pattern`` yet)."""
 
 
 @runtime_checkable

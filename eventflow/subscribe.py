@@ -13,7 +13,9 @@ from typing import Any, TypeVar, Union
 from .envelope import Envelope
 from .errors import ConfigurationError
 from .events import Event
+from .groups import DEFAULT_START, check_start
 from .patterns import matches, validate_pattern
+from .ports import StartPosition
 from .runtime.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
 
 __all__ = [
@@ -46,6 +48,7 @@ class HandlerSpec:
     idempotent: bool
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
     any_topic: bool = False
+    start: StartPosition = DEFAULT_START
 
     @property
     def name(self) -> str:
@@ -64,6 +67,7 @@ def subscribe(
     idempotent: bool = True,
     max_deliveries: int = DEFAULT_MAX_DELIVERIES,
     any_topic: bool = False,
+    start: StartPosition = DEFAULT_START,
 ) -> Callable[[H], H]:
     """Mark an ``async def handler(event, ctx)`` to consume topics matching ``pattern``.
 
@@ -82,9 +86,15 @@ def subscribe(
       around the handler (the store or the broker), which gives the message back untouched.
     - ``any_topic``: the handler's event types arrive on topics not named after them
       (publishers send them with ``topic=...``), so its pattern is not checked against them.
+    - ``start``: where the group begins when it does not exist yet on the broker: at the
+      end of its topics (``"latest"``, the default: messages published before its first
+      start are not delivered to it) or at the oldest message the broker keeps
+      (``"earliest"``). An existing group keeps its position. ``eventflow groups declare
+      MODULE:APP`` creates an app's groups ahead of its first start.
 
     Mistakes are refused here rather than at the first message: a bare ``@subscribe``
-    (without the pattern), a pattern that is not a string, ``retry=0``, ``concurrency=0``.
+    (without the pattern), a pattern that is not a string, ``retry=0``, ``concurrency=0``,
+    a ``start`` other than ``"latest"`` or ``"earliest"``.
     """
     _check_pattern_argument(pattern)
     validate_pattern(pattern)
@@ -102,6 +112,7 @@ def subscribe(
             f"before the message counts as a crash loop), got {max_deliveries!r}"
         )
     policy = RetryPolicy.of(retry)
+    begin = check_start(start)
 
     def mark(fn: H) -> H:
         checked: Any = fn  # keep `fn` typed as H (the check below would narrow it)
@@ -120,6 +131,7 @@ def subscribe(
             idempotent,
             max_deliveries,
             any_topic,
+            begin,
         )
         specs = list(getattr(fn, _MARK, ()))
         specs.append(spec)

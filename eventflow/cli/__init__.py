@@ -6,6 +6,7 @@
     eventflow demo [--orders N] [--db PATH]       two services, a few hundred orders, checks
     eventflow dlq list|show|replay|purge          the dead-letter queue of a store
     eventflow status                              running app instances and DLQ sizes
+    eventflow groups declare|list MODULE:APP      an app's consumer groups on its broker
     eventflow schema export|check|asyncapi        event schema registry in git, CI check
     eventflow projections list|status|rebuild     projections: lag, rebuild from the log
     eventflow store init|read|tail                the event store: schema, streams, live log
@@ -28,6 +29,7 @@ from collections.abc import Callable, Sequence
 
 from ..errors import EventflowError
 from . import dlq, run, status
+from . import groups as _groups
 from . import projections as _projections
 from . import sagas as _sagas
 from . import schema as _schema
@@ -93,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(subparsers)
     dlq.add_parser(subparsers)
     status.add_parser(subparsers)
+    _groups.add_parser(subparsers)
     _projections.add_parser(subparsers)
     _schema.add_parser(subparsers)
     _store.add_parser(subparsers)

@@ -84,8 +84,11 @@ class Consumer:
         self._pipeline.dedup = store
 
     async def subscribe(self) -> None:
-        """Join the group; after this returns, new messages reach this consumer."""
-        self._sub = await self.host.broker.subscribe(self.spec.pattern, group=self.group)
+        """Join the group (created at the spec's ``start`` if it does not exist yet); after
+        this returns, new messages reach this consumer."""
+        self._sub = await self.host.broker.subscribe(
+            self.spec.pattern, group=self.group, start=self.spec.start
+        )
 
     def stop(self) -> None:
         """Ask the consumer to stop fetching and drain; ``run`` then returns."""

@@ -236,8 +236,8 @@ def test_a_component_that_cannot_recover_exits_non_zero_naming_it(tmp_path: Path
 
             class BuggyBroker(MemoryBroker):
                 # A broker adapter with a bug: its subscriptions fail on the first fetch.
-                async def subscribe(self, pattern, *, group):
-                    sub = await super().subscribe(pattern, group=group)
+                async def subscribe(self, pattern, *, group, start="latest"):
+                    sub = await super().subscribe(pattern, group=group, start=start)
 
                     async def fetch(max_messages, timeout):
                         raise RuntimeError("bug in the adapter")

@@ -193,6 +193,19 @@ async def test_known_topic_names_are_bounded() -> None:
     assert 0 < len(broker._names) <= 4096
 
 
+async def test_declare_on_a_wildcard_that_matches_no_topic_says_so(kafka: BrokerFactory) -> None:
+    """A group exists on Kafka by its committed offsets: with no topic matching its
+    wildcard yet there is nothing to commit, and ``declare`` says what to do instead."""
+    broker = await kafka()
+    root, group = unique_name(), unique_name("g")
+    assert await broker.declare(f"{root}.>", group=group, create=False) is False
+    with pytest.raises(BrokerError, match="no topic matches"):
+        await broker.declare(f"{root}.>", group=group)
+    await broker.publish(f"{root}.a", b"m0")  # now one does
+    assert await broker.declare(f"{root}.>", group=group) is False
+    assert await broker.declare(f"{root}.>", group=group, create=False) is True
+
+
 # -- start-up: bounded, interruptible, and telling what to check ------------------------------
 
 

@@ -245,6 +245,55 @@ async def test_hub_lives_while_one_of_its_brokers_is_open() -> None:
         await again.close()
 
 
+# -- where new groups begin -------------------------------------------------------------------
+
+
+async def test_start_earliest_begins_at_the_newest_retain_messages_of_the_hub(
+    memory_broker: MemoryFactory,
+) -> None:
+    """The hub keeps the newest ``retain`` messages of every topic, acked or not: a group
+    created with ``start="earliest"`` begins with those its pattern matches, in order."""
+    broker = await _started(memory_broker(retain=3))
+    root = unique_name()
+    topic = f"{root}.cmd"
+    seen = await broker.subscribe(topic, group=unique_name("g"))
+    for i in range(4):
+        await broker.publish(topic, f"m{i}".encode(), key="k")
+    await broker.publish(f"{root}.other", b"not matched", key="k")
+    assert [d.payload for d in await collect(seen, 4)] == [b"m0", b"m1", b"m2", b"m3"]
+    late = await broker.subscribe(topic, group=unique_name("g"), start="earliest")
+    assert [d.payload for d in await collect(late, 2)] == [b"m2", b"m3"]  # m0, m1: over 3
+    assert await drain(late, 0.2) == []
+
+
+async def test_retain_zero_keeps_nothing_for_new_groups(memory_broker: MemoryFactory) -> None:
+    """``retain=0``: a group created with ``start="earliest"`` begins with the next
+    message, as with ``"latest"``."""
+    broker = await _started(memory_broker(retain=0))
+    topic = f"{unique_name()}.cmd"
+    await broker.publish(topic, b"before")
+    sub = await broker.subscribe(topic, group=unique_name("g"), start="earliest")
+    await broker.publish(topic, b"after")
+    assert [d.payload for d in await collect(sub, 1)] == [b"after"]
+    assert await drain(sub, 0.2) == []
+
+
+async def test_a_declared_group_holds_messages_within_max_pending(
+    memory_broker: MemoryFactory,
+) -> None:
+    """A group declared without members is bounded like any other: a publisher finding it
+    full waits, then gets ``BackpressureError``."""
+    broker = await _started(memory_broker(max_pending=2, publish_timeout=0.1))
+    topic, group = f"{unique_name()}.cmd", unique_name("g")
+    assert await broker.declare(topic, group=group) is False
+    await broker.publish(topic, b"m0")
+    await broker.publish(topic, b"m1")
+    with pytest.raises(BackpressureError, match=group):
+        await broker.publish(topic, b"m2")
+    sub = await broker.subscribe(topic, group=group)
+    assert [d.payload for d in await collect(sub, 2)] == [b"m0", b"m1"]
+
+
 # -- partition handover ----------------------------------------------------------------------
 
 
@@ -396,11 +445,12 @@ async def test_concurrent_fetches_on_one_subscription_are_each_woken() -> None:
 
 
 def test_memory_urls_take_the_config_options_and_refuse_others() -> None:
-    broker = open_broker("memory://hub-x?partitions=2&max_pending=5&max_message_bytes=100")
+    broker = open_broker("memory://hub-x?partitions=2&max_pending=5&max_message_bytes=100&retain=0")
     assert isinstance(broker, MemoryBroker)
     assert broker.config == MemoryBrokerConfig(
-        name="hub-x", partitions=2, max_pending=5, max_message_bytes=100
+        name="hub-x", partitions=2, max_pending=5, max_message_bytes=100, retain=0
     )
+    assert MemoryBrokerConfig().retain == 10_000
     with pytest.raises(ConfigurationError, match="unknown option 'partition'"):
         open_broker("memory://?partition=2")
     with pytest.raises(ConfigurationError, match="max_pending='lots'"):

@@ -14,7 +14,7 @@ from eventflow import App, BrokerError, Context, Event, RetryPolicy, subscribe
 from eventflow.adapters.memory import MemoryBroker
 from eventflow.adapters.memory.broker import MemoryBrokerConfig
 from eventflow.errors import ComponentFailedError
-from eventflow.ports import Delivery, Subscription
+from eventflow.ports import Delivery, StartPosition, Subscription
 from eventflow.supervision import RestartPolicy, Supervisor
 
 Wait = Callable[..., Awaitable[None]]
@@ -75,9 +75,12 @@ class FlakyBroker:
     ) -> None:
         await self._inner.publish(topic, payload, key=key, headers=headers)
 
-    async def subscribe(self, pattern: str, *, group: str) -> Subscription:
+    async def subscribe(
+        self, pattern: str, *, group: str, start: StartPosition = "latest"
+    ) -> Subscription:
         self.subscriptions += 1
-        return _FlakySubscription(self, await self._inner.subscribe(pattern, group=group))
+        inner = await self._inner.subscribe(pattern, group=group, start=start)
+        return _FlakySubscription(self, inner)
 
 
 @pytest.mark.parametrize("concurrency", [1, 4])

@@ -206,7 +206,7 @@ class _CountingBroker(MemoryBroker):
         self.most = 0
         self._all = asyncio.Event()
 
-    async def subscribe(self, pattern: str, *, group: str) -> Any:
+    async def subscribe(self, pattern: str, *, group: str, start: Any = "latest") -> Any:
         self.joining += 1
         self.most = max(self.most, self.joining)
         if self.joining >= self.expected:
@@ -217,7 +217,7 @@ class _CountingBroker(MemoryBroker):
             pass
         finally:
             self.joining -= 1
-        return await super().subscribe(pattern, group=group)
+        return await super().subscribe(pattern, group=group, start=start)
 
 
 async def test_an_app_joins_its_subscriptions_at_once(broker_name: str) -> None:

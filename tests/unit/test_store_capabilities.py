@@ -133,8 +133,8 @@ class OldBroker:
     async def publish(self, topic: str, payload: bytes, **kw: Any) -> None:
         await self._inner.publish(topic, payload, **kw)
 
-    async def subscribe(self, pattern: str, *, group: str) -> Any:
-        return await self._inner.subscribe(pattern, group=group)
+    async def subscribe(self, pattern: str, *, group: str, start: Any = "latest") -> Any:
+        return await self._inner.subscribe(pattern, group=group, start=start)
 
 
 class CapPlaced(Event, type="captest.order.placed"):

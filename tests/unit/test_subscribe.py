@@ -6,6 +6,7 @@ import typing
 import pytest
 
 from eventflow import App, ConfigurationError, Context, Envelope, Event, RetryPolicy, subscribe
+from eventflow.groups import GroupSpec
 from eventflow.subscribe import DEFAULT_TIMEOUT, collect_handlers, inspect_handler
 
 
@@ -50,6 +51,17 @@ def test_subscribe_defaults() -> None:
     assert spec.concurrency == 1
     assert spec.timeout == DEFAULT_TIMEOUT
     assert spec.retry.max_attempts == RetryPolicy().max_attempts
+    assert spec.start == "latest"
+
+
+def test_subscribe_takes_where_a_new_group_begins() -> None:
+    @subscribe("ut.sub.alpha", group="g", start="earliest")
+    async def handler(event: Alpha) -> None: ...
+
+    (spec,) = collect_handlers([handler])
+    assert spec.start == "earliest"
+    app = App("ut-sub-start", handlers=[handler])
+    assert app.subscriptions == (GroupSpec("g", "ut.sub.alpha", "earliest"),)
 
 
 def test_stacked_decorators_give_two_subscriptions() -> None:
@@ -81,6 +93,8 @@ def test_subscribe_registers_nothing_globally() -> None:
         (("ut.sub.alpha",), {"timeout": 0}, "timeout"),
         (("ut.sub.alpha",), {"timeout": -1.0}, "timeout"),
         (("ut.sub.alpha",), {"retry": "3"}, "retry"),
+        (("ut.sub.alpha",), {"start": "oldest"}, "start must be 'latest' or 'earliest'"),
+        (("ut.sub.alpha",), {"start": None}, "start must be 'latest' or 'earliest'"),
     ],
 )
 def test_subscribe_rejects_bad_arguments(args: tuple, kwargs: dict, message: str) -> None:

@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import BrokerResponseError, KafkaError, KafkaTimeoutError, for_code
 
 from ...errors import BackpressureError, BrokerError, ConfigurationError, MessageRefusedError
+from ...groups import check_group, log_new_group
 from ...patterns import is_wildcard, validate_pattern, validate_topic
+from ...ports import StartPosition
 from ...supervision import Supervisor
 from .config import KafkaBrokerConfig, kafka_topic, pattern_regex
 from .connection import close_client, probe
+from .groups import commit_outside, end_offsets, has_position, nothing_to_commit
 from .logs import throttle_client_logs
 from .partition import attempts_group
 from .subscription import KafkaSubscription
@@ -286,20 +288,19 @@ class KafkaBroker:
 
     # -- subscribing -------------------------------------------------------------------------
 
-    async def subscribe(self, pattern: str, *, group: str) -> KafkaSubscription:
-        """Join consumer group ``group`` on ``pattern``; returns once partitions are assigned.
-
-        A group with no committed offset on a partition starts at the end of the topics that
-        exist now (and at the beginning of topics created later), so messages published after
-        this returns reach the group.
-        """
+    async def subscribe(
+        self, pattern: str, *, group: str, start: StartPosition = "latest"
+    ) -> KafkaSubscription:
+        """Join consumer group ``group`` on ``pattern``; returns once partitions are assigned
+        and their start positions committed. A new group (no committed offset on the topics
+        matching ``pattern``) starts at the end of the topics that exist now with ``start=
+        "latest"``, else at their beginning; a partition never committed in a group that
+        exists (a topic created since), and any topic created later, at its beginning."""
         admin = self._live_admin()
         supervisor = self._supervisor  # set by start() together with the admin client
         if supervisor is None:
             raise BrokerError("kafka broker is not started: call `await broker.start()` first")
-        validate_pattern(pattern)
-        if not group:
-            raise ConfigurationError("a consumer group name must be non-empty")
+        begin = check_group(pattern, group, start)
         cfg = self.config
         regex = pattern_regex(pattern, cfg.topic_prefix)
         exact = None if is_wildcard(pattern) else await self._kafka_name(pattern)
@@ -321,7 +322,11 @@ class KafkaBroker:
         try:
             for client in (consumer, companion):
                 await client.start()
-            start_offsets = await self._end_offsets(admin, consumer, regex, exact)
+            ends = await end_offsets(admin, consumer, regex, exact)
+            existed = await has_position(admin, group, list(ends))
+            # A never-committed partition starts at its start offset here, else at its
+            # beginning: only a new group told "latest" skips what is there already.
+            start_offsets = ends if begin == "latest" and not existed else {}
             sub = KafkaSubscription(
                 cfg, pattern, group, consumer, companion, start_offsets, self._subs.discard
             )
@@ -341,7 +346,48 @@ class KafkaBroker:
         except BaseException:
             await sub.close()
             raise
+        if not existed:
+            log_new_group(group, pattern, begin)
         return sub
+
+    async def declare(
+        self,
+        pattern: str,
+        *,
+        group: str,
+        start: StartPosition = "latest",
+        create: bool = True,
+    ) -> bool:
+        """Whether ``group`` had a committed offset on the topics matching ``pattern``; with
+        ``create`` one that had none gets its start positions committed without joining it
+        (if it has live members, Kafka takes offsets only from a member: then it joins for a
+        moment, one rebalance). See ``docs/kafka.md``."""
+        admin = self._live_admin()
+        begin = check_group(pattern, group, start)
+        cfg = self.config
+        regex = pattern_regex(pattern, cfg.topic_prefix)
+        exact = None if is_wildcard(pattern) else kafka_topic(pattern, cfg.topic_prefix)
+        if exact is not None and create:
+            await self._kafka_name(pattern)  # created, with create_topics
+        try:
+            consumer = await self._offsets_client()
+            ends = await end_offsets(admin, consumer, regex, exact)
+            if await has_position(admin, group, list(ends)):
+                return True
+            if not create:
+                return False
+            if not ends:
+                raise nothing_to_commit(pattern, group)
+            positions = ends if begin == "latest" else await consumer.beginning_offsets(list(ends))
+            outside = self._new_consumer(group_id=group, enable_auto_commit=False)
+            committed = await commit_outside(outside, positions)
+        except KafkaError as exc:
+            raise BrokerError(f"kafka: cannot declare group {group!r}: {exc!r}") from exc
+        if committed:
+            log_new_group(group, pattern, begin)
+        else:
+            await (await self.subscribe(pattern, group=group, start=begin)).close()
+        return False
 
     async def backlog(self, pattern: str, *, group: str) -> int:
         """What ``group`` still has to handle on ``pattern``: over the partitions of the
@@ -355,7 +401,7 @@ class KafkaBroker:
         exact = None if is_wildcard(pattern) else kafka_topic(pattern, cfg.topic_prefix)
         try:
             consumer = await self._offsets_client()
-            ends = await self._end_offsets(admin, consumer, regex, exact)
+            ends = await end_offsets(admin, consumer, regex, exact)
             if not ends:
                 return 0
             tps = list(ends)
@@ -394,30 +440,3 @@ class KafkaBroker:
         return AIOKafkaConsumer(
             bootstrap_servers=list(cfg.bootstrap_servers), client_id=cfg.client_id, **options
         )
-
-    async def _end_offsets(
-        self,
-        admin: AIOKafkaAdminClient,
-        consumer: AIOKafkaConsumer,
-        regex: str,
-        exact: str | None,
-    ) -> dict[Any, int]:
-        """End offsets of every partition of the topics matching now: the group's start."""
-        if exact is not None:
-            names = [exact]
-        else:
-            match = re.compile(regex).match
-            names = sorted(t for t in await consumer.topics() if match(t))
-        if not names:
-            return {}
-        described = await admin.describe_topics(names)
-        tps = [
-            TopicPartition(entry["topic"], p["partition"])
-            for entry in described
-            if entry.get("error_code", 0) == 0
-            for p in entry["partitions"]
-        ]
-        if not tps:
-            return {}
-        ends = await consumer.end_offsets(tps)
-        return {tp: int(offset) for tp, offset in ends.items()}

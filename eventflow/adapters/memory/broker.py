@@ -4,7 +4,10 @@ Brokers opened with the same ``memory://NAME`` in one process share a hub (``mem
 is the default hub), so several apps in one process talk to each other. A hub lives while
 a broker using it is open.
 
-Each (group, pattern) pair is a durable consumer group created by its first ``subscribe``.
+Each (group, pattern) pair is a durable consumer group created by its first ``subscribe``
+or by ``declare``, and it exists while its hub does. A new group begins with the next
+message published (``start="latest"``) or with the newest ``retain`` messages the hub keeps
+(``start="earliest"``); an existing one keeps what it has.
 Its messages are spread over ``partitions`` by key hash (keyless messages round-robin), and
 partitions are shared among the group's live members. A partition changes owner only once
 its in-flight messages are settled, so one key is never handled by two members at once.
@@ -20,7 +23,9 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ...errors import BackpressureError, BrokerError, ConfigurationError, MessageRefusedError
-from ...patterns import validate_pattern, validate_topic
+from ...groups import check_group, log_new_group
+from ...patterns import matches, validate_topic
+from ...ports import StartPosition
 from ...urls import count_option, seconds_option, url_options
 from .config import MemoryBrokerConfig
 from .groups import Group, Hub, MemorySubscription, hubs
@@ -31,7 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["MemoryBroker", "MemoryBrokerConfig"]
 
 _SPACE_POLL = 0.05
-_URL_OPTIONS = ("partitions", "max_pending", "publish_timeout", "max_message_bytes")
+_URL_OPTIONS = ("partitions", "max_pending", "publish_timeout", "max_message_bytes", "retain")
 
 
 class MemoryBroker:
@@ -55,8 +60,9 @@ class MemoryBroker:
     @classmethod
     def from_url(cls, url: str) -> MemoryBroker:
         """``memory://[hub][?option=value&...]``, options ``partitions``, ``max_pending``,
-        ``publish_timeout`` and ``max_message_bytes`` (as in :class:`MemoryBrokerConfig`):
-        brokers opened with one hub name share its groups; an unknown option is refused."""
+        ``publish_timeout``, ``max_message_bytes`` and ``retain`` (as in
+        :class:`MemoryBrokerConfig`): brokers opened with one hub name share its groups; an
+        unknown option is refused."""
         parts = urlsplit(url)
         options = url_options(url, _URL_OPTIONS, kind="memory broker")
         defaults = MemoryBrokerConfig()
@@ -71,6 +77,7 @@ class MemoryBroker:
                 max_message_bytes=count_option(
                     url, options, "max_message_bytes", defaults.max_message_bytes
                 ),
+                retain=count_option(url, options, "retain", defaults.retain, minimum=0),
             )
         )
 
@@ -148,6 +155,7 @@ class MemoryBroker:
                 break
         for group in groups:
             group.put(topic, payload, key, hdrs)
+        hub.retained.append((topic, payload, key, hdrs))
 
     async def _wait_space(self, groups: Sequence[Group], topic: str) -> None:
         """Wait until none of ``groups`` is full, up to ``publish_timeout`` in all."""
@@ -175,24 +183,57 @@ class MemoryBroker:
             "consumers or slow the producer"
         )
 
-    async def subscribe(self, pattern: str, *, group: str) -> MemorySubscription:
-        """Join ``group`` on ``pattern``; returns once the membership is live."""
+    async def subscribe(
+        self, pattern: str, *, group: str, start: StartPosition = "latest"
+    ) -> MemorySubscription:
+        """Join ``group`` on ``pattern`` (created at ``start`` if the hub has no such group);
+        returns once the membership is live."""
         hub = self._live_hub()
-        validate_pattern(pattern)
-        if not group:
-            raise ConfigurationError("a consumer group name must be non-empty")
-        state = hub.groups.get((group, pattern))
-        if state is None:
-            cfg = self.config
-            state = hub.groups[(group, pattern)] = Group(
-                group, pattern, cfg.partitions, cfg.max_pending
-            )
-            hub.routes.clear()
+        state, _ = self._group(hub, pattern, group, start)
         sub = MemorySubscription(state, self._subs)
         state.members.append(sub)
         state.rebalance()
         self._subs.add(sub)
         return sub
+
+    async def declare(
+        self,
+        pattern: str,
+        *,
+        group: str,
+        start: StartPosition = "latest",
+        create: bool = True,
+    ) -> bool:
+        """Whether the hub had ``group`` on ``pattern``; with ``create`` one it had not is
+        made now at ``start``, without members: messages published from then on wait in it
+        (up to ``max_pending``) for its first member. The hub lives in this process, while
+        one of its brokers is open, so a group declared here is gone with it."""
+        hub = self._live_hub()
+        if not create:
+            check_group(pattern, group, start)
+            return (group, pattern) in hub.groups
+        return self._group(hub, pattern, group, start)[1]
+
+    def _group(
+        self, hub: Hub, pattern: str, group: str, start: StartPosition
+    ) -> tuple[Group, bool]:
+        """The hub's group ``group`` on ``pattern`` and whether it existed; a new one begins
+        at ``start``: with the next message, or with the retained ones it matches."""
+        begin = check_group(pattern, group, start)
+        state = hub.groups.get((group, pattern))
+        if state is not None:
+            return state, True
+        cfg = self.config
+        state = hub.groups[(group, pattern)] = Group(
+            group, pattern, cfg.partitions, cfg.max_pending
+        )
+        hub.routes.clear()
+        if begin == "earliest":
+            for topic, payload, key, headers in hub.retained:
+                if matches(pattern, topic):
+                    state.put(topic, payload, key, headers)
+        log_new_group(group, pattern, begin)
+        return state, False
 
     async def backlog(self, pattern: str, *, group: str) -> int:
         """Messages of ``group`` on ``pattern`` not yet acked (undelivered, out to a member,

@@ -10,6 +10,7 @@ DEFAULT_PARTITIONS = 8
 DEFAULT_MAX_PENDING = 10_000
 DEFAULT_PUBLISH_TIMEOUT = 5.0
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+DEFAULT_RETAIN = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,11 @@ class MemoryBrokerConfig:
     ``BackpressureError``. A payload over ``max_message_bytes`` (1 MiB, as NATS's and
     Kafka's defaults, so code tried here meets the same limit there) is refused with
     ``MessageRefusedError``.
+
+    ``retain``: the hub keeps the newest this many messages published on it (every topic,
+    acked or not, 0 for none), as a stream with a message limit does: where a group created
+    with ``start="earliest"`` begins. The hub takes the settings of the broker that
+    created it.
     """
 
     name: str = ""
@@ -28,3 +34,4 @@ class MemoryBrokerConfig:
     max_pending: int = DEFAULT_MAX_PENDING
     publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    retain: int = DEFAULT_RETAIN

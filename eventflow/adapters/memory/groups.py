@@ -120,11 +120,17 @@ class Group:
 
 
 class Hub:
-    """The groups of every broker opened on one ``memory://NAME``, and the topic routes."""
+    """The groups of every broker opened on one ``memory://NAME``, the topic routes and the
+    newest messages published (``retain``)."""
 
     def __init__(self, config: MemoryBrokerConfig) -> None:
         self.config = config
         self.groups: dict[tuple[str, str], Group] = {}
+        # The newest messages published on the hub (``retain``): where a group created
+        # with start="earliest" begins.
+        self.retained: deque[tuple[str, bytes, str | None, Mapping[str, str] | None]] = deque(
+            maxlen=config.retain
+        )
         self.routes: dict[str, list[Group]] = {}
         self.refs = 0
 

@@ -1,5 +1,6 @@
 """Creating or checking what the NATS broker needs on the server: the stream, the two KV
-buckets (see :mod:`.ledger`) and a group's durable pull consumers, one per partition.
+buckets (see :mod:`.ledger`) and a group's durable pull consumers, one per partition (a
+group exists while they do; a new one begins at its ``start``).
 
 Every check is one an app of another configuration would fail: a stream on other subjects
 or with another partition count, a lease bucket with another TTL, a consumer on another
@@ -10,7 +11,9 @@ created concurrently by another app is taken as it is.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -26,9 +29,10 @@ from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from ...errors import BrokerError, ConfigurationError
+from ...ports import StartPosition
 from .config import NatsBrokerConfig, consumer_name
 
-__all__ = ["ensure_consumer", "ensure_kv", "ensure_stream"]
+__all__ = ["consumer_exists", "ensure_consumer", "ensure_kv", "ensure_stream"]
 
 _log = logging.getLogger("eventflow.nats")
 _PARTITIONS_META = "eventflow.partitions"
@@ -112,19 +116,53 @@ async def ensure_kv(
     return kv
 
 
+async def consumer_exists(js: JetStreamContext, cfg: NatsBrokerConfig, name: str) -> bool:
+    """Whether the stream has the consumer ``name``."""
+    return await _consumer_info(js, cfg, name) is not None
+
+
+async def _consumer_info(js: JetStreamContext, cfg: NatsBrokerConfig, name: str) -> Any:
+    try:
+        return await js.consumer_info(cfg.stream, name, timeout=cfg.request_timeout)
+    except NotFoundError:
+        return None
+    except (NatsError, TimeoutError) as exc:
+        raise BrokerError(
+            f"NATS did not answer about consumer {name!r} of stream {cfg.stream!r} "
+            f"({type(exc).__name__}: {exc}); is the server up?"
+        ) from exc
+
+
 async def ensure_consumer(
-    js: JetStreamContext, cfg: NatsBrokerConfig, gid: str, partition: int, pattern: str
-) -> None:
-    """Create or update the durable pull consumer of group ``gid`` on ``partition``; one
-    that cannot be updated is used as it is (with a warning) unless it filters on other
+    js: JetStreamContext,
+    cfg: NatsBrokerConfig,
+    gid: str,
+    partition: int,
+    pattern: str,
+    start: StartPosition = "latest",
+) -> bool:
+    """Create or update the durable pull consumer of group ``gid`` on ``partition``; True
+    if this call created it. A new consumer begins at ``start`` (deliver policy ``new``:
+    messages stored from now on, or ``all``: the oldest the stream keeps); an existing one
+    keeps its position and its deliver policy (the server cannot change it). One that
+    cannot be updated is used as it is (with a warning) unless it filters on other
     subjects."""
     name = consumer_name(gid, partition)
     subject = f"{cfg.prefix}.{partition}.{pattern}"
+    info = await _consumer_info(js, cfg, name)
+    if info is None:
+        policy = DeliverPolicy.ALL if start == "earliest" else DeliverPolicy.NEW
+        start_seq = start_time = None
+    else:
+        have = info.config
+        policy, start_seq, start_time = have.deliver_policy, have.opt_start_seq, have.opt_start_time
     config = ConsumerConfig(
         name=name,
         durable_name=name,
         description=f"eventflow group partition {partition} on {pattern}",
-        deliver_policy=DeliverPolicy.NEW,
+        deliver_policy=policy,
+        opt_start_seq=start_seq,
+        opt_start_time=start_time,
         ack_policy=AckPolicy.EXPLICIT,
         ack_wait=cfg.ack_wait,
         max_deliver=cfg.max_deliver,
@@ -136,12 +174,13 @@ async def ensure_consumer(
         # The server updates an existing consumer whose editable settings differ (such
         # as max_deliver), so a deployment upgraded to new settings gets them.
         await js.add_consumer(cfg.stream, config=config)
-        return
+        return info is None
     except APIError as exc:
         error = exc
-    try:
-        info = await js.consumer_info(cfg.stream, name)
-    except NotFoundError:
+    # Refused: created meanwhile by another member or app with other settings, or one
+    # whose settings the server cannot change.
+    info = await _consumer_info(js, cfg, name)
+    if info is None:
         raise BrokerError(f"cannot create NATS consumer {name!r}: {error}") from error
     if info.config.filter_subject != subject:
         raise ConfigurationError(
@@ -162,5 +201,6 @@ async def ensure_consumer(
             name,
             cfg.max_deliver,
         )
-        return
+        return False
     _log.warning("NATS consumer %s exists with other settings (%s); using it", name, error)
+    return False

@@ -21,13 +21,13 @@ from ..._logging import Throttled
 from ...errors import (
     BackpressureError,
     BrokerError,
-    ConfigurationError,
     MessageRefusedError,
     MissingDependencyError,
 )
+from ...groups import check_group, log_new_group
 from ...headers import KEY_HEADER, MESSAGE_ID_HEADER
 from ...patterns import validate_pattern, validate_topic
-from ...ports import Subscription
+from ...ports import StartPosition, Subscription
 from ...supervision import Supervisor
 from .config import NatsBrokerConfig, consumer_name, group_id, partition_of
 
@@ -40,7 +40,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("nats-py", "nats") from exc
 
-from .admin import ensure_consumer, ensure_kv, ensure_stream
+from .admin import consumer_exists, ensure_consumer, ensure_kv, ensure_stream
 from .connection import connect_first, discard, header_bytes
 from .delivery import MSG_ID_HEADER
 from .ledger import Leases, ReleaseLedger
@@ -324,22 +324,20 @@ class NatsBroker:
             "publish it again later"
         )
 
-    async def subscribe(self, pattern: str, *, group: str) -> Subscription:
-        """Join ``group`` on ``pattern``; returns once this member holds its partitions."""
+    async def subscribe(
+        self, pattern: str, *, group: str, start: StartPosition = "latest"
+    ) -> Subscription:
+        """Join ``group`` on ``pattern`` (its consumers created at ``start`` if they do not
+        exist); returns once this member holds its partitions."""
         nc = self._connection()
         js, supervisor, leases, releases = self._js, self._supervisor, self._leases, self._releases
         assert js is not None and supervisor is not None  # set with the connection
         assert leases is not None and releases is not None
-        validate_pattern(pattern)
-        if not group:
-            raise ConfigurationError("a consumer group name must be non-empty")
+        begin = check_group(pattern, group, start)
         cfg = self.config
         gid = group_id(group, pattern)
         if gid not in self._consumers:
-            await asyncio.gather(
-                *(ensure_consumer(js, cfg, gid, p, pattern) for p in range(cfg.partitions))
-            )
-            self._consumers.add(gid)
+            await self._ensure_group(js, pattern, group, begin)
         sub = NatsSubscription(
             cfg,
             nc,
@@ -358,6 +356,61 @@ class NatsBroker:
             await sub.close()
             raise
         return sub
+
+    async def declare(
+        self,
+        pattern: str,
+        *,
+        group: str,
+        start: StartPosition = "latest",
+        create: bool = True,
+    ) -> bool:
+        """Whether ``group`` had consumers on ``pattern``; with ``create`` the missing ones
+        are made (a new group at ``start``), without joining the group. They stay until
+        deleted (or, with ``group_inactive_threshold``, until idle that long)."""
+        self._connection()
+        js = self._js
+        assert js is not None  # set with the connection
+        begin = check_group(pattern, group, start)
+        if create:
+            return await self._ensure_group(js, pattern, group, begin)
+        cfg = self.config
+        gid = group_id(group, pattern)
+        found = await asyncio.gather(
+            *(consumer_exists(js, cfg, consumer_name(gid, p)) for p in range(cfg.partitions))
+        )
+        return any(found)
+
+    async def _ensure_group(
+        self, js: JetStreamContext, pattern: str, group: str, start: StartPosition
+    ) -> bool:
+        """Create or update the group's partition consumers; whether any existed before (a
+        group exists while its consumers do). A new group's creation is logged; consumers
+        missing from an existing group (deleted by hand, or idle past
+        ``group_inactive_threshold``) are made at ``start`` with a warning."""
+        cfg = self.config
+        gid = group_id(group, pattern)
+        created = await asyncio.gather(
+            *(ensure_consumer(js, cfg, gid, p, pattern, start) for p in range(cfg.partitions))
+        )
+        self._consumers.add(gid)
+        if all(created):
+            log_new_group(group, pattern, start)
+            return False
+        missing = [p for p, made in enumerate(created) if made]
+        if missing:
+            _log.warning(
+                "group %s on %s had no NATS consumer for partitions %s (another member "
+                "creating the group at this moment, or they were deleted or idle past "
+                "group_inactive_threshold); made them at start=%r: messages of those "
+                "partitions stored before now %s",
+                group,
+                pattern,
+                missing,
+                start,
+                "are delivered" if start == "earliest" else "are not delivered",
+            )
+        return True
 
     async def backlog(self, pattern: str, *, group: str) -> int:
         """What ``group`` still has to handle on ``pattern``: over its partition consumers,

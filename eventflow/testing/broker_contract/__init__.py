@@ -25,6 +25,7 @@ from .backlog import BacklogContract
 from .delivery import DeliveryContract
 from .groups import GroupContract
 from .redelivery import RedeliveryContract
+from .starts import StartContract
 from .startup import BrokerAt, StartupContract
 from .support import (
     BrokerFactory,
@@ -44,6 +45,7 @@ __all__ = [
     "BrokerFactory",
     "Member",
     "SilentServer",
+    "StartContract",
     "StartupContract",
     "broker_pool",
     "collect",
@@ -54,8 +56,11 @@ __all__ = [
 
 
 # Bases in reverse: pytest runs inherited tests in reverse MRO order, so this runs the
-# delivery tests first, then groups, then settling, redelivery and lifecycle, then backlog.
-class BrokerContract(BacklogContract, RedeliveryContract, GroupContract, DeliveryContract):
+# delivery tests first, then groups, then settling, redelivery and lifecycle, then backlog,
+# then where new groups begin.
+class BrokerContract(
+    StartContract, BacklogContract, RedeliveryContract, GroupContract, DeliveryContract
+):
     """The guarantees of :class:`eventflow.ports.Broker`, as tests every adapter must pass.
 
     Subclass it as ``class TestXBroker(BrokerContract)`` and provide the ``broker_factory``
