@@ -124,8 +124,14 @@ class Broker(Protocol):
     (too large, not authorised, an invalid topic) and another ``BrokerError`` for a failure
     that may pass (the broker is down).
 
-    ``App`` sends each envelope's id in the ``eventflow-id`` header (NATS turns it into
-    ``Nats-Msg-Id`` for the server's duplicate window); a broker may ignore it.
+    ``App`` sends each envelope's id in the ``eventflow-id`` header. A broker with duplicate
+    detection of its own (NATS: ``Nats-Msg-Id`` within the stream's duplicate window) knows
+    a message by its send id: the ``eventflow-send-id`` header where present, else
+    ``eventflow-id``. So a retried publish of one envelope may be stored once, while a
+    deliberate re-send of a stored envelope (a dead-letter replay), which carries a send id
+    of its own, is stored as a new message whatever the broker saw before; publishes with
+    different send ids are always different messages. A broker without such detection
+    ignores both headers (and delivers them as sent); consumers deduplicate by envelope id.
     """
 
     @property

@@ -29,6 +29,7 @@ from eventflow.errors import (
     ConfigurationError,
     MessageRefusedError,
 )
+from eventflow.headers import MESSAGE_ID_HEADER, SEND_ID_HEADER
 from eventflow.supervision import ComponentState, Supervisor
 from eventflow.testing.broker_contract import (
     BrokerContract,
@@ -36,6 +37,7 @@ from eventflow.testing.broker_contract import (
     SilentServer,
     broker_pool,
     collect,
+    drain,
     eventually,
     unique_name,
 )
@@ -187,6 +189,31 @@ async def test_a_kafka_url_at_the_nats_port_fails_fast(nats_url: str) -> None:
     finally:
         await broker.close()
     assert loop.time() - began < 5
+
+
+# -- the duplicate window ----------------------------------------------------------------------
+
+
+async def test_a_repeated_send_id_is_stored_once_within_the_duplicate_window(
+    nats_url: str,
+) -> None:
+    """The other side of the contract's re-send test: a publish repeated with the same
+    ``eventflow-id`` (a retried ambiguous publish) is stored once, and so is one repeated
+    with the same ``eventflow-send-id`` (a retried replay); a new send id is a new message."""
+    config = NatsBrokerConfig.from_url(f"{nats_url}?stream=EF_CONTRACT&storage=memory")
+    async with NatsBroker(config) as broker:
+        topic, group = f"{unique_name()}.dup", unique_name("g")
+        sub = await broker.subscribe(topic, group=group)
+        envelope_id, send_id = unique_name("id"), unique_name("send")
+        plain = {MESSAGE_ID_HEADER: envelope_id}
+        replay = {MESSAGE_ID_HEADER: envelope_id, SEND_ID_HEADER: send_id}
+        for headers, text in [(plain, "original"), (plain, "retry"), (replay, "replay")]:
+            await broker.publish(topic, text.encode(), key="k", headers=headers)
+        await broker.publish(topic, b"replay retried", key="k", headers=replay)
+        await broker.publish(topic, b"after", key="k")
+        got = await collect(sub, 3)
+        assert [d.payload for d in got] == [b"original", b"replay", b"after"]
+        assert await drain(sub, 0.5) == []
 
 
 # -- refusals ------------------------------------------------------------------------------------

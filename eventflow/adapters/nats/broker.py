@@ -5,7 +5,8 @@ stream and the two KV buckets it uses (partition leases, release counts). ``subs
 creates or checks the group's durable pull consumers, one per partition, then joins the
 group (see :mod:`.subscription`). ``publish`` waits for the stream's ack; an ambiguous
 failure (timeout, no responders while the server restarts) is retried with the same
-``Nats-Msg-Id``, so the server's duplicate window drops a copy that did get stored.
+``Nats-Msg-Id`` (the send id, else the envelope id), so the server's duplicate window drops
+a copy that did get stored.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ...errors import (
     MessageRefusedError,
     MissingDependencyError,
 )
-from ...headers import KEY_HEADER, MESSAGE_ID_HEADER
+from ...headers import KEY_HEADER, MESSAGE_ID_HEADER, SEND_ID_HEADER
 from ...patterns import validate_pattern, validate_topic
 from ...ports import Subscription
 from ...supervision import Supervisor
@@ -219,7 +220,11 @@ class NatsBroker:
             partition = self._rr = (self._rr + 1) % cfg.partitions
         subject = f"{cfg.prefix}.{partition}.{topic}"
         hdrs: dict[str, str] = dict(headers) if headers else {}
-        hdrs[MSG_ID_HEADER] = hdrs.get(MESSAGE_ID_HEADER) or uuid.uuid4().hex
+        # The server's duplicate window knows a message by its send id: a deliberate
+        # re-send's own (eventflow-send-id), else the envelope id, else one for this call.
+        hdrs[MSG_ID_HEADER] = (
+            hdrs.get(SEND_ID_HEADER) or hdrs.get(MESSAGE_ID_HEADER) or uuid.uuid4().hex
+        )
         if key is not None:
             hdrs[KEY_HEADER] = key
         size = len(payload) + header_bytes(hdrs)
