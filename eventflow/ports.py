@@ -121,8 +121,11 @@ class Broker(Protocol):
     the message was published; per-key order within a group; competing consumers within a
     group; bounded buffers, a full publisher waits and then raises ``BackpressureError``.
     ``publish`` raises ``MessageRefusedError`` for a message the broker refuses for good
-    (too large, not authorised, an invalid topic) and another ``BrokerError`` for a failure
-    that may pass (the broker is down).
+    (too large, not authorised, an invalid topic), ``PublishUnconfirmedError`` when the
+    broker may have stored the message without confirming it (a timeout waiting for its
+    acknowledgement, a connection lost after sending: maybe sent, so it may be delivered),
+    and another ``BrokerError`` for a failure that may pass when the message was not sent
+    (the broker is down, or answered that it stored nothing).
 
     ``App`` sends each envelope's id in the ``eventflow-id`` header. A broker with duplicate
     detection of its own (NATS: ``Nats-Msg-Id`` within the stream's duplicate window) knows
