@@ -256,11 +256,10 @@ class KafkaBroker:
     ) -> None:
         """Send ``payload`` to ``topic`` (partition by key); returns once all replicas have it.
 
-        A failure before the record is in the producer's buffer (no room, no metadata)
-        means it was not sent (``BackpressureError``, ``BrokerError``); after that the
-        producer may have sent it (it retries on its own), so an error other than a refusal
-        for good is ``PublishUnconfirmedError``: maybe sent.
-        """
+        Until the producer has the record a failure means it was not sent (no room:
+        ``BackpressureError``; no metadata: ``BrokerError``); after, the producer may have
+        sent it (it retries on its own), so a failure other than a refusal for good is
+        ``PublishUnconfirmedError``: maybe sent."""
         producer = self._producer
         if producer is None:
             raise BrokerError("kafka broker is not started: call `await broker.start()` first")
@@ -268,6 +267,7 @@ class KafkaBroker:
         if name is None:
             validate_topic(topic)  # not an eventflow topic at all: a ConfigurationError
             name = await self._kafka_name(topic, MessageRefusedError)
+        taken = False
         try:
             # aiokafka bounds both the wait for buffer space and the wait for the broker's
             # acknowledgement by request_timeout_ms (= publish_timeout): no timer per message.
@@ -277,50 +277,35 @@ class KafkaBroker:
                 key=key.encode() if key is not None else None,
                 headers=[(k, v.encode()) for k, v in headers.items()] if headers else None,
             )
-        except KafkaTimeoutError:
-            raise BackpressureError(
-                f"kafka: publishing to {topic!r} found no room in the producer's buffer within "
-                f"{self.config.publish_timeout}s, so it was not sent; the brokers are slow or "
-                "unreachable"
-            ) from None
-        except BrokerResponseError as exc:
-            if not exc.retriable:
-                raise self._refused(topic, exc) from exc
-            raise BrokerError(
-                f"kafka: publishing to {topic!r} failed, not sent: {exc!r}; are the brokers up?"
-            ) from exc
-        except KafkaError as exc:
-            raise BrokerError(
-                f"kafka: publishing to {topic!r} failed, not sent: {exc!r}; are the brokers up?"
-            ) from exc
-        try:
+            taken = True
             await future
-        except BrokerResponseError as exc:
-            if not exc.retriable:
+        except KafkaError as exc:
+            cfg = self.config
+            if isinstance(exc, BrokerResponseError) and not exc.retriable:
                 # The broker (or the producer, for a record over max_message_bytes)
                 # answered for good: sending the same record again gets the same answer.
-                raise self._refused(topic, exc) from exc
-            raise self._unconfirmed(topic, exc) from exc
-        except KafkaError as exc:
-            raise self._unconfirmed(topic, exc) from exc
-
-    def _refused(self, topic: str, exc: KafkaError) -> MessageRefusedError:
-        return MessageRefusedError(
-            f"kafka refuses the message for {topic!r}: {exc!r}; it is not retried: make "
-            "it smaller than max_message_bytes (and the topic's max.message.bytes) or "
-            "check the client's permissions on the topic"
-        )
-
-    def _unconfirmed(self, topic: str, exc: KafkaError) -> PublishUnconfirmedError:
-        # The last try's error only: an earlier try of the same batch may have been stored
-        # (a connection lost after sending, a request that timed out).
-        return PublishUnconfirmedError(
-            f"kafka: publish to {topic!r} maybe sent: the brokers did not confirm it within "
-            f"{self.config.publish_timeout}s ({exc!r}), but the producer may have sent it, so "
-            "it may still be delivered; publishing the same envelope again is safe: consumers "
-            "drop a copy by its envelope id (Kafka has no duplicate window: a retry after a "
-            "stored copy adds a second record)"
-        )
+                raise MessageRefusedError(
+                    f"kafka refuses the message for {topic!r}: {exc!r}; it is not retried: make "
+                    "it smaller than max_message_bytes (and the topic's max.message.bytes) or "
+                    "check the client's permissions on the topic"
+                ) from exc
+            if taken:  # the last try's error: an earlier one may have been stored
+                raise PublishUnconfirmedError(
+                    f"kafka: publish to {topic!r} maybe sent: the brokers did not confirm it "
+                    f"within {cfg.publish_timeout}s ({exc!r}), but the producer may have sent "
+                    "it, so it may still be delivered; publishing the same envelope again is "
+                    "safe: consumers drop a copy by its envelope id (Kafka has no duplicate "
+                    "window: a retry after a stored copy adds a second record)"
+                ) from exc
+            if isinstance(exc, KafkaTimeoutError):
+                raise BackpressureError(
+                    f"kafka: publishing to {topic!r} found no room in the producer's buffer "
+                    f"within {cfg.publish_timeout}s, so it was not sent; the brokers are slow "
+                    "or unreachable"
+                ) from None
+            raise BrokerError(
+                f"kafka: publishing to {topic!r} failed, not sent: {exc!r}; are the brokers up?"
+            ) from exc
 
     # -- subscribing -------------------------------------------------------------------------
 
