@@ -219,6 +219,12 @@ class App:
 
         Starts a new correlation (the new envelope's id) unless ``correlation_id`` is given.
         An ``Envelope`` is published keeping its id (and its fields, except those given here).
+
+        Raises ``PublishUnconfirmedError`` when the broker may have stored the message
+        without confirming it (maybe sent: it may be delivered), ``MessageRefusedError``
+        when it refuses it for good, another ``BrokerError`` or ``BackpressureError`` when
+        it was not sent. Publishing the same ``Envelope`` again is safe in every case: its
+        id makes a second copy a duplicate that consumers drop.
         """
         if isinstance(message, Event):
             env = envelope_for(

@@ -15,7 +15,8 @@
     ├── BackpressureError           a bounded queue stayed full past the publish timeout
     ├── HandlerTimeoutError         a handler ran past its soft timeout
     ├── BrokerError                 the broker failed or was used after close
-    │   └── MessageRefusedError     the broker refused a message for good (too large, ...)
+    │   ├── MessageRefusedError     the broker refused a message for good (too large, ...)
+    │   └── PublishUnconfirmedError a publish not confirmed: maybe sent (a retry is safe)
     ├── ComponentFailedError        a background component failed and could not recover
     ├── ProjectionError             a projection cannot run, reset or rebuild
     │   ├── ProjectionHandlerError  a handler raised on an event: the batch rolled back
@@ -51,6 +52,7 @@ __all__ = [
     "MalformedMessageError",
     "MessageRefusedError",
     "MissingDependencyError",
+    "PublishUnconfirmedError",
     "StoreError",
     "UnknownEventTypeError",
     "UpcastError",
@@ -139,6 +141,15 @@ class MessageRefusedError(BrokerError):
     outbox relay parks the row in the dead-letter queue."""
 
     reason = "publish-refused"
+
+
+class PublishUnconfirmedError(BrokerError):
+    """A publish the broker did not confirm although the message may have reached it (a
+    timeout waiting for the acknowledgement, a connection lost after sending): it is maybe
+    sent, and may be delivered. Publishing the same envelope again is safe: consumers drop
+    a second copy by its envelope id (on NATS the stream's duplicate window drops a retry
+    within it before it is stored). Any other ``BrokerError`` from ``publish`` means the
+    message was not sent."""
 
 
 class ComponentFailedError(EventflowError):

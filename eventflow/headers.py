@@ -6,11 +6,27 @@ the payload): they let a broker or a consumer act on a message without decoding 
 
 from __future__ import annotations
 
-__all__ = ["KEY_HEADER", "MESSAGE_ID_HEADER", "TARGET_GROUP_HEADER", "TRACEPARENT_HEADER"]
+__all__ = [
+    "KEY_HEADER",
+    "MESSAGE_ID_HEADER",
+    "SEND_ID_HEADER",
+    "TARGET_GROUP_HEADER",
+    "TRACEPARENT_HEADER",
+]
 
 MESSAGE_ID_HEADER = "eventflow-id"
-"""Broker header carrying the envelope id, on every message eventflow sends (NATS turns it
-into ``Nats-Msg-Id`` for the server's duplicate window; other brokers may ignore it)."""
+"""Broker header carrying the envelope id, on every message eventflow sends. Unless
+``eventflow-send-id`` is given, a broker that drops repeated sends knows the message by it
+(NATS turns it into ``Nats-Msg-Id`` for the server's duplicate window), so a retried publish
+of one envelope is stored once; other brokers may ignore it."""
+
+SEND_ID_HEADER = "eventflow-send-id"
+"""Broker header naming one deliberate send of a stored envelope (a dead-letter replay):
+where it is present, a broker's duplicate detection knows the message by it instead of by
+``eventflow-id``, so the re-send is stored as a new message while its payload and its
+``eventflow-id`` stay the envelope's (consumers still deduplicate by the envelope id). A
+repeat of one send id may still be dropped, so a retried replay is stored once too. Only
+re-sends set it: a normal publish costs nothing more."""
 
 KEY_HEADER = "eventflow-key"
 """Broker header carrying the message key where the broker has no key of its own (NATS);

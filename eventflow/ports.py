@@ -128,11 +128,20 @@ class Broker(Protocol):
     the message was published; per-key order within a group; competing consumers within a
     group; bounded buffers, a full publisher waits and then raises ``BackpressureError``.
     ``publish`` raises ``MessageRefusedError`` for a message the broker refuses for good
-    (too large, not authorised, an invalid topic) and another ``BrokerError`` for a failure
-    that may pass (the broker is down).
+    (too large, not authorised, an invalid topic), ``PublishUnconfirmedError`` when the
+    broker may have stored the message without confirming it (a timeout waiting for its
+    acknowledgement, a connection lost after sending: maybe sent, so it may be delivered),
+    and another ``BrokerError`` for a failure that may pass when the message was not sent
+    (the broker is down, or answered that it stored nothing).
 
-    ``App`` sends each envelope's id in the ``eventflow-id`` header (NATS turns it into
-    ``Nats-Msg-Id`` for the server's duplicate window); a broker may ignore it.
+    ``App`` sends each envelope's id in the ``eventflow-id`` header. A broker with duplicate
+    detection of its own (NATS: ``Nats-Msg-Id`` within the stream's duplicate window) knows
+    a message by its send id: the ``eventflow-send-id`` header where present, else
+    ``eventflow-id``. So a retried publish of one envelope may be stored once, while a
+    deliberate re-send of a stored envelope (a dead-letter replay), which carries a send id
+    of its own, is stored as a new message whatever the broker saw before; publishes with
+    different send ids are always different messages. A broker without such detection
+    ignores both headers (and delivers them as sent); consumers deduplicate by envelope id.
 
     Groups are created on the broker by their first ``subscribe`` (at its ``start``) or
     ahead by ``declare`` (``eventflow groups declare``). ``declare`` is a method of its

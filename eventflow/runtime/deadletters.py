@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..errors import DeadLetterNotFound
-from ..headers import TARGET_GROUP_HEADER
+from ..headers import SEND_ID_HEADER, TARGET_GROUP_HEADER
 from ..ports import Broker, DeadLetter, DeadLetterStore
 from .relay import RELAY_GROUPS
 
@@ -19,6 +19,14 @@ class DeadLetters:
     targets only the group that failed, then deletes the letter. A message a relay parked
     (group ``eventflow:outbox`` or ``eventflow:event-relay``: the broker refused it) never
     reached any group, so its replay goes to every group of the topic.
+
+    A replay is a deliberate re-send of an envelope the broker has seen: it goes with the
+    letter's id as its send id (``eventflow-send-id``), so a broker's duplicate detection
+    (JetStream's window) stores it as a new message while its envelope id, by which the
+    group deduplicates, stays the original's. The letter is deleted only once the broker
+    has accepted the copy; if the publish fails (even "maybe sent") it is kept, and replaying
+    it again is safe: the same send id makes the broker drop a second copy within its
+    window, and after it the group drops one by its envelope id once a copy is handled.
     """
 
     def __init__(
@@ -58,10 +66,13 @@ class DeadLetters:
         return {g: n for g, n in counts.items() if self._groups is None or g in self._groups}
 
     async def replay(self, letter_ids: Sequence[str]) -> int:
-        """Republish the letters to their topics for their group only, then delete them."""
+        """Republish the letters to their topics for their group only, deleting each once the
+        broker accepted its copy; a publish that raises leaves that letter (and the ones
+        after it) in place."""
         letters = [await self.get(i) for i in letter_ids]
         for letter in letters:
             headers = dict(letter.headers)
+            headers[SEND_ID_HEADER] = letter.id
             if letter.group not in RELAY_GROUPS:
                 headers[TARGET_GROUP_HEADER] = letter.group
             await self._broker.publish(

@@ -37,7 +37,7 @@ from ..errors import (
     MessageRefusedError,
     UnknownEventTypeError,
 )
-from ..headers import TARGET_GROUP_HEADER
+from ..headers import SEND_ID_HEADER, TARGET_GROUP_HEADER
 from ..ports import DeadLetter, Delivery
 from ..subscribe import HandlerSpec, Signature
 from .host import ConsumerHost
@@ -50,6 +50,8 @@ _log = logging.getLogger("eventflow.consumer")
 _FAILURE_BACKOFF = 0.05
 _FAILURE_BACKOFF_MAX = 5.0
 _RECORDED_MAX = 10_000  # ids with an attempt record this process knows of (bounded)
+# A replay's own headers, not kept in a new letter of its message (its replay sets its own).
+_REPLAY_HEADERS = frozenset((TARGET_GROUP_HEADER, SEND_ID_HEADER))
 
 
 class CrashLoopError(Exception):
@@ -384,7 +386,7 @@ class Pipeline:
             failed_at=datetime.now(UTC),
             reason=reason,
             key=delivery.key,
-            headers={k: v for k, v in delivery.headers.items() if k != TARGET_GROUP_HEADER},
+            headers={k: v for k, v in delivery.headers.items() if k not in _REPLAY_HEADERS},
             envelope_id=envelope_id,
             source=dict(delivery.metadata),
         )

@@ -29,6 +29,7 @@ from eventflow.errors import (
     ConfigurationError,
     MessageRefusedError,
 )
+from eventflow.headers import MESSAGE_ID_HEADER, SEND_ID_HEADER
 from eventflow.supervision import ComponentState, Supervisor
 from eventflow.testing.broker_contract import (
     BrokerContract,
@@ -36,6 +37,7 @@ from eventflow.testing.broker_contract import (
     SilentServer,
     broker_pool,
     collect,
+    drain,
     eventually,
     unique_name,
 )
@@ -127,11 +129,16 @@ class TestNatsStartup(StartupContract):
 
 
 async def test_a_refused_start_hides_the_password_and_names_the_timeout() -> None:
-    """The error names the URL without its password, and the connect timeout to raise."""
+    """The error names the URL without its password: at once when the connection is
+    refused, and with the connect timeout to raise when the server stays silent."""
     port = free_port()
-    broker = NatsBroker.from_url(f"nats://alice:s3cret@127.0.0.1:{port}?connect_timeout=1")
-    text = str(await refused_start(broker, within=4))
-    assert "s3cret" not in text
+    broker = NatsBroker.from_url(f"nats://alice:s3cret@127.0.0.1:{port}?connect_timeout=10")
+    text = str(await refused_start(broker, within=2))
+    assert "s3cret" not in text and f"127.0.0.1:{port}" in text
+    async with SilentServer() as silent:
+        url = f"nats://alice:s3cret@127.0.0.1:{silent.port}?connect_timeout=1"
+        text = str(await refused_start(NatsBroker.from_url(url), within=4))
+    assert "s3cret" not in text and f"127.0.0.1:{silent.port}" in text
     assert "connect_timeout=1s" in text
 
 
@@ -140,6 +147,16 @@ async def test_a_silent_port_is_named_as_the_wrong_port() -> None:
     async with SilentServer() as silent:
         broker = NatsBroker.from_url(f"nats://127.0.0.1:{silent.port}?connect_timeout=1")
         assert "client port" in str(await refused_start(broker, within=4))
+
+
+async def _listening(port: int) -> bool:
+    """True once a server accepts connections on ``port`` (a refused start fails at once)."""
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    return True
 
 
 async def test_start_on_a_server_without_jetstream_says_so() -> None:
@@ -156,16 +173,7 @@ async def test_start_on_a_server_without_jetstream_says_so() -> None:
         stderr=asyncio.subprocess.DEVNULL,
     )
     try:
-
-        async def listening() -> bool:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                return False
-            writer.close()
-            return True
-
-        await eventually(listening, message="nats-server listening")
+        await eventually(lambda: _listening(port), message="nats-server listening")
         broker = NatsBroker.from_url(f"nats://127.0.0.1:{port}?connect_timeout=1")
         error = await refused_start(broker, within=4)
         assert "JetStream" in str(error) and "-js" in str(error)
@@ -187,6 +195,31 @@ async def test_a_kafka_url_at_the_nats_port_fails_fast(nats_url: str) -> None:
     finally:
         await broker.close()
     assert loop.time() - began < 5
+
+
+# -- the duplicate window ----------------------------------------------------------------------
+
+
+async def test_a_repeated_send_id_is_stored_once_within_the_duplicate_window(
+    nats_url: str,
+) -> None:
+    """The other side of the contract's re-send test: a publish repeated with the same
+    ``eventflow-id`` (a retried ambiguous publish) is stored once, and so is one repeated
+    with the same ``eventflow-send-id`` (a retried replay); a new send id is a new message."""
+    config = NatsBrokerConfig.from_url(f"{nats_url}?stream=EF_CONTRACT&storage=memory")
+    async with NatsBroker(config) as broker:
+        topic, group = f"{unique_name()}.dup", unique_name("g")
+        sub = await broker.subscribe(topic, group=group)
+        envelope_id, send_id = unique_name("id"), unique_name("send")
+        plain = {MESSAGE_ID_HEADER: envelope_id}
+        replay = {MESSAGE_ID_HEADER: envelope_id, SEND_ID_HEADER: send_id}
+        for headers, text in [(plain, "original"), (plain, "retry"), (replay, "replay")]:
+            await broker.publish(topic, text.encode(), key="k", headers=headers)
+        await broker.publish(topic, b"replay retried", key="k", headers=replay)
+        await broker.publish(topic, b"after", key="k")
+        got = await collect(sub, 3)
+        assert [d.payload for d in got] == [b"original", b"replay", b"after"]
+        assert await drain(sub, 0.5) == []
 
 
 # -- refusals ------------------------------------------------------------------------------------
@@ -372,6 +405,7 @@ async def test_a_subject_the_user_may_not_publish_to_is_refused(tmp_path: Path) 
         stderr=asyncio.subprocess.DEVNULL,
     )
     try:
+        await eventually(lambda: _listening(port), message="nats-server listening")
         url = (
             f"nats://app:pw@127.0.0.1:{port}?stream={unique_name('PERM').upper()}"
             "&request_timeout=1&publish_timeout=30&connect_timeout=10"

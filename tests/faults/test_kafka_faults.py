@@ -6,7 +6,8 @@
 - a poison message reaches the dead-letter queue after exactly ``max_attempts`` attempts
   while the other messages keep flowing, in one process and across crashing processes;
 - the server gone for seconds: a bounded number of log records, and ``close`` still ends
-  promptly, leaving no task behind.
+  promptly, leaving no task behind;
+- a publish the server may have received says "maybe sent", one it cannot have "not sent".
 """
 
 from __future__ import annotations
@@ -23,7 +24,16 @@ from pathlib import Path
 
 import pytest
 
-from eventflow import App, Context, Envelope, Event, RetryPolicy, subscribe
+from eventflow import (
+    App,
+    BrokerError,
+    Context,
+    Envelope,
+    Event,
+    PublishUnconfirmedError,
+    RetryPolicy,
+    subscribe,
+)
 from eventflow.adapters.kafka import KafkaBroker
 from eventflow.adapters.kafka.logs import CLIENT_LOG_THROTTLE
 from eventflow.testing import eventually, unique_name
@@ -339,3 +349,33 @@ async def test_a_dead_server_logs_a_bounded_number_of_records_and_close_still_en
     left = {t for t in asyncio.all_tasks() - before if not t.done()}
     left.discard(asyncio.current_task())  # type: ignore[arg-type]
     assert not left, left
+
+
+async def test_a_publish_the_brokers_did_not_confirm_says_maybe_sent() -> None:
+    """The server goes away: a record already in the producer's hands fails after
+    ``publish_timeout`` with ``PublishUnconfirmedError`` ("maybe sent": the producer may have
+    sent it, and retries on its own), not a plain ``BrokerError`` read as "not sent"; a
+    record for a topic whose partitions it cannot even look up was not sent, and says so."""
+    try:
+        server = KafkaServer()
+    except KafkaServerUnavailable as exc:
+        service_unavailable(str(exc))
+    with server:
+        url = fast_test_url(server.url).replace("publish_timeout=10", "publish_timeout=1")
+        broker = KafkaBroker.from_url(f"{url}&create_topics=false")
+        await broker.start()
+        try:
+            topic = f"{unique_name()}.unconfirmed"
+            await broker.ensure_topics([topic])
+            await broker.publish(topic, b"stored", key="k")
+            await asyncio.to_thread(server.stop)
+            with pytest.raises(PublishUnconfirmedError) as info:
+                await broker.publish(topic, b"in doubt", key="k")
+            text = str(info.value)
+            assert "maybe sent" in text and "envelope id" in text
+            with pytest.raises(BrokerError) as unsent:
+                await broker.publish(f"{unique_name()}.unknown", b"nowhere", key="k")
+            assert not isinstance(unsent.value, PublishUnconfirmedError)
+            assert "not sent" in str(unsent.value)
+        finally:
+            await asyncio.wait_for(broker.close(), 30)

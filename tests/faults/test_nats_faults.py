@@ -5,7 +5,9 @@
 - the server killed and restarted mid-stream: no acked publish is lost;
 - a poison message: dead-lettered after exactly ``max_attempts`` attempts, the rest flow;
 - a server down for seconds: a bounded number of warnings, not one per reconnect attempt;
-- closing while the server is down: prompt, and no task of the client is left.
+- closing while the server is down: prompt, and no task of the client is left;
+- a publish during an outage: "maybe sent" (and then delivered), not "not sent"; a publish
+  nothing can store: "not sent".
 
 The server is started here (it is restarted by one test), from the bundled binary; without
 one the module skips, or fails under ``CI=true``.
@@ -25,7 +27,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from eventflow import App, Context, Event, subscribe
+from eventflow import App, BrokerError, Context, Event, PublishUnconfirmedError, subscribe
 from eventflow.adapters.nats import NatsBroker, NatsBrokerConfig
 from eventflow.ports import Delivery
 from eventflow.testing.broker_contract import collect, drain, eventually, unique_name
@@ -336,3 +338,60 @@ async def test_closing_while_the_server_is_down_is_prompt_and_leaves_no_task() -
     left.discard(asyncio.current_task())  # type: ignore[arg-type]
     assert not left, left
     assert held.payload == b"held"
+
+
+class Outage(Event, type="faults.nats.outage"):
+    """A message published while the server is away."""
+
+    n: int
+
+
+async def test_a_publish_during_an_outage_says_maybe_sent_and_is_delivered() -> None:
+    """The server is killed: ``app.publish`` gives up after ``publish_timeout`` with
+    ``PublishUnconfirmedError`` saying "maybe sent" (the client buffered the request and
+    sends it once it reconnects), and indeed the message is handled after the restart. It
+    used to say "not confirmed ... it is safe to retry" as a plain ``BrokerError``, read as
+    "not sent"."""
+    handled: list[int] = []
+
+    @subscribe("faults.nats.outage", group="outage")
+    async def on_outage(event: Outage, ctx: Context) -> None:
+        handled.append(event.n)
+
+    with _server() as server:
+        stream = unique_name("EF").upper()
+        url = f"{server.url}?stream={stream}&{FAST}&publish_timeout=1"
+        app = App("outage", broker=url, handlers=[on_outage])
+        async with app:
+            await asyncio.to_thread(server.kill)
+            broker = app.broker
+            assert isinstance(broker, NatsBroker)
+            await eventually(lambda: not broker._connection().is_connected, message="down")
+            with pytest.raises(PublishUnconfirmedError) as info:
+                await app.publish(Outage(n=1), key="k")
+            text = str(info.value)
+            assert "maybe sent" in text and "envelope" in text and "duplicate window" in text
+            await asyncio.to_thread(server.start)
+            await eventually(lambda: handled == [1], timeout=30, message="handled after it")
+
+
+async def test_a_publish_no_stream_stores_says_not_sent(nats_url: str, stream: str) -> None:
+    """The stream is deleted under a running broker: JetStream answers that nobody stores
+    the subject, so the error is a plain ``BrokerError`` saying "not sent" (nothing was
+    stored), not ``PublishUnconfirmedError``."""
+    broker = NatsBroker(
+        NatsBrokerConfig.from_url(f"{nats_url}?stream={stream}&{FAST}&publish_timeout=0.5")
+    )
+    await broker.start()
+    try:
+        nc = await nats.connect(nats_url)
+        try:
+            await nc.jetstream().delete_stream(stream)
+        finally:
+            await nc.close()
+        with pytest.raises(BrokerError) as info:
+            await broker.publish(f"{unique_name()}.gone", b"x", key="k")
+        assert not isinstance(info.value, PublishUnconfirmedError)
+        assert "not sent" in str(info.value)
+    finally:
+        await broker.close()

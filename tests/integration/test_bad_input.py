@@ -246,6 +246,7 @@ async def test_replayed_bad_input_fails_again_with_the_same_bytes(
         (second,) = await app.dead_letters.list()
     assert second.id != first.id
     assert second.payload == first.payload == b"garbage"
+    assert second.headers == first.headers  # the replay's own headers are not kept
 
 
 async def test_purge_deletes_and_bad_ids_raise(broker_url: str, waiter: Wait) -> None:

@@ -50,6 +50,7 @@ ERRORS = {
     "HandlerTimeoutError",
     "BrokerError",
     "MessageRefusedError",
+    "PublishUnconfirmedError",
     "ComponentFailedError",
     "StoreError",
     "LeaseLostError",
@@ -137,6 +138,8 @@ def test_error_tree_shape() -> None:
     assert issubclass(ef.AggregateNotFound, ef.StoreError)
     assert issubclass(ef.LeaseLostError, ef.StoreError)
     assert issubclass(ef.MessageRefusedError, ef.BrokerError)
+    assert issubclass(ef.PublishUnconfirmedError, ef.BrokerError)
+    assert not issubclass(ef.PublishUnconfirmedError, ef.MessageRefusedError)
 
 
 def test_structured_errors_say_what_to_do() -> None:

@@ -15,7 +15,13 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import BrokerResponseError, KafkaError, KafkaTimeoutError, for_code
 
-from ...errors import BackpressureError, BrokerError, ConfigurationError, MessageRefusedError
+from ...errors import (
+    BackpressureError,
+    BrokerError,
+    ConfigurationError,
+    MessageRefusedError,
+    PublishUnconfirmedError,
+)
 from ...groups import check_group, log_new_group
 from ...patterns import is_wildcard, validate_pattern, validate_topic
 from ...ports import StartPosition
@@ -250,7 +256,12 @@ class KafkaBroker:
         key: str | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        """Send ``payload`` to ``topic`` (partition by key); returns once all replicas have it."""
+        """Send ``payload`` to ``topic`` (partition by key); returns once all replicas have it.
+
+        Until the producer has the record a failure means it was not sent (no room:
+        ``BackpressureError``; no metadata: ``BrokerError``); after, the producer may have
+        sent it (it retries on its own), so a failure other than a refusal for good is
+        ``PublishUnconfirmedError``: maybe sent."""
         producer = self._producer
         if producer is None:
             raise BrokerError("kafka broker is not started: call `await broker.start()` first")
@@ -258,6 +269,7 @@ class KafkaBroker:
         if name is None:
             validate_topic(topic)  # not an eventflow topic at all: a ConfigurationError
             name = await self._kafka_name(topic, MessageRefusedError)
+        taken = False
         try:
             # aiokafka bounds both the wait for buffer space and the wait for the broker's
             # acknowledgement by request_timeout_ms (= publish_timeout): no timer per message.
@@ -267,24 +279,35 @@ class KafkaBroker:
                 key=key.encode() if key is not None else None,
                 headers=[(k, v.encode()) for k, v in headers.items()] if headers else None,
             )
+            taken = True
             await future
-        except KafkaTimeoutError:
-            raise BackpressureError(
-                f"kafka: publishing to {topic!r} was not acknowledged within "
-                f"{self.config.publish_timeout}s; the brokers are slow or unreachable"
-            ) from None
-        except BrokerResponseError as exc:
-            if exc.retriable:
-                raise BrokerError(f"kafka: publishing to {topic!r} failed: {exc!r}") from exc
-            # The broker (or the producer, for a record over max_message_bytes) answered
-            # for good: sending the same record again gets the same answer.
-            raise MessageRefusedError(
-                f"kafka refuses the message for {topic!r}: {exc!r}; it is not retried: make "
-                "it smaller than max_message_bytes (and the topic's max.message.bytes) or "
-                "check the client's permissions on the topic"
-            ) from exc
         except KafkaError as exc:
-            raise BrokerError(f"kafka: publishing to {topic!r} failed: {exc!r}") from exc
+            cfg = self.config
+            if isinstance(exc, BrokerResponseError) and not exc.retriable:
+                # The broker (or the producer, for a record over max_message_bytes)
+                # answered for good: sending the same record again gets the same answer.
+                raise MessageRefusedError(
+                    f"kafka refuses the message for {topic!r}: {exc!r}; it is not retried: make "
+                    "it smaller than max_message_bytes (and the topic's max.message.bytes) or "
+                    "check the client's permissions on the topic"
+                ) from exc
+            if taken:  # the last try's error: an earlier one may have been stored
+                raise PublishUnconfirmedError(
+                    f"kafka: publish to {topic!r} maybe sent: the brokers did not confirm it "
+                    f"within {cfg.publish_timeout}s ({exc!r}), but the producer may have sent "
+                    "it, so it may still be delivered; publishing the same envelope again is "
+                    "safe: consumers drop a copy by its envelope id (Kafka has no duplicate "
+                    "window: a retry after a stored copy adds a second record)"
+                ) from exc
+            if isinstance(exc, KafkaTimeoutError):
+                raise BackpressureError(
+                    f"kafka: publishing to {topic!r} found no room in the producer's buffer "
+                    f"within {cfg.publish_timeout}s, so it was not sent; the brokers are slow "
+                    "or unreachable"
+                ) from None
+            raise BrokerError(
+                f"kafka: publishing to {topic!r} failed, not sent: {exc!r}; are the brokers up?"
+            ) from exc
 
     # -- subscribing -------------------------------------------------------------------------
 

@@ -7,8 +7,9 @@ asks the bootstrap servers itself, with a plain socket it always closes: one Api
 request (version 0, which every Kafka-protocol broker answers), retried until one server
 answers or ``connect_timeout`` ends. It tells apart a server that is down (refused), one
 that accepts and stays silent, and one that answers in another protocol (a NATS port sends
-its ``INFO`` line first), and names the URL and what to check. Once a server has answered,
-the clients' own bootstraps take milliseconds.
+its ``INFO`` line first), and names the URL and what to check. When every server refuses
+the connection (nothing listens there) it fails at once, as waiting cannot help. Once a
+server has answered, the clients' own bootstraps take milliseconds.
 
 Closing is as careful: :func:`close_client` closes a client whose start failed (it may never
 have connected), and :func:`stop_consumer` stops a consumer also when its brokers are away.
@@ -25,6 +26,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from ...errors import BrokerError
+from ..tcp import open_tcp
 
 __all__ = ["close_client", "probe", "stop_consumer"]
 
@@ -61,6 +63,8 @@ async def probe(servers: tuple[str, ...], client_id: str, url: str, timeout: flo
                 return
             except (OSError, TimeoutError, _NotKafka, _Silent) as exc:
                 errors[server] = exc
+        if all(isinstance(errors.get(s), ConnectionRefusedError) for s in servers):
+            raise BrokerError(_refused(url, errors))
         remaining = deadline - loop.time()
         if remaining <= 0:
             raise BrokerError(_failure(url, timeout, errors))
@@ -70,7 +74,7 @@ async def probe(servers: tuple[str, ...], client_id: str, url: str, timeout: flo
 async def _ask(server: str, client_id: str, timeout: float) -> None:
     host, _, port = server.rpartition(":")
     async with asyncio.timeout(timeout):
-        reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        reader, writer = await open_tcp(host.strip("[]"), int(port))
     try:
         correlation = next(_correlation) & 0x7FFFFFFF
         name = client_id.encode()
@@ -89,6 +93,15 @@ async def _ask(server: str, client_id: str, timeout: float) -> None:
             raise _NotKafka(f"it answered {head!r}")
     finally:
         writer.close()
+
+
+def _refused(url: str, errors: dict[str, BaseException]) -> str:
+    detail = "; ".join(f"{server}: {exc}" for server, exc in errors.items())
+    return (
+        f"kafka: cannot connect to {url}: every bootstrap server refused the connection "
+        f"({detail}), so nothing listens there; check that the brokers are running and that "
+        "the URL names their Kafka listener (9092 by default)"
+    )
 
 
 def _failure(url: str, timeout: float, errors: dict[str, BaseException]) -> str:

@@ -3,9 +3,11 @@
 ``start`` connects (reconnecting forever after a server restart), then creates or checks the
 stream and the two KV buckets it uses (partition leases, release counts). ``subscribe``
 creates or checks the group's durable pull consumers, one per partition, then joins the
-group (see :mod:`.subscription`). ``publish`` waits for the stream's ack; an ambiguous
-failure (timeout, no responders while the server restarts) is retried with the same
-``Nats-Msg-Id``, so the server's duplicate window drops a copy that did get stored.
+group (see :mod:`.subscription`). ``publish`` waits for the stream's ack; a failure that may
+pass (a timeout, no responders while the server restarts) is retried with the same
+``Nats-Msg-Id`` (the send id, else the envelope id), so the server's duplicate window drops
+a copy that did get stored. Past ``publish_timeout`` the error says whether the message is
+maybe sent (``PublishUnconfirmedError``: a request timed out) or not sent (``BrokerError``).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from ...errors import (
     BrokerError,
     MessageRefusedError,
     MissingDependencyError,
+    PublishUnconfirmedError,
 )
 from ...groups import check_group, log_new_group
-from ...headers import KEY_HEADER, MESSAGE_ID_HEADER
+from ...headers import KEY_HEADER, MESSAGE_ID_HEADER, SEND_ID_HEADER
 from ...patterns import validate_pattern, validate_topic
 from ...ports import StartPosition, Subscription
 from ...supervision import Supervisor
@@ -202,7 +205,9 @@ class NatsBroker:
         """Store ``payload`` in the stream; returns once JetStream acked it.
 
         Retries ambiguous failures with the same message id until ``publish_timeout``; a
-        full stream raises ``BackpressureError`` after that long.
+        full stream raises ``BackpressureError`` after that long. Past it, a publish that
+        may have been stored (a request timed out) raises ``PublishUnconfirmedError``, one
+        that was not (no JetStream, the broker closed before sending) a ``BrokerError``.
         """
         nc = self._nc
         if nc is None:
@@ -219,7 +224,11 @@ class NatsBroker:
             partition = self._rr = (self._rr + 1) % cfg.partitions
         subject = f"{cfg.prefix}.{partition}.{topic}"
         hdrs: dict[str, str] = dict(headers) if headers else {}
-        hdrs[MSG_ID_HEADER] = hdrs.get(MESSAGE_ID_HEADER) or uuid.uuid4().hex
+        # The server's duplicate window knows a message by its send id: a deliberate
+        # re-send's own (eventflow-send-id), else the envelope id, else one for this call.
+        hdrs[MSG_ID_HEADER] = (
+            hdrs.get(SEND_ID_HEADER) or hdrs.get(MESSAGE_ID_HEADER) or uuid.uuid4().hex
+        )
         if key is not None:
             hdrs[KEY_HEADER] = key
         size = len(payload) + header_bytes(hdrs)
@@ -231,6 +240,10 @@ class NatsBroker:
         deadline = loop.time() + cfg.publish_timeout
         pause = _RETRY_PAUSE
         full: str | None = None
+        # True once an attempt may have been stored (its request timed out: while the server
+        # is away the client buffers what it sends and sends it on reconnecting) and no later
+        # JetStream answer said otherwise.
+        maybe = False
         while True:
             remaining = deadline - loop.time()
             try:
@@ -241,19 +254,25 @@ class NatsBroker:
                     headers=hdrs,
                 )
             except ConnectionClosedError as exc:
-                raise BrokerError("NATS broker is closed; cannot publish") from exc
+                raise self._unsent(topic, "the NATS broker is closed", hdrs, maybe) from exc
             except MaxPayloadError as exc:  # the limit of a server reconnected to meanwhile
                 raise MessageRefusedError(self._too_large(topic, size, nc.max_payload)) from exc
             except (NoRespondersError, NatsError, TimeoutError) as exc:
+                # Only a timeout leaves the attempt in doubt: the others fail before the
+                # message leaves, or are the server saying nobody stores the subject yet.
+                maybe = maybe or isinstance(exc, TimeoutError)
                 problem: str = f"{type(exc).__name__}: {exc}"
             else:
                 data = reply.data
                 if b'"error"' not in data:
                     return
+                # JetStream checks the message id before anything else: had an earlier
+                # attempt been stored, this one would have been acked as a duplicate.
+                maybe = False
                 problem = self._publish_error(data, topic)
                 full = problem
             if self._nc is None:
-                raise BrokerError("NATS broker closed while publishing")
+                raise self._unsent(topic, "the NATS broker closed while publishing", hdrs, maybe)
             self._check_allowed(topic)
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -263,13 +282,32 @@ class NatsBroker:
                         f"publishing to {topic!r} ({problem}); add consumers, raise the stream "
                         "limits or slow the producer"
                     )
-                raise BrokerError(
-                    f"publish to {topic!r} not confirmed by JetStream within "
-                    f"{cfg.publish_timeout}s ({problem}); is the server up? it is safe to "
-                    "retry: the message id makes a retry a no-op if the first copy was stored"
-                )
+                why = f"JetStream did not confirm it within {cfg.publish_timeout}s ({problem})"
+                raise self._unsent(topic, why, hdrs, maybe)
             await asyncio.sleep(min(pause, remaining))
             pause = min(pause * 2, _MAX_RETRY_PAUSE)
+
+    def _unsent(self, topic: str, why: str, hdrs: Mapping[str, str], maybe: bool) -> BrokerError:
+        """The error of a publish that failed: ``PublishUnconfirmedError`` if an attempt may
+        have been stored (``maybe``), else a ``BrokerError`` saying it was not sent."""
+        if not maybe:
+            return BrokerError(
+                f"publish to {topic!r} not sent: {why}; nothing was stored: is the server up, "
+                "with JetStream? Publish it again once it is"
+            )
+        if MESSAGE_ID_HEADER in hdrs or SEND_ID_HEADER in hdrs:
+            retry = (
+                "publishing the same envelope again is safe: JetStream drops a copy with its "
+                f"id within the stream's duplicate window ({self.config.duplicate_window:g}s) "
+                "and consumers drop one by its envelope id"
+            )
+        else:
+            retry = "it has no eventflow-id header, so sending it again may store a second copy"
+        return PublishUnconfirmedError(
+            f"publish to {topic!r} maybe sent: {why}, but an attempt may have been stored (a "
+            "request timed out; while the server is away the client sends what it buffered "
+            f"once it reconnects), so it may still be delivered; {retry}"
+        )
 
     def _check_allowed(self, topic: str) -> None:
         """Raise ``MessageRefusedError`` if the server refused this client a publish to

@@ -8,6 +8,11 @@ accepts connections and stays silent would hang in ``start`` and log every retry
 whole first connection (the client handshake, then the check of the stream and buckets) runs
 under one deadline; on expiry or cancellation the half-made client is closed (its socket and
 tasks with it) and ``start`` raises a ``BrokerError`` naming the URL and what to check.
+
+Before the client starts, each server is asked for a plain TCP connection (closed at once):
+if every one refuses it, nothing listens there and ``start`` fails at once instead of
+waiting out ``connect_timeout`` for a server that is not running. A server that accepts, or
+does not answer within a moment, is left to the client and the deadline.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
@@ -24,6 +30,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import ServiceUnavailableError
 
 from ...errors import BrokerError
+from ..tcp import open_tcp
 from .config import NatsBrokerConfig
 
 __all__ = ["connect_first", "header_bytes"]
@@ -33,6 +40,9 @@ RECONNECT_WAIT = 0.25
 """Seconds between two reconnection attempts to one server (after the first connection)."""
 _SETUP_RETRY = 0.1
 _MIN_ATTEMPT = 0.5
+_PROBE = 1.0
+"""Longest wait for the TCP probe of the servers (a refusal comes back in a round trip)."""
+_DEFAULT_PORT = 4222
 # JetStream answers "no responders" / 503 while the server is still starting it, and for
 # good when it is not enabled: the setup is tried again until the deadline tells which.
 _NOT_READY = (ServiceUnavailableError, NoRespondersError, NatsTimeoutError)
@@ -65,6 +75,9 @@ async def connect_first(
     attempt = max(_MIN_ATTEMPT, cfg.connect_timeout / len(cfg.servers))
     try:
         async with asyncio.timeout(cfg.connect_timeout) as deadline:
+            refused = await _all_refuse(cfg.servers, min(_PROBE, attempt))
+            if refused is not None:
+                raise BrokerError(_refused(url, refused)) from refused
             await nc.connect(
                 servers=list(cfg.servers),
                 name=cfg.name,
@@ -121,6 +134,38 @@ async def discard(nc: Client) -> None:
     for sub in list(nc._subs.values()):
         sub._stop_processing()
     nc._subs.clear()
+
+
+async def _all_refuse(servers: tuple[str, ...], wait: float) -> OSError | None:
+    """One of the refusals if every server refuses a TCP connection, else None (one
+    accepted, failed otherwise or did not answer within ``wait`` seconds)."""
+
+    async def refusal(server: str) -> OSError | None:
+        parts = urlsplit(server)
+        if parts.scheme not in ("nats", "tls") or not parts.hostname:
+            return None  # a websocket URL: its port is not guessed, the client tries it
+        try:
+            async with asyncio.timeout(wait):
+                _, writer = await open_tcp(parts.hostname, parts.port or _DEFAULT_PORT)
+        except ConnectionRefusedError as exc:
+            return exc
+        except (OSError, TimeoutError):
+            return None
+        writer.close()
+        return None
+
+    found = await asyncio.gather(*(refusal(s) for s in servers))
+    if all(r is not None for r in found):
+        return found[0]
+    return None
+
+
+def _refused(url: str, error: OSError) -> str:
+    return (
+        f"cannot connect to NATS at {url}: the connection was refused ({error}), so nothing "
+        "listens there; check that nats-server is running and that the URL names its "
+        "client port (4222 by default)"
+    )
 
 
 def _unreachable(cfg: NatsBrokerConfig, url: str, last: Exception | None) -> str:

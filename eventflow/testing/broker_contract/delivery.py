@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from ...errors import BrokerError, ConfigurationError, MessageRefusedError
+from ...headers import MESSAGE_ID_HEADER, SEND_ID_HEADER
 from ...ports import Broker, Delivery, Subscription
 from .support import BrokerContractBase, BrokerFactory, _texts, collect, drain, unique_name
 
@@ -96,6 +97,28 @@ class DeliveryContract(BrokerContractBase):
         await broker.publish(topic, b"after", key="k")
         got = await collect(sub, 2, timeout=self.timeout)
         assert _texts(got) == ["before", "after"]
+        assert await drain(sub, self.quiet_period) == []
+
+    async def test_a_deliberate_resend_arrives_as_a_new_message(
+        self, broker_factory: BrokerFactory
+    ) -> None:
+        """The same bytes with the same ``eventflow-id``, sent again at once with a new
+        ``eventflow-send-id`` each time (a dead-letter replay), are delivered each time: a
+        broker's own duplicate detection (JetStream's window) must not drop a deliberate
+        re-send, and the envelope id still reaches the consumer, which deduplicates by it."""
+        broker = await broker_factory()
+        topic, group = f"{unique_name()}.resend", unique_name("g")
+        sub = await broker.subscribe(topic, group=group)
+        envelope_id = unique_name("id")
+        payload = b'{"the": "same bytes"}'
+        await broker.publish(topic, payload, key="k", headers={MESSAGE_ID_HEADER: envelope_id})
+        first = await collect(sub, 1, timeout=self.timeout)
+        for _ in range(2):
+            resend = {MESSAGE_ID_HEADER: envelope_id, SEND_ID_HEADER: unique_name("send")}
+            await broker.publish(topic, payload, key="k", headers=resend)
+        again = await collect(sub, 2, timeout=self.timeout)
+        assert [d.payload for d in again] == [payload, payload]
+        assert [d.headers[MESSAGE_ID_HEADER] for d in [*first, *again]] == [envelope_id] * 3
         assert await drain(sub, self.quiet_period) == []
 
     async def test_metadata_identifies_the_message(self, broker_factory: BrokerFactory) -> None:
