@@ -6,7 +6,8 @@ Received messages wait in a buffer sorted by stream sequence. A message given ba
 nack'd message blocks the partition until its redelivery comes back, so later messages of
 its key do not overtake it. Each partition has at most one pull request outstanding: its
 end (batch filled, or a status) tells exactly when nothing more can arrive, which is what
-a member waits for before it gives the partition up.
+a member waits for before it gives the partition up. One that expired is replaced at once
+(the member's waiting fetch is woken), so an idle partition is never without one.
 """
 
 from __future__ import annotations
@@ -144,14 +145,22 @@ class Partition:
         if self.draining or member.closed:
             member.kick()
 
-    def pull_ended(self, pull_id: int) -> None:
-        """A status ended pull request ``pull_id`` (expired, or nothing left to deliver)."""
+    def pull_ended(self, pull_id: int, *, expired: bool) -> None:
+        """A status ended pull request ``pull_id``: it ``expired`` (408), or the server ended
+        it for another reason (409: the consumer was deleted or changed leader)."""
         if pull_id != self.pull_id:
             return
         self.pull_left = 0
         member = self._member
         if self.settling:
             self.settling = False  # nothing (more) to redeliver
+            member.wake()
+        elif expired:
+            # The partition has no pull request now: a waiting fetch asks again at once. Left
+            # to its own deadline (a second, out of phase with the expiry), it would leave the
+            # partition without one for up to that long, and a message published meanwhile
+            # would wait for it. Another status is not answered at once: the next fetch round
+            # asks again, so a server that refuses pull requests is not asked in a loop.
             member.wake()
         if self.draining or member.closed:
             member.kick()

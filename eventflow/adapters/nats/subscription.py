@@ -39,6 +39,8 @@ __all__ = ["NatsSubscription"]
 
 _log = logging.getLogger("eventflow.nats")
 _RETRY_MIN = 0.05
+_STATUS = "Status"  # the header of a status message; an expired pull request's status:
+_EXPIRED = "408"
 # What a coordination step may raise while the server restarts or the connection is down.
 _TRANSIENT = (NatsError, BrokerError, OSError, TimeoutError)
 
@@ -254,7 +256,8 @@ class NatsSubscription:
             _, index_text, pull_id = msg.subject.rsplit(".", 2)
             part = self._parts.get(int(index_text))
             if part is not None:
-                part.pull_ended(int(pull_id))
+                status = msg.headers.get(_STATUS) if msg.headers else None
+                part.pull_ended(int(pull_id), expired=status == _EXPIRED)
             return
         index, _, topic = msg.subject[self._prefix_len :].partition(".")
         consumer, count, seq, cseq = parse_reply(reply)
