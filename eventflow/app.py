@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import os
 import signal
 import socket
@@ -31,7 +32,7 @@ from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
 from .runtime.relay import RELAY_GROUPS, EventRelay, OutboxRelay
-from .sagas.runtime import SagaRuntime, Sagas
+from .sagas.runtime import DEFAULT_CATCH_UP_LIMIT, SagaRuntime, Sagas
 from .sourcing.aggregate import Aggregate
 from .sourcing.repository import Repository
 from .stores import dedup_for, store_for
@@ -57,7 +58,11 @@ class App:
     ``projections`` lists ``Projection`` instances, each run by one instance at a time
     across processes. ``sagas`` lists ``Saga`` classes this app runs (their handlers join
     the groups ``saga.<name>``; their timers fire on one instance at a time); ``app.sagas``
-    reads any saga in the store. The app relays the store's outbox (messages published inside
+    reads any saga in the store. ``catch_up_limit`` (seconds, 30 by default) bounds how long,
+    after this app starts, a saga timer that came due before the start waits for the
+    broker's backlog of the saga's group to drain (a reply already in the broker wins over
+    the deadline); keep it above the broker's failover time (see ``docs/sagas.md``).
+    The app relays the store's outbox (messages published inside
     ``ctx.transaction()``) to the broker; with ``relay_events=True`` it also publishes every
     event appended to the store (topic = type, key = stream id), in order per stream.
     ``restart_policy`` says how its components are restarted after transient failures and
@@ -79,9 +84,20 @@ class App:
         grace_period: float = DEFAULT_GRACE_PERIOD,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
         restart_policy: RestartPolicy | None = None,
+        catch_up_limit: float = DEFAULT_CATCH_UP_LIMIT,
     ) -> None:
         if not name or any(c in name for c in " \t\n"):
             raise ConfigurationError(f"app name {name!r} must be non-empty without spaces")
+        if (
+            isinstance(catch_up_limit, bool)
+            or not isinstance(catch_up_limit, int | float)
+            or not 0 < catch_up_limit < math.inf
+        ):
+            raise ConfigurationError(
+                f"catch_up_limit must be a number of seconds above 0, got {catch_up_limit!r}; "
+                f"keep it above the broker's failover time (the default is "
+                f"{DEFAULT_CATCH_UP_LIMIT:g})"
+            )
         self.name = name
         self.broker: Broker = open_broker(broker)
         self.store: Store = store_for(store)
@@ -91,7 +107,9 @@ class App:
         self.instance = f"{name}@{socket.gethostname()}:{os.getpid()}:{new_id()[-12:]}"
         self._dedup_override = dedup_for(dedup) if dedup is not None else None
         self.sagas = Sagas(self.store, self.registry, name)
-        self._saga_runtime = SagaRuntime(sagas, self.sagas, self.registry)
+        self._saga_runtime = SagaRuntime(
+            sagas, self.sagas, self.registry, catch_up_limit=float(catch_up_limit)
+        )
         self._specs = collect_handlers(handlers) + self._saga_runtime.handler_specs()
         self._bindings = [
             (spec, spec.group or name, inspect_handler(spec.fn)) for spec in self._specs

@@ -94,6 +94,7 @@ def test_open_broker_builds_a_nats_broker() -> None:
         "nats://h:4222?partitions=0",
         "nats://h:4222?stream=has.dot",
         "nats://h:4222?ack_wait=30&lease_ttl=10",
+        "nats://h:4222?ack_wait=30&lease_ttl=35",  # shorter than ack_wait + ack_wait/3 + 1.5
         "nats://h:4222?max_deliver=1",
         "nats://h:4222?max_deliver=0",
         "nats://h:4222?max_deliver=-2",

@@ -299,10 +299,12 @@ def participants(gate: ShippingGate | None = None) -> list[Any]:
 
 def nats_saga_url(nats_base: str, prefix: str) -> str:
     """A NATS URL on a stream of the test's own, with short claims and acks (a killed
-    member's partitions and unacked messages pass on within seconds)."""
+    member's partitions and unacked messages pass on within about 2 s: ``lease_ttl``
+    defaults to ``ack_wait + ack_wait/3 + pull_expires + 0.5``)."""
     stream = unique_name(prefix).upper()
     return (
-        f"{nats_base}?stream={stream}&ack_wait=1&lease_ttl=1.5&heartbeat_interval=0.25&partitions=4"
+        f"{nats_base}?stream={stream}&ack_wait=1&pull_expires=0.25&heartbeat_interval=0.25"
+        "&partitions=4"
     )
 
 

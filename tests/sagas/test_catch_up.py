@@ -14,7 +14,7 @@ import pytest
 
 from eventflow import App
 from eventflow.adapters.memory.broker import MemoryBroker, MemoryBrokerConfig
-from eventflow.errors import BrokerError
+from eventflow.errors import BrokerError, ConfigurationError
 from eventflow.events import default_registry
 from eventflow.sagas.persistence import TimerRow
 from eventflow.sagas.runtime import SagaRuntime, Sagas
@@ -148,3 +148,52 @@ async def test_a_reply_held_by_a_stuck_member_wins_over_the_overdue_timeout(
     finally:
         await hub.close()
     assert effects.of("o-1") == ["reserved", "charged"]  # nothing compensated
+
+
+async def test_app_catch_up_limit_bounds_the_wait_for_a_held_reply(
+    broker_name: str, tmp_path: Path, waiter: Wait
+) -> None:
+    """``App(catch_up_limit=1.0)``: the overdue timer waits for the held reply at most a
+    second past the start, then the step times out (with the default 30 s it would wait)."""
+    url, store = f"memory://{broker_name}", f"sqlite:///{tmp_path / 'sagas.db'}"
+    hub = MemoryBroker(MemoryBrokerConfig(name=broker_name))
+    await hub.start()
+    try:
+        async with App(
+            "shop", broker=url, handlers=participants(Script(never_ship={"o-1"}), Effects())
+        ) as shop:
+            async with App("orders", broker=url, store=store, sagas=[OrderSaga]) as orders:
+                await shop.publish(OrderPlaced(order_id="o-1"), key="o-1")
+
+                async def shipping() -> bool:
+                    saga = await orders.sagas.get(OrderSaga, "o-1")
+                    return saga is not None and any(
+                        t.kind == "command-sent" and t.step == "ship" for t in saga.history
+                    )
+
+                await waiter(shipping)
+            group = f"saga.{OrderSaga.definition.name}"
+            stuck = await hub.subscribe(OrderShipped.event_type, group=group)
+            await shop.publish(OrderShipped(order_id="o-1"), key="o-1")
+            assert len(await stuck.fetch(1, 5.0)) == 1  # held, never acked
+            await asyncio.sleep(1.2)  # past the ship step's deadline (1 s)
+            async with App(
+                "orders", broker=url, store=store, sagas=[OrderSaga], catch_up_limit=1.0
+            ) as orders:
+                started = time.monotonic()
+
+                async def timed_out() -> bool:
+                    saga = await orders.sagas.get(OrderSaga, "o-1")
+                    return saga is not None and any(t.kind == "timed-out" for t in saga.history)
+
+                await waiter(timed_out, timeout=10.0)
+                assert time.monotonic() - started >= 0.9, "it waited for the backlog first"
+            await stuck.close()
+    finally:
+        await hub.close()
+
+
+@pytest.mark.parametrize("limit", [0, -1.0, float("inf"), float("nan"), True, "30"])
+def test_app_refuses_a_catch_up_limit_that_is_not_a_positive_duration(limit: object) -> None:
+    with pytest.raises(ConfigurationError, match="catch_up_limit"):
+        App("orders", sagas=[OrderSaga], catch_up_limit=limit)  # type: ignore[arg-type]

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
+from aiokafka.errors import InvalidSessionTimeoutError, KafkaError
 
 from ...errors import BrokerError
 from ...supervision import Component, ComponentState, Supervisor
@@ -55,6 +55,10 @@ _log = logging.getLogger("eventflow.kafka")
 _POLL_MS = 100
 _PAUSED_POLL_MS = 20
 _SETTLE_POLL = 0.005
+# A join longer than this (or than the session timeout) is not a normal one: Kafka holds a
+# new group's first join 3 s, Tansu every join half the session timeout. Say what it waits
+# for.
+_JOIN_NOTE = 4.0
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -119,15 +123,38 @@ class KafkaSubscription:
         """Start the pump as a component of ``supervisor`` and wait for the first
         assignment (positions set and committed); past ``timeout`` seconds, a BrokerError."""
         self._component = supervisor.spawn(f"kafka:{self.group}:{self.pattern}", self._run_pump)
+        began = self._now()
+        note_after = max(_JOIN_NOTE, self._session_timeout)
+        told = False
         try:
             async with asyncio.timeout(timeout):
                 while not self._assigned.is_set():
                     self._check()
+                    if not told and self._now() - began >= note_after:
+                        told = True
+                        _log.warning(
+                            "kafka group %r (%s): no partitions assigned after %.0fs; the "
+                            "group is rebalancing, which waits for every member to rejoin: a "
+                            "member that stopped heartbeating (killed, or cut off) holds it "
+                            "up until session_timeout (%gs) after its last heartbeat, then "
+                            "this member gets its share",
+                            self.group,
+                            self.pattern,
+                            note_after,
+                            self._session_timeout,
+                        )
                     try:
                         async with asyncio.timeout(0.1):
                             await self._assigned.wait()
                     except TimeoutError:
                         pass
+            if told:
+                _log.info(
+                    "kafka group %r (%s): partitions assigned after %.1fs",
+                    self.group,
+                    self.pattern,
+                    self._now() - began,
+                )
         except TimeoutError:
             raise BrokerError(
                 f"kafka: group {self.group!r} got no partition assignment within {timeout}s; "
@@ -142,6 +169,14 @@ class KafkaSubscription:
             if component is None or component.state is not ComponentState.FAILED:
                 return
             failure = component.last_error
+        if isinstance(failure, InvalidSessionTimeoutError):
+            raise BrokerError(
+                f"kafka: the brokers refuse session_timeout={self._session_timeout:g}s for "
+                f"group {self.group!r}: it must lie between their "
+                "group.min.session.timeout.ms (6 s by default) and "
+                "group.max.session.timeout.ms (30 min); change session_timeout= or the "
+                "brokers' limits"
+            ) from failure
         raise BrokerError(
             f"kafka consumer of group {self.group!r} on {self.pattern!r} failed: "
             f"{failure!r}; subscribe again"

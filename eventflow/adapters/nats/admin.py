@@ -6,6 +6,12 @@ Every check is one an app of another configuration would fail: a stream on other
 or with another partition count, a lease bucket with another TTL, a consumer on another
 filter. Those raise ``ConfigurationError`` naming the setting and what to do; something
 created concurrently by another app is taken as it is.
+
+Upgrades: the lease bucket records its TTL in its stream's metadata. A lease bucket without
+it was made by an older eventflow (whose default TTL was 37.5 s, for an ``ack_wait`` of
+30 s): it is set to this broker's TTL, with a warning, instead of being refused. Consumers
+made with an older ``ack_wait`` are updated when their group subscribes (see
+:func:`ensure_consumer`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ __all__ = ["consumer_exists", "ensure_consumer", "ensure_kv", "ensure_stream"]
 
 _log = logging.getLogger("eventflow.nats")
 _PARTITIONS_META = "eventflow.partitions"
+_TTL_META = "eventflow.lease_ttl"
 
 
 async def ensure_stream(js: JetStreamContext, cfg: NatsBrokerConfig) -> None:
@@ -87,13 +94,14 @@ async def ensure_kv(
     js: JetStreamContext, cfg: NatsBrokerConfig, bucket: str, ttl: float, *, strict: bool
 ) -> KeyValue:
     """Create KV ``bucket`` with entries expiring after ``ttl``, or open it; with ``strict``
-    an existing bucket must have that TTL (every app must agree on the lease TTL)."""
+    (the lease bucket) an existing bucket must have that TTL, every app agreeing on it, and
+    one made by an older eventflow is set to it (see the module docstring)."""
     try:
         kv = await js.key_value(bucket)
     except BucketNotFoundError:
         storage = StorageType.FILE if cfg.storage == "file" else StorageType.MEMORY
         try:
-            return await js.create_key_value(
+            kv = await js.create_key_value(
                 KeyValueConfig(
                     bucket=bucket,
                     history=1,
@@ -105,15 +113,39 @@ async def ensure_kv(
         except APIError:
             kv = await js.key_value(bucket)
     if strict:
-        status = await kv.status()
-        have = status.ttl or 0.0
+        await _check_ttl(js, kv, bucket, ttl)
+    return kv
+
+
+async def _check_ttl(js: JetStreamContext, kv: KeyValue, bucket: str, ttl: float) -> None:
+    config = (await kv.status()).stream_info.config
+    have = config.max_age or 0.0
+    metadata = dict(config.metadata or {})
+    if _TTL_META in metadata:
         if abs(have - ttl) > 0.01 * ttl:
             raise ConfigurationError(
-                f"KV bucket {bucket!r} has a TTL of {have}s but this broker's lease TTL is "
-                f"{ttl}s; use the same ack_wait/lease_ttl in every app of the deployment "
-                f"(or delete the bucket when no app runs)"
+                f"KV bucket {bucket!r} has a lease TTL of {have:g}s but this broker's is "
+                f"{ttl:g}s; use the same ack_wait, pull_expires and lease_ttl in every app of "
+                "the deployment (to change them, stop every app and delete the bucket)"
             )
-    return kv
+        return
+    # Made by this broker a moment ago (the metadata is written just below), or by an older
+    # eventflow, which did not record its TTL: take it over with ours.
+    config.max_age = ttl
+    # The server refuses a duplicate window longer than the entries live.
+    config.duplicate_window = min(config.duplicate_window or ttl, ttl)
+    config.metadata = {**metadata, _TTL_META: f"{ttl:g}"}
+    await js.update_stream(config)
+    if abs(have - ttl) > 0.01 * ttl:
+        _log.warning(
+            "NATS KV bucket %s had the lease TTL of an older eventflow (%gs); set to %gs. "
+            "Upgrade every app of the deployment: members of an older version refresh their "
+            "leases too seldom for it and lose partitions now and then (their messages are "
+            "redelivered, not lost, but may be handled twice or out of key order meanwhile)",
+            bucket,
+            have,
+            ttl,
+        )
 
 
 async def consumer_exists(js: JetStreamContext, cfg: NatsBrokerConfig, name: str) -> bool:

@@ -132,7 +132,8 @@ class NatsBroker:
         await ensure_stream(js, cfg)
         leases = await ensure_kv(js, cfg, cfg.lease_bucket, cfg.effective_lease_ttl, strict=True)
         releases = await ensure_kv(js, cfg, cfg.release_bucket, cfg.release_ttl, strict=False)
-        self._leases, self._releases = Leases(leases), ReleaseLedger(releases)
+        self._leases = Leases(leases, js, cfg.lease_bucket)
+        self._releases = ReleaseLedger(releases)
 
     async def close(self) -> None:
         """Leave every group (held messages go back), then disconnect. Idempotent."""

@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_ACK_WAIT",
     "DEFAULT_PARTITIONS",
     "DEFAULT_STREAM",
+    "LEASE_MARGIN",
     "NatsBrokerConfig",
     "consumer_name",
     "group_id",
@@ -34,7 +35,7 @@ DEFAULT_STREAM = "EVENTFLOW"
 DEFAULT_PARTITIONS = 8
 DEFAULT_MAX_AGE = 7 * 24 * 3600.0
 DEFAULT_DUPLICATE_WINDOW = 120.0
-DEFAULT_ACK_WAIT = 30.0
+DEFAULT_ACK_WAIT = 4.0
 DEFAULT_MAX_DELIVER = -1
 DEFAULT_MAX_ACK_PENDING = 1000
 DEFAULT_HEARTBEAT_INTERVAL = 1.0
@@ -44,6 +45,9 @@ DEFAULT_PUBLISH_TIMEOUT = 10.0
 DEFAULT_REQUEST_TIMEOUT = 2.0
 DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_RELEASE_TTL = 24 * 3600.0
+LEASE_MARGIN = 0.5
+"""Seconds a partition's lease must outlive the ack timers of every message its member
+was handed (latency between the member's requests and the server's clocks)."""
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
@@ -59,10 +63,15 @@ class NatsBrokerConfig:
 
     - ``ack_wait``: the server redelivers a message not acked (nor marked in progress) for
       this long; the adapter sends in-progress heartbeats every ``ack_wait / 3`` for every
-      message it holds, so only a dead or stalled process loses its messages.
+      message it holds, so only a dead or stalled process loses its messages, and a killed
+      member's messages come back after at most this long.
     - ``lease_ttl``: how long a partition stays claimed by a member that stopped refreshing
-      its lease (a crashed process); must exceed ``ack_wait`` so a dead member's messages are
-      redelivered before the partition's next messages (key order survives a crash).
+      its lease (a killed process): the failover time. A member refreshes its leases every
+      ``ack_wait / 3`` and pulls only while its lease outlives the ack timers of what the
+      pull may bring (``ack_wait + pull_expires`` + :data:`LEASE_MARGIN`), so a dead member's
+      messages are redelivered before the partition's next messages (key order survives a
+      crash). It defaults to, and must be at least, ``ack_wait + ack_wait / 3 +
+      pull_expires + LEASE_MARGIN`` (6.8 s with the defaults).
     - ``max_deliver``: the server stops redelivering a message after this many deliveries and
       the message is gone without a trace. The default, ``-1``, is no limit: the consumer
       counts attempts from recorded handler failures and dead-letters a message itself, so a
@@ -138,10 +147,14 @@ class NatsBrokerConfig:
         ):
             if getattr(self, field) <= 0:
                 raise ConfigurationError(f"{field} must be > 0 seconds")
-        if self.lease_ttl is not None and self.lease_ttl <= self.ack_wait:
+        least = self.shortest_lease_ttl
+        if self.lease_ttl is not None and self.lease_ttl < least:
             raise ConfigurationError(
-                f"lease_ttl ({self.lease_ttl}s) must exceed ack_wait ({self.ack_wait}s), so a "
-                "crashed member's messages are redelivered before its partitions move on"
+                f"lease_ttl ({self.lease_ttl}s) must be at least ack_wait + ack_wait/3 + "
+                f"pull_expires + {LEASE_MARGIN} = {least:.2f}s: a member refreshes its leases "
+                "every ack_wait/3 and pulls only while its lease outlives the ack timers of "
+                "what it pulls, so a killed member's messages are redelivered before its "
+                "partitions move on; raise lease_ttl or leave it unset"
             )
 
     @property
@@ -151,11 +164,30 @@ class NatsBrokerConfig:
         return self.subject_prefix if self.subject_prefix is not None else self.stream.lower()
 
     @property
+    def keepalive_interval(self) -> float:
+        """How often a member refreshes its leases and sends in-progress heartbeats for the
+        messages it holds: ``ack_wait / 3``."""
+        return self.ack_wait / 3
+
+    @property
+    def pull_guard(self) -> float:
+        """The life a lease must have left, beyond a pull's expiry, for its member to pull
+        (or to extend an ack timer): ``ack_wait`` + :data:`LEASE_MARGIN`."""
+        return self.ack_wait + LEASE_MARGIN
+
+    @property
+    def shortest_lease_ttl(self) -> float:
+        """``ack_wait + ack_wait/3 + pull_expires + LEASE_MARGIN``: with a shorter lease a
+        member could not pull for the whole of each refresh interval."""
+        return self.pull_guard + self.keepalive_interval + self.pull_expires
+
+    @property
     def effective_lease_ttl(self) -> float:
-        """``lease_ttl``, or ``ack_wait`` plus a margin of a quarter (at least 2 s)."""
+        """``lease_ttl``, or :attr:`shortest_lease_ttl` (a partition of a killed member moves
+        at most this long after the kill)."""
         if self.lease_ttl is not None:
             return self.lease_ttl
-        return self.ack_wait + max(2.0, self.ack_wait / 4)
+        return self.shortest_lease_ttl
 
     @property
     def lease_bucket(self) -> str:

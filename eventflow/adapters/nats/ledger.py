@@ -8,6 +8,8 @@ updating it at the revision the member last wrote, and expires ``lease_ttl`` aft
 last refresh. A refresh that finds another revision tells the member it lost the partition
 (it stalled past ``lease_ttl`` and another member took it); a release deletes the entry at
 the member's revision, so it never removes a lease someone else took meanwhile.
+:meth:`Leases.holder` tells a member waiting for a partition who holds it and since when
+(the time the server stored the last refresh), so it can say how long the wait will be.
 
 Release counts (bucket ``<stream>_releases``, TTL ``release_ttl``): JetStream counts every
 delivery, including those no handler saw (a member leaving gives back its buffered
@@ -20,23 +22,50 @@ once the message is acked.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from nats.errors import Error as NatsError
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
 from ..._logging import Throttled
 
-__all__ = ["Leases", "ReleaseLedger"]
+__all__ = ["Holder", "Leases", "ReleaseLedger"]
 
 _log = logging.getLogger("eventflow.nats")
 
 
-class Leases:
-    """The partition leases of every group on one stream (see the module docstring)."""
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds a lease: the member id and when the lease was last written (refreshed),
+    in Unix seconds on the server's clock."""
 
-    def __init__(self, kv: KeyValue) -> None:
+    member: str
+    written_at: float
+
+
+class Leases:
+    """The partition leases of every group on one stream (see the module docstring).
+
+    ``js`` and ``bucket`` serve :meth:`holder`, which reads the entry's stored message (a
+    KV read does not tell when the entry was written)."""
+
+    def __init__(self, kv: KeyValue, js: JetStreamContext, bucket: str) -> None:
         self._kv = kv
+        self._js = js
+        self._stream = f"KV_{bucket}"
+        self._subject = f"$KV.{bucket}."
+
+    async def holder(self, key: str) -> Holder | None:
+        """Who holds lease ``key`` and since when, or ``None`` if nobody does."""
+        try:
+            msg = await self._js.get_msg(self._stream, subject=self._subject + key)
+        except NotFoundError:
+            return None
+        if (msg.headers or {}).get("KV-Operation") or msg.time is None:
+            return None  # deleted or purged: released
+        return Holder((msg.data or b"").decode(), msg.time.timestamp())
 
     async def claim(self, key: str, member: str) -> int | None:
         """Take lease ``key`` for ``member``; its revision, or ``None`` if another holds it."""

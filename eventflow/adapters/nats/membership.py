@@ -33,6 +33,10 @@ class Membership:
         n = len(members)
         return {p for p in range(self._partitions) if p % n == me}
 
+    def alive(self, member: str) -> bool:
+        """Whether ``member`` heartbeated lately (or is this member)."""
+        return member in self._members
+
     def joined(self, held: Collection[int]) -> bool:
         """Whether every desired partition is ``held`` (and not draining), or still being
         given up by another member."""

@@ -8,6 +8,15 @@ its key do not overtake it. Each partition has at most one pull request outstand
 end (batch filled, or a status) tells exactly when nothing more can arrive, which is what
 a member waits for before it gives the partition up. One that expired is replaced at once
 (the member's waiting fetch is woken), so an idle partition is never without one.
+
+The lease bounds what the partition does (see ``docs/nats.md``, "Groups and per-key
+order"): ``lease_until`` is when the lease expires at the earliest, by this member's clock
+(from the moment it sent the claim or the last refresh). The partition pulls, and extends
+ack timers, only while the lease outlives the ack timers that would start (``pull_guard``
+= ``ack_wait`` + a margin, past the pull's expiry), and hands out nothing once the lease may
+have lapsed: whatever this member was handed is redelivered before anyone else can hold the
+partition. A redelivery of a message the member still holds (its ack timer ran out while
+the process stalled) is dropped: the member is still on it.
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ class Partition:
         "_await_guard",
         "_member",
         "_nc",
+        "_pull_guard",
         "_releases",
         "awaiting",
         "buffer",
@@ -71,6 +81,7 @@ class Partition:
         "index",
         "lease_key",
         "lease_rev",
+        "lease_until",
         "next_subject",
         "out",
         "pull_id",
@@ -88,11 +99,13 @@ class Partition:
         inbox: str,
         lease_key: str,
         lease_rev: int,
+        lease_until: float,
         *,
         member: Member,
         nc: Client,
         releases: ReleaseLedger,
         await_guard: float,
+        pull_guard: float,
     ) -> None:
         self.index = index
         self.consumer = consumer
@@ -101,12 +114,15 @@ class Partition:
         self.inbox = f"{inbox}.{index}"
         self.lease_key = lease_key
         self.lease_rev = lease_rev
+        self.lease_until = lease_until  # the lease expires no sooner (loop clock)
         self._member = member
         self._nc = nc
         self._releases = releases
         # How long to wait for a given-back message to come back before handing out later
         # ones regardless (the server dropped it: max_deliver).
         self._await_guard = await_guard
+        # How long the lease must outlive a pull's expiry, or an ack timer extended now.
+        self._pull_guard = pull_guard
         self.draining = False
         self.buffer: deque[NatsDelivery] = deque()  # received, not handed out; by seq
         self.out: dict[int, NatsDelivery] = {}  # handed out, not settled
@@ -134,9 +150,17 @@ class Partition:
             buf.append(d)
 
     def received(self, d: NatsDelivery, count: int) -> None:
-        """Buffer ``d``, the server's ``count``-th delivery of it, answering our pull."""
+        """Buffer ``d``, the server's ``count``-th delivery of it, answering our pull (a
+        redelivery of a message this member still holds is dropped)."""
         if self.pull_left:
             self.pull_left -= 1
+        if count > 1 and self._holds(d.seq):
+            # Its ack timer ran out while this process stalled; the handler (or the buffer)
+            # still has it, and acks and in-progress heartbeats go by stream sequence.
+            _log.debug(
+                "partition %d of %s: duplicate of %d dropped", self.index, self.consumer, d.seq
+            )
+            return
         self.insert(d)
         if count == 1:
             self.settling = False  # a first delivery: no redelivery is queued ahead of it
@@ -165,6 +189,14 @@ class Partition:
         if self.draining or member.closed:
             member.kick()
 
+    def _holds(self, seq: int) -> bool:
+        if seq in self.out or seq in self.delayed:
+            return True
+        for held in self.buffer:  # sorted by sequence
+            if held.seq >= seq:
+                return held.seq == seq
+        return False
+
     def pull_lost(self) -> None:
         """The connection dropped: the outstanding pull request may have died with it."""
         self.pull_left = 0
@@ -177,8 +209,8 @@ class Partition:
     async def pull(self, want: int, expires: float, now: float) -> None:
         """Ask the server for up to ``want`` messages, unless a request is outstanding or
         nothing could be handed out anyway."""
-        if self.draining:
-            return
+        if self.draining or now + expires + self._pull_guard > self.lease_until:
+            return  # what it brings could outlive the lease: wait for the next refresh
         if self.pull_left:
             if now <= self.pull_until:
                 # One request at a time per partition: its end (batch filled, or a status)
@@ -212,7 +244,7 @@ class Partition:
         """Hand out buffered messages into ``out`` (up to ``limit`` in all), in sequence
         order, stopping at one behind a message given back and not yet redelivered."""
         buf = self.buffer
-        if self.draining or self.settling or not buf:
+        if self.draining or self.settling or not buf or now >= self.lease_until:
             return
         awaiting, held = self.awaiting, self.out
         while buf and len(out) < limit:
@@ -276,9 +308,15 @@ class Partition:
         if self.draining:
             member.kick()
 
+    def may_extend(self, now: float) -> bool:
+        """Whether an ack timer reset now ends before the lease may expire."""
+        return now + self._pull_guard <= self.lease_until
+
     async def in_progress(self, d: NatsDelivery) -> None:
-        """Reset the server's ack timer for ``d``."""
-        await self._nc.publish(d.reply, IN_PROGRESS)
+        """Reset the server's ack timer for ``d``, unless the timer would then outlive the
+        lease (the next lease refresh is followed by in-progress heartbeats anyway)."""
+        if self.may_extend(self._member.now()):
+            await self._nc.publish(d.reply, IN_PROGRESS)
 
     async def nak_due(self, now: float) -> None:
         """Nak the delayed nacks that are due (the partition waits for their redelivery)."""
@@ -289,7 +327,10 @@ class Partition:
                 await self._nc.publish(d.reply, NAK)
 
     async def keep_alive(self) -> None:
-        """Reset the ack timers of every message held (a handler may still be on it)."""
+        """Reset the ack timers of every message held (a handler may still be on it), if
+        the lease outlives them (it was just refreshed)."""
+        if not self.may_extend(self._member.now()):
+            return
         for d in self.held():
             await self._nc.publish(d.reply, IN_PROGRESS)
 

@@ -34,6 +34,7 @@ from .delivery import NatsDelivery, parse_reply, split_headers
 from .ledger import Leases, ReleaseLedger
 from .membership import Membership
 from .partition import NAK, Partition
+from .waiting import Waiting
 
 __all__ = ["NatsSubscription"]
 
@@ -81,6 +82,7 @@ class NatsSubscription:
         self._ctl_subject = f"{config.control_prefix}.{gid}"
         self._parts: dict[int, Partition] = {}
         self._membership = Membership(self.member_id, config.partitions, self.now())
+        self._waiting = Waiting(group, pattern, config, leases, self._membership.alive)
         self._ready = asyncio.Event()
         self._kick = asyncio.Event()
         self._rotate = 0
@@ -327,6 +329,7 @@ class NatsSubscription:
                     self._log.clear("coordination")
             now = self.now()
             wake = min(self._next_hb, self._next_keepalive, now + cfg.heartbeat_interval)
+            wake = min(wake, self._waiting.retry_at)  # a dead member's lease expires
             for part in self._parts.values():
                 if part.draining:
                     wake = min(wake, now + 0.05)
@@ -372,14 +375,18 @@ class NatsSubscription:
         if now >= self._next_keepalive:
             # Refresh leases just before the in-progress heartbeats, so a lease always
             # outlives the ack timers of the messages it covers.
-            self._next_keepalive = now + cfg.ack_wait / 3
+            self._next_keepalive = now + cfg.keepalive_interval
             await self._refresh_leases()
             for part in self._parts.values():
                 await part.keep_alive()
         missing = [p for p in desired if p not in self._parts]
-        if missing:
-            claimed = await asyncio.gather(*(self._claim(p) for p in missing))
-            changed = changed or any(claimed)
+        claimed = await asyncio.gather(*(self._claim(p) for p in missing))
+        got = [p for p, ok in zip(missing, claimed, strict=True) if ok]
+        self._waiting.claimed(got)
+        changed = changed or bool(got)
+        # Held by another member: say once who holds them and when they move.
+        held = {p: f"{self._gid}.{p}" for p, ok in zip(missing, claimed, strict=True) if not ok}
+        await self._waiting.note(held, self.now())
         if changed or now >= self._next_hb:
             self._next_hb = now + cfg.heartbeat_interval
             await self._announce("hb")
@@ -388,25 +395,30 @@ class NatsSubscription:
 
     async def _claim(self, index: int) -> bool:
         key = f"{self._gid}.{index}"
+        sent = self.now()  # the lease lives lease_ttl from when the server stored it, later
         rev = await self._leases.claim(key, self.member_id)
         if rev is None:
             return False  # another member holds it; it lets go once it has settled
+        cfg = self.config
         self._parts[index] = Partition(
             index,
             consumer_name(self._gid, index),
-            self.config.stream,
+            cfg.stream,
             self._inbox,
             key,
             rev,
+            sent + cfg.effective_lease_ttl,
             member=self,
             nc=self.nc,
             releases=self._releases,
-            await_guard=2 * self.config.ack_wait,
+            await_guard=2 * cfg.ack_wait,
+            pull_guard=cfg.pull_guard,
         )
         _log.debug("member %s of %s claimed partition %d", self.member_id, self.group, index)
         return True
 
     async def _refresh_leases(self) -> None:
+        until = self.now() + self.config.effective_lease_ttl  # from before the first refresh
         for index, part in list(self._parts.items()):
             rev = await self._leases.refresh(part.lease_key, self.member_id, part.lease_rev)
             if rev is None:
@@ -415,7 +427,8 @@ class NatsSubscription:
                 _log.warning("group %s lost partition %d (lease expired)", self.group, index)
                 del self._parts[index]
             else:
-                part.lease_rev = rev
+                part.lease_rev, part.lease_until = rev, until
+        self._ready.set()  # a pull held back for a fresh lease may go now
 
     async def _release_leases(self, parts: list[Partition]) -> None:
         for part in parts:
