@@ -75,13 +75,13 @@ async def test_pulls_and_heartbeats_only_while_the_lease_outlives_their_ack_time
     part = _partition(nc, member)
     await part.pull(10, 1.0, now=0.0)
     assert len(nc.sent) == 1, "a fresh lease: pull"
-    part.pull_ended(part.pull_id)
+    part.pull_ended(part.pull_id, expired=True)
     # 1.0 s of pull + 4 s of ack timer + 0.5 s margin no longer fit before 6.8 s.
     await part.pull(10, 1.0, now=1.5)
     assert len(nc.sent) == 1, "what the pull could bring would outlive the lease"
     await part.pull(10, 0.2, now=1.5)
     assert len(nc.sent) == 2, "a shorter pull still fits"
-    part.pull_ended(part.pull_id)
+    part.pull_ended(part.pull_id, expired=True)
     part.received(_delivery(part, 1), 1)
     out: list[NatsDelivery] = []
     part.take(out, 10, 1.5)

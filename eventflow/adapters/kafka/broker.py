@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import BrokerResponseError, KafkaError, KafkaTimeoutError, for_code
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import BrokerResponseError, KafkaError, KafkaTimeoutError
 
 from ...errors import (
     BackpressureError,
@@ -28,15 +28,15 @@ from ...ports import StartPosition
 from ...supervision import Supervisor
 from .config import KafkaBrokerConfig, kafka_topic, pattern_regex
 from .connection import close_client, probe
-from .groups import commit_outside, end_offsets, has_position, nothing_to_commit
+from .groups import commit_outside, end_offsets, has_position, nothing_to_commit, unhandled
 from .logs import throttle_client_logs
 from .partition import attempts_group
 from .subscription import KafkaSubscription
+from .topics import create_topics
 
 __all__ = ["KafkaBroker"]
 
 _log = logging.getLogger("eventflow.kafka")
-_TOPIC_EXISTS = 36
 _MAX_NAMES = 4096
 """Topics whose Kafka name (and existence) the broker remembers: a bound, as topics may be
 made per tenant or per id."""
@@ -211,24 +211,7 @@ class KafkaBroker:
         await self._create_topics(names, BrokerError)
 
     async def _create_topics(self, names: Sequence[str], refused: type[BrokerError]) -> None:
-        """``ensure_topics``, raising ``refused`` when the broker refuses for good (not
-        authorised, an invalid topic, a policy)."""
-        admin = self._live_admin()
-        cfg = self.config
-        topics = [NewTopic(n, cfg.partitions, cfg.replication_factor) for n in names]
-        try:
-            response = await admin.create_topics(topics)
-        except KafkaError as exc:
-            raise BrokerError(f"kafka: could not create topics {list(names)}: {exc!r}") from exc
-        for entry in getattr(response, "topic_errors", ()):
-            name, code = entry[0], entry[1]
-            if code not in (0, _TOPIC_EXISTS):
-                error = for_code(code)
-                kind = BrokerError if error.retriable else refused
-                raise kind(
-                    f"kafka: could not create topic {name!r} ({error.__name__}, error code "
-                    f"{code}); create it yourself or check the broker's permissions"
-                )
+        await create_topics(self._live_admin(), self.config, names, refused)
 
     async def _kafka_name(self, topic: str, refused: type[BrokerError] = BrokerError) -> str:
         try:
@@ -425,22 +408,12 @@ class KafkaBroker:
         try:
             consumer = await self._offsets_client()
             ends = await end_offsets(admin, consumer, regex, exact)
-            if not ends:
-                return 0
-            tps = list(ends)
-            committed = await admin.list_consumer_group_offsets(group, partitions=tps)
-            missing = [tp for tp in tps if tp not in committed or committed[tp].offset < 0]
-            starts = await consumer.beginning_offsets(missing) if missing else {}
+            return await unhandled(admin, consumer, group, ends)
         except KafkaError as exc:
             raise BrokerError(
                 f"kafka: could not tell the backlog of group {group!r} on {pattern!r}: "
                 f"{exc!r}; are the brokers up?"
             ) from exc
-        total = 0
-        for tp, end in ends.items():
-            done = int(starts[tp]) if tp in starts else int(committed[tp].offset)
-            total += max(0, end - done)
-        return total
 
     async def _offsets_client(self) -> AIOKafkaConsumer:
         """A group-less consumer client for end and beginning offsets (made on first use)."""

@@ -17,7 +17,6 @@ import logging
 import re
 import uuid
 from collections.abc import Mapping
-from typing import Any
 
 from ..._logging import Throttled
 from ...errors import (
@@ -25,7 +24,6 @@ from ...errors import (
     BrokerError,
     MessageRefusedError,
     MissingDependencyError,
-    PublishUnconfirmedError,
 )
 from ...groups import check_group, log_new_group
 from ...headers import KEY_HEADER, MESSAGE_ID_HEADER, SEND_ID_HEADER
@@ -44,6 +42,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise MissingDependencyError("nats-py", "nats") from exc
 
 from .admin import consumer_exists, ensure_consumer, ensure_kv, ensure_stream
+from .answers import publish_error, too_large, unsent
 from .connection import connect_first, discard, header_bytes
 from .delivery import MSG_ID_HEADER
 from .ledger import Leases, ReleaseLedger
@@ -235,7 +234,7 @@ class NatsBroker:
         size = len(payload) + header_bytes(hdrs)
         if size > nc.max_payload:
             # The server would answer a PUB over its max_payload by closing the connection.
-            raise MessageRefusedError(self._too_large(topic, size, nc.max_payload))
+            raise MessageRefusedError(too_large(topic, size, nc.max_payload))
         self._check_allowed(topic)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + cfg.publish_timeout
@@ -255,9 +254,9 @@ class NatsBroker:
                     headers=hdrs,
                 )
             except ConnectionClosedError as exc:
-                raise self._unsent(topic, "the NATS broker is closed", hdrs, maybe) from exc
+                raise unsent(self.config, topic, "the NATS broker is closed", hdrs, maybe) from exc
             except MaxPayloadError as exc:  # the limit of a server reconnected to meanwhile
-                raise MessageRefusedError(self._too_large(topic, size, nc.max_payload)) from exc
+                raise MessageRefusedError(too_large(topic, size, nc.max_payload)) from exc
             except (NoRespondersError, NatsError, TimeoutError) as exc:
                 # Only a timeout leaves the attempt in doubt: the others fail before the
                 # message leaves, or are the server saying nobody stores the subject yet.
@@ -270,10 +269,12 @@ class NatsBroker:
                 # JetStream checks the message id before anything else: had an earlier
                 # attempt been stored, this one would have been acked as a duplicate.
                 maybe = False
-                problem = self._publish_error(data, topic)
+                problem = publish_error(self.config, data, topic)
                 full = problem
             if self._nc is None:
-                raise self._unsent(topic, "the NATS broker closed while publishing", hdrs, maybe)
+                raise unsent(
+                    self.config, topic, "the NATS broker closed while publishing", hdrs, maybe
+                )
             self._check_allowed(topic)
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -284,31 +285,9 @@ class NatsBroker:
                         "limits or slow the producer"
                     )
                 why = f"JetStream did not confirm it within {cfg.publish_timeout}s ({problem})"
-                raise self._unsent(topic, why, hdrs, maybe)
+                raise unsent(self.config, topic, why, hdrs, maybe)
             await asyncio.sleep(min(pause, remaining))
             pause = min(pause * 2, _MAX_RETRY_PAUSE)
-
-    def _unsent(self, topic: str, why: str, hdrs: Mapping[str, str], maybe: bool) -> BrokerError:
-        """The error of a publish that failed: ``PublishUnconfirmedError`` if an attempt may
-        have been stored (``maybe``), else a ``BrokerError`` saying it was not sent."""
-        if not maybe:
-            return BrokerError(
-                f"publish to {topic!r} not sent: {why}; nothing was stored: is the server up, "
-                "with JetStream? Publish it again once it is"
-            )
-        if MESSAGE_ID_HEADER in hdrs or SEND_ID_HEADER in hdrs:
-            retry = (
-                "publishing the same envelope again is safe: JetStream drops a copy with its "
-                f"id within the stream's duplicate window ({self.config.duplicate_window:g}s) "
-                "and consumers drop one by its envelope id"
-            )
-        else:
-            retry = "it has no eventflow-id header, so sending it again may store a second copy"
-        return PublishUnconfirmedError(
-            f"publish to {topic!r} maybe sent: {why}, but an attempt may have been stored (a "
-            "request timed out; while the server is away the client sends what it buffered "
-            f"once it reconnects), so it may still be delivered; {retry}"
-        )
 
     def _check_allowed(self, topic: str) -> None:
         """Raise ``MessageRefusedError`` if the server refused this client a publish to
@@ -324,43 +303,6 @@ class NatsBroker:
             f"NATS refuses this client publishing to {topic!r} (a permissions violation on "
             f"its subjects {self.config.prefix}.<partition>.{topic}); it is not retried: "
             "grant the user publish permission on them in the server's configuration"
-        )
-
-    def _too_large(self, topic: str, size: int, limit: int) -> str:
-        return (
-            f"NATS refuses the message for {topic!r}: {size} bytes with its headers, over the "
-            f"server's max_payload of {limit} bytes; it is not retried: make the message "
-            "smaller (or store the data elsewhere and send a reference), or raise max_payload "
-            "in the server's configuration"
-        )
-
-    def _publish_error(self, data: bytes, topic: str) -> str:
-        """The problem JetStream's error reply names, if it may pass (retried until the
-        deadline); raise ``MessageRefusedError`` for a refusal that will not."""
-        import orjson
-
-        try:
-            error: dict[str, Any] = orjson.loads(data)["error"]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            return data.decode(errors="replace")
-        text = str(error.get("description", error))
-        code = error.get("code")
-        if (
-            code == 503
-            or "maximum messages" in text
-            or "maximum bytes" in text
-            or "insufficient resources" in text
-        ):
-            return text  # stream full, or the server not ready: retried until the deadline
-        if isinstance(code, int) and 400 <= code < 500:
-            raise MessageRefusedError(
-                f"JetStream refused a message for {topic!r} for good: {text} (error "
-                f"{error.get('err_code', code)}); it is not retried: fix the message, or the "
-                f"limits of stream {self.config.stream!r} (max_msg_size)"
-            )
-        raise BrokerError(
-            f"JetStream could not store a message for {topic!r}: {text}; this may pass, "
-            "publish it again later"
         )
 
     async def subscribe(
