@@ -18,10 +18,11 @@ one's adds nor mistake them for its own. The costs, per transaction that added r
   so no round trip is added;
 - at commit, a transaction that notified takes a lock that every notifying commit of the
   server takes, and holds it while its commit is flushed: such commits are flushed one
-  after the other, not together. With 8 concurrent writers of one-row transactions on a
-  2-core test machine, notifying ones ran at 73-85% of the throughput of silent ones
-  (``benchmarks/bench_outbox_wakeups.py notify``); end to end, with 8 concurrent handlers
-  on NATS, notifying from the holder's own process cost about 6-8%, hence ``relaying``;
+  after the other, not together. Writers of one-row transactions on a 2-core test
+  machine ran at 85% (one writer) and 66-73% (8 concurrent writers) of the throughput of
+  silent ones (``benchmarks/bench_outbox_wakeups.py notify``); end to end, with 8
+  concurrent handlers on NATS, notifying from the holder's own process cost about 6-8%,
+  hence ``relaying``;
 - the notification waits in the server's notification queue (8 GB by default) until every
   session listening in the database has read it; a listener that stops reading (a process
   whose event loop is stuck, with its connection open) holds the queue, and once it is
