@@ -535,11 +535,26 @@ class Outbox(Protocol):
 
     @property
     def added(self) -> asyncio.Event:
-        """Set by every ``add`` in this process (once its transaction committed, or
-        earlier): the relay clears it before each look at ``pending`` and, when idle, waits
-        on it to send new messages at once. Adds by other processes do not set it; the relay
-        also looks every second for those. An outbox that cannot tell returns an event
-        that is never set (the relay then only polls)."""
+        """Set once messages may have been added: the relay clears it before each look at
+        ``pending`` and, when idle, waits on it to send new messages at once.
+
+        Every ``add`` made through this outbox sets it (once its transaction committed, or
+        earlier). Adds that other processes, or other store objects on the same store,
+        commit set it too where the store can tell, within milliseconds of their commit:
+        PostgreSQL's adds notify at commit and the store's listener connection hears them;
+        SQLite's waiting checks whether another connection wrote to the file, every few
+        milliseconds. A wake-up may be spurious (the relay then finds nothing), and one
+        may be lost (a listener reconnecting sets it once it is back), so the relay also
+        looks every second. The memory store is one process: only its own adds set it.
+        An outbox that cannot tell returns an event that is never set (the relay then
+        only polls)."""
+
+    def relaying(self) -> AbstractAsyncContextManager[None]:
+        """Entered by the outbox relay for as long as it holds the relay lease through this
+        outbox's store: meanwhile the relay that sends these messages is in this process
+        (``added`` wakes it), so an outbox that tells other processes of its adds need not
+        (PostgreSQL then saves the notification and its commit-time cost). An outbox that
+        does not tell other processes returns a context that does nothing."""
 
 
 @runtime_checkable

@@ -7,12 +7,15 @@
   events reach the broker in version order.
 
 Each relay holds a store lease while it runs, so one instance relays at a time across
-processes; the others wait and take over if it dies. Its writes (the outbox removal, the
-event relay's checkpoint) carry the lease, so a relay that lost its lease (paused, cut off)
-cannot delete or move anything after another took over. A lost lease ends ``run()`` with
-``LeaseLostError``; the owner's supervisor starts it again, and it waits for the lease. A
-send that fails is retried with backoff; because message ids are fixed, consumers' dedup
-drops a copy sent twice.
+processes; the others wait and take over if it dies. The outbox relay is woken by
+``outbox.added``, which the store sets for adds committed by any process sharing it
+(PostgreSQL: a notification; SQLite: a check of the file), so a message another instance
+wrote leaves within milliseconds; it also looks every ``_IDLE_POLL`` seconds, as a safety
+net. Its writes (the outbox removal, the event relay's checkpoint) carry the lease, so a
+relay that lost its lease (paused, cut off) cannot delete or move anything after another
+took over. A lost lease ends ``run()`` with ``LeaseLostError``; the owner's supervisor
+starts it again, and it waits for the lease. A send that fails is retried with backoff;
+because message ids are fixed, consumers' dedup drops a copy sent twice.
 
 A message the broker refuses for good (``MessageRefusedError``: too large, not authorised)
 is tried ``PARK_AFTER`` times, then parked: it becomes a dead letter of the group
@@ -25,7 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -141,13 +145,16 @@ class OutboxRelay:
         self.parked = 0
         # Checked here, so a store without it fails the app's start, not the relay later.
         self._added: asyncio.Event = declared(store.outbox, Outbox, "added")
+        self._relaying: Callable[[], AbstractAsyncContextManager[None]] = declared(
+            store.outbox, Outbox, "relaying"
+        )
 
     async def run(self) -> None:
         """Relay forever (cancel to stop) while holding the outbox relay's lease; raises
         ``LeaseLostError`` if it is lost."""
         outbox = self.store.outbox
         added = self._added
-        async with self.store.leases.hold(OUTBOX_RELAY_LEASE) as lease:
+        async with self.store.leases.hold(OUTBOX_RELAY_LEASE) as lease, self._relaying():
             delay = _RETRY
             while True:
                 added.clear()
@@ -183,9 +190,9 @@ class OutboxRelay:
                     continue
                 try:
                     async with asyncio.timeout(_IDLE_POLL):
-                        await added.wait()
+                        await added.wait()  # set by adds in every process the store can tell
                 except TimeoutError:
-                    pass  # another process may have added messages: look again
+                    pass  # the safety net: a wake-up the store could not give, or lost
 
     async def _park(
         self, msg: OutboxMessage, error: MessageRefusedError, sent: list[int], lease: Lease

@@ -1,10 +1,11 @@
 """Capabilities a store declares on its port (``durable``, ``supports_sql``,
-``outbox.added``), and a broker on its (``backlog``, asked by sagas), decide what the core
-does; an adapter that lacks one gets a ``ConfigurationError`` naming the port, not a
-silently different behaviour."""
+``outbox.added``, ``outbox.relaying``), and a broker on its (``backlog``, asked by sagas),
+decide what the core does; an adapter that lacks one gets a ``ConfigurationError`` naming
+the port, not a silently different behaviour."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -112,8 +113,22 @@ def test_the_cli_names_what_a_third_party_store_lacks(
     assert "OldStore lacks 'durable'" in err
 
 
-def test_outbox_port_declares_added() -> None:
-    assert "added" in dir(Outbox)
+class AddedOutbox(OldOutbox):
+    """An outbox written after ``added`` and before ``relaying`` were declared."""
+
+    def __init__(self) -> None:
+        self.added = asyncio.Event()
+
+
+def test_an_outbox_without_relaying_is_refused_by_the_relay() -> None:
+    store = cast(Store, OldStore())
+    store.outbox = AddedOutbox()  # type: ignore[misc]
+    with pytest.raises(ConfigurationError, match=r"AddedOutbox lacks 'relaying'.*ports\.Outbox"):
+        OutboxRelay(store, open_broker("memory://"))
+
+
+def test_outbox_port_declares_added_and_relaying() -> None:
+    assert "added" in dir(Outbox) and "relaying" in dir(Outbox)
     assert "durable" in dir(Store) and "supports_sql" in dir(Store)
 
 

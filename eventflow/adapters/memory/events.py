@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 from ...envelope import Envelope
@@ -261,6 +261,10 @@ class MemoryOutbox:
         self._seq = 0
         self._leases = leases
         self.added = asyncio.Event()
+
+    def relaying(self) -> AbstractAsyncContextManager[None]:
+        """Nothing to do: the outbox is this process's alone (see ``Outbox.relaying``)."""
+        return nullcontext()
 
     async def add(
         self, messages: Sequence[tuple[str, Envelope]], *, tx: Transaction | None = None

@@ -94,10 +94,16 @@ class PostgresEventLog:
 
     db: PostgresDatabase
 
-    def _init_events(self, channels: Mapping[str, Callable[[str], None]] | None = None) -> None:
+    def _init_events(
+        self,
+        channels: Mapping[str, Callable[[str], None]] | None = None,
+        reconnected: Sequence[Callable[[], None]] = (),
+    ) -> None:
         """Set up the sequencer; ``channels``: other notification channels its listener
-        follows (the leases' releases), each with the callback given the payload."""
-        self._sequencer = Sequencer(self.db, channels)
+        follows (the leases' releases, the outbox's adds), each with the callback given the
+        payload; ``reconnected``: called when the listener connected again (notifications
+        sent while it was away are lost)."""
+        self._sequencer = Sequencer(self.db, channels, reconnected)
 
     async def _start_events(self, supervisor: Supervisor | None) -> None:
         await self._sequencer.start(supervisor)

@@ -32,7 +32,7 @@ from ...errors import StoreError
 from ...leases import Lease, Wakeups, hold_lease, new_owner
 from .db import PostgresDatabase
 
-__all__ = ["FENCE", "LEASE_CHANNEL", "PostgresLeases", "fence_args"]
+__all__ = ["FENCE", "LEASE_CHANNEL", "PostgresLeases", "fence_args", "writing"]
 
 LEASE_CHANNEL = "ef_lease_released"
 """The channel releases are notified on (payload ``schema:name``)."""
@@ -66,6 +66,21 @@ _HOLDER = "SELECT owner FROM ef_leases WHERE name = $1 AND expires_at > now()"
 def fence_args(lease: Lease) -> tuple[str, str, int]:
     """The parameters ``$1..$3`` of :data:`FENCE` for ``lease``."""
     return lease.name, lease.owner, lease.epoch
+
+
+@asynccontextmanager
+async def writing(db: PostgresDatabase, what: str, tx: object = None) -> AsyncIterator[Any]:
+    """The connection a write that may be fenced (a checkpoint, an outbox removal) runs on
+    (``tx``'s when given); driver errors (a connection killed, the server restarting)
+    become a ``StoreError`` saying what failed."""
+    try:
+        async with db.connection(tx) as conn:
+            yield conn
+    except _DRIVER_ERRORS as exc:
+        raise StoreError(
+            f"could not {what} on PostgreSQL: {type(exc).__name__}: {exc}; the write was "
+            "not made, try it again once the server answers"
+        ) from exc
 
 
 class PostgresLeases:

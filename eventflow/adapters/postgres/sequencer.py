@@ -8,7 +8,8 @@ again on later passes. See docs/event-store.md.
 
 :class:`Sequencer` runs the passes of one store (woken by its own appends, and every
 ``_SEQUENCER_POLL`` for other processes' ones) and keeps the listener connection that hears
-``ef_sequenced`` (and the store's other channels), both as components of a supervisor.
+``ef_sequenced`` (and the store's other channels: lease releases, outbox adds), both as
+components of a supervisor.
 Readers call :func:`number_committed` themselves before a read, so they never wait for a pass.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -65,15 +66,21 @@ class Sequencer:
     """The sequencer passes and the listener connection of one store on ``db``.
 
     ``channels`` are the other notification channels the listener follows (the leases'
-    releases), each with the callback given the payload. ``tick`` is a future resolved at
-    the next ``ef_sequenced`` notification (None while stopped): subscribers wait on it.
+    releases, the outbox's adds), each with the callback given the payload; ``reconnected``
+    callbacks are called once the listener connected again after it was lost, since what
+    was notified meanwhile never arrives. ``tick`` is a future resolved at the next
+    ``ef_sequenced`` notification (None while stopped): subscribers wait on it.
     """
 
     def __init__(
-        self, db: PostgresDatabase, channels: Mapping[str, Callable[[str], None]] | None = None
+        self,
+        db: PostgresDatabase,
+        channels: Mapping[str, Callable[[str], None]] | None = None,
+        reconnected: Sequence[Callable[[], None]] = (),
     ) -> None:
         self.db = db
         self._channels = dict(channels or {})
+        self._reconnected = tuple(reconnected)
         self._pending = asyncio.Event()
         self._appends = 0  # appends committed by this process (the passes' pacing)
         self.tick: asyncio.Future[None] | None = None
@@ -151,6 +158,8 @@ class Sequencer:
             listener = self.listener
             self._on_sequenced()  # what was notified meanwhile is lost: read again
             self._pending.set()
+            for callback in self._reconnected:
+                callback()
         lost = asyncio.Event()
         listener.add_termination_listener(lambda _conn: lost.set())
         if listener.is_closed():

@@ -3,23 +3,21 @@ checkpoints, outbox and leases, on one asyncpg pool so they share transactions."
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import asyncpg
 import orjson
 
-from ...envelope import Envelope
-from ...errors import AlreadyHandled, StoreError
+from ...errors import AlreadyHandled
 from ...leases import Lease
-from ...ports import DeadLetter, Heartbeat, OutboxMessage, Transaction
+from ...ports import DeadLetter, Heartbeat, Transaction
 from .attempts import ATTEMPTS_SQL, PostgresAttempts
 from .db import PostgresConfig, PostgresDatabase, PostgresTransaction
 from .events import PostgresEventLog
-from .leases import FENCE, LEASE_CHANNEL, PostgresLeases, fence_args
+from .leases import FENCE, LEASE_CHANNEL, PostgresLeases, fence_args, writing
+from .outbox import PostgresOutbox
 from .schema import SCHEMA_SQL
 
 if TYPE_CHECKING:
@@ -39,28 +37,6 @@ _SET_FENCED = (
 )
 _DELETE_FENCED = (
     f"WITH {FENCE}, gone AS (DELETE FROM ef_checkpoints WHERE name = $4 "
-    "AND EXISTS (SELECT 1 FROM fence)) SELECT 1 FROM fence"
-)
-_DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
-
-
-@asynccontextmanager
-async def _writing(db: PostgresDatabase, what: str, tx: object = None) -> AsyncIterator[Any]:
-    """The connection a checkpoint or outbox write runs on (``tx``'s when given); driver
-    errors (a connection killed, the server restarting) become a ``StoreError`` saying what
-    failed."""
-    try:
-        async with db.connection(tx) as conn:
-            yield conn
-    except _DRIVER_ERRORS as exc:
-        raise StoreError(
-            f"could not {what} on PostgreSQL: {type(exc).__name__}: {exc}; the write was "
-            "not made, try it again once the server answers"
-        ) from exc
-
-
-_REMOVE_FENCED = (
-    f"WITH {FENCE}, gone AS (DELETE FROM ef_outbox WHERE seq = ANY($4::bigint[]) "
     "AND EXISTS (SELECT 1 FROM fence)) SELECT 1 FROM fence"
 )
 
@@ -281,7 +257,7 @@ class PostgresCheckpoints:
     ) -> None:
         """Upsert (inside the context's open transaction, if any); with ``lease``, in the
         same statement as the check of its epoch, else ``LeaseLostError``."""
-        async with _writing(self._db, f"set checkpoint {name!r}", tx) as conn:
+        async with writing(self._db, f"set checkpoint {name!r}", tx) as conn:
             if lease is None:
                 await conn.execute(
                     "INSERT INTO ef_checkpoints (name, position) VALUES ($1, $2) "
@@ -302,50 +278,10 @@ class PostgresCheckpoints:
         self, name: str, *, tx: Transaction | None = None, lease: Lease | None = None
     ) -> None:
         """Forget ``name``; fenced like ``set``."""
-        async with _writing(self._db, f"delete checkpoint {name!r}", tx) as conn:
+        async with writing(self._db, f"delete checkpoint {name!r}", tx) as conn:
             if lease is None:
                 await conn.execute("DELETE FROM ef_checkpoints WHERE name = $1", name)
             elif await conn.fetchval(_DELETE_FENCED, *fence_args(lease), name) is None:
-                raise lease.error()
-
-
-class PostgresOutbox:
-    """Outgoing messages in ``ef_outbox``."""
-
-    def __init__(self, db: PostgresDatabase) -> None:
-        self._db = db
-        self.added = asyncio.Event()
-
-    async def add(
-        self, messages: Sequence[tuple[str, Envelope]], *, tx: Transaction | None = None
-    ) -> None:
-        """Queue messages (inside ``tx``, or the context's open transaction, if any)."""
-        async with self._db.connection(tx) as conn:
-            await conn.executemany(
-                "INSERT INTO ef_outbox (topic, msg_key, payload, message_id) "
-                "VALUES ($1, $2, $3, $4)",
-                [(topic, env.key, env.to_bytes(), env.id) for topic, env in messages],
-            )
-        self._db.after_commit(self.added.set, tx)
-
-    async def pending(self, limit: int = 100) -> list[OutboxMessage]:
-        """Oldest first."""
-        async with self._db.connection() as conn:
-            rows = await conn.fetch(
-                "SELECT seq, topic, msg_key, payload, message_id FROM ef_outbox "
-                "ORDER BY seq LIMIT $1",
-                limit,
-            )
-        return [OutboxMessage(r[0], r[1], r[2], bytes(r[3]), r[4]) for r in rows]
-
-    async def remove(self, seqs: Sequence[int], *, lease: Lease | None = None) -> None:
-        """Delete sent messages; with ``lease`` (the relay's), fenced like checkpoints."""
-        async with _writing(self._db, "remove sent outbox messages") as conn:
-            if lease is None:
-                await conn.execute(
-                    "DELETE FROM ef_outbox WHERE seq = ANY($1::bigint[])", list(seqs)
-                )
-            elif await conn.fetchval(_REMOVE_FENCED, *fence_args(lease), list(seqs)) is None:
                 raise lease.error()
 
 
@@ -368,7 +304,10 @@ class PostgresStore(PostgresEventLog):
         self.outbox = PostgresOutbox(self.db)
         self.attempts = PostgresAttempts(self.db)
         self.leases = PostgresLeases(self.db)
-        self._init_events({LEASE_CHANNEL: self.leases.on_released})
+        self._init_events(
+            {LEASE_CHANNEL: self.leases.on_released, self.outbox.channel: self.outbox.heard},
+            reconnected=[self.outbox.heard],
+        )
         self._opened = False
 
     @classmethod

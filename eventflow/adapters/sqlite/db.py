@@ -71,6 +71,11 @@ class SqliteDatabase:
             f"eventflow-sqlite-{id(self)}", default=None
         )
 
+    @property
+    def is_open(self) -> bool:
+        """True between ``open`` and ``close``."""
+        return self._conn is not None
+
     async def open(self, schema: str = "") -> None:
         """Open the file (creating it) and run ``schema``. Idempotent."""
         if self._conn is not None:

@@ -1,4 +1,4 @@
-"""The SQLite event log: streams, the global order, snapshots, checkpoints, outbox, leases.
+"""The SQLite event log: streams, the global order, snapshots, checkpoints, leases.
 
 SQLite has one writer at a time, and an append assigns positions inside its write
 transaction, so positions are committed in order: a reader never sees position N+1 before
@@ -21,7 +21,7 @@ from ...envelope import Envelope
 from ...errors import ConcurrencyError
 from ...events import Event
 from ...leases import DEFAULT_LEASE_TTL, Lease, Wakeups, hold_lease, new_owner
-from ...ports import OutboxMessage, RecordedEvent, Snapshot, Transaction
+from ...ports import RecordedEvent, Snapshot, Transaction
 from ...sourcing.append import prepare_append
 from ...sourcing.paging import paged, stream_range
 from .db import SqliteDatabase
@@ -31,7 +31,6 @@ __all__ = [
     "SqliteCheckpoints",
     "SqliteEventLog",
     "SqliteLeases",
-    "SqliteOutbox",
     "upgrade_events_schema",
 ]
 
@@ -302,50 +301,6 @@ class SqliteCheckpoints:
             conn.execute("DELETE FROM ef_checkpoints WHERE name = ?", (name,))
 
         await self._db.run_in(tx, write)
-
-
-class SqliteOutbox:
-    """Outgoing messages in ``ef_outbox``."""
-
-    def __init__(self, db: SqliteDatabase) -> None:
-        self._db = db
-        self.added = asyncio.Event()
-
-    async def add(
-        self, messages: Sequence[tuple[str, Envelope]], *, tx: Transaction | None = None
-    ) -> None:
-        """Queue messages; inside ``tx`` they commit with it."""
-        rows = [(topic, env.key, env.to_bytes(), env.id) for topic, env in messages]
-        await self._db.run_in(
-            tx,
-            lambda conn: conn.executemany(
-                "INSERT INTO ef_outbox (topic, msg_key, payload, message_id) VALUES (?, ?, ?, ?)",
-                rows,
-            ),
-        )
-        self.added.set()
-
-    async def pending(self, limit: int = 100) -> list[OutboxMessage]:
-        """Oldest first."""
-        rows = await self._db.query(
-            "SELECT seq, topic, msg_key, payload, message_id FROM ef_outbox ORDER BY seq LIMIT ?",
-            (limit,),
-        )
-        return [
-            OutboxMessage(int(s), str(t), None if k is None else str(k), bytes(p), str(m))
-            for s, t, k, p, m in rows
-        ]
-
-    async def remove(self, seqs: Sequence[int], *, lease: Lease | None = None) -> None:
-        """Delete sent messages; with ``lease``, fenced like ``checkpoints.set``."""
-        rows = [(s,) for s in seqs]
-
-        def write(conn: sqlite3.Connection) -> None:
-            if lease is not None:
-                SqliteLeases.fence(conn, lease)
-            conn.executemany("DELETE FROM ef_outbox WHERE seq = ?", rows)
-
-        await self._db.run(write)
 
 
 class SqliteLeases:

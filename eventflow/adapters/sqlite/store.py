@@ -23,9 +23,9 @@ from .events import (
     SqliteCheckpoints,
     SqliteEventLog,
     SqliteLeases,
-    SqliteOutbox,
     upgrade_events_schema,
 )
+from .outbox import SqliteOutbox
 
 if TYPE_CHECKING:
     from ...supervision import Supervisor
@@ -367,7 +367,8 @@ class SqliteStore(SqliteEventLog):
         await self.db.run(_add_columns)
 
     async def close(self) -> None:
-        """Close the connection. Idempotent."""
+        """Close the connections. Idempotent."""
+        self.outbox.close()
         await self.db.close()
 
     async def __aenter__(self) -> SqliteStore:

@@ -4,6 +4,7 @@ capabilities a store declares (``durable``, ``supports_sql``, ``outbox.added``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import pytest
@@ -15,6 +16,21 @@ from ..broker_contract import unique_name
 from .support import Happened, StoreContractBase, StoreFactory
 
 __all__ = ["TransactionContract"]
+
+
+_WAKE_WITHIN = 0.5  # seconds; the relay's safety-net poll is 1 s
+
+
+async def _look_until_found(store: Store, message_id: str) -> int:
+    """What the outbox relay does: clear ``added``, look at ``pending``, wait on ``added``
+    when nothing is there; return the seq of ``message_id`` once it is seen."""
+    added = store.outbox.added
+    while True:
+        added.clear()
+        for msg in await store.outbox.pending():
+            if msg.message_id == message_id:
+                return msg.seq
+        await added.wait()
 
 
 class TransactionContract(StoreContractBase):
@@ -250,3 +266,27 @@ class TransactionContract(StoreContractBase):
         async with store.transaction() as tx:
             await store.outbox.add([(topic, Envelope.create(Happened.event_type, {"n": 2}))], tx=tx)
         assert added.is_set()
+
+    async def test_outbox_added_is_set_by_another_stores_add(
+        self, store_factory: StoreFactory
+    ) -> None:
+        """A durable store's ``outbox.added`` is set by an add that another store on the same
+        backend (another process) commits, within milliseconds: a relay waiting on it, as
+        the outbox relay does, sends what other instances write without waiting for its
+        poll. (A store that is not durable is one process: the test above is its case.)"""
+        store = await store_factory()
+        if not store.durable:
+            return
+        other = await store_factory()
+        env = Envelope.create(Happened.event_type, {"n": 1})
+        relay = asyncio.ensure_future(_look_until_found(store, env.id))
+        try:
+            await asyncio.sleep(0.1)  # the relay is idle, past its first checks (SQLite)
+            assert not relay.done()
+            async with other.transaction() as tx:
+                await other.outbox.add([(f"{unique_name()}.out", env)], tx=tx)
+            async with asyncio.timeout(_WAKE_WITHIN):
+                seq = await relay
+        finally:
+            relay.cancel()
+        await store.outbox.remove([seq])
