@@ -15,9 +15,9 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 
 from eventflow import App, Context, Envelope, RetryPolicy, subscribe
+from faults.children import serve
 
 
 async def main() -> None:
@@ -57,11 +57,7 @@ async def main() -> None:
         handlers=[apply],
         heartbeat_interval=0.2,  # the test reads the members' counters from the heartbeats
     )
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with app:
-        print("ready", flush=True)
-        await stop.wait()
+    await serve(app)
 
 
 if __name__ == "__main__":

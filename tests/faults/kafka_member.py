@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 
 from eventflow import App, Context, Envelope, RetryPolicy, subscribe
 from eventflow.adapters.kafka import KafkaBroker
+from faults.children import serve
 
 
 async def main() -> None:
@@ -59,11 +59,7 @@ async def main() -> None:
         handlers=[handle],
         grace_period=5.0,
     )
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with app:
-        print("ready", flush=True)
-        await stop.wait()
+    await serve(app)
     out.close()
 
 
