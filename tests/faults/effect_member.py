@@ -1,7 +1,8 @@
 """An app in a child process for the crash tests: applies one effect per message in
 PostgreSQL through ``ctx.transaction()`` (the transactional inbox), and is killed.
 
-    python tests/faults/effect_member.py BROKER_URL STORE_URL TOPIC GROUP [--max-deliveries N]
+    PYTHONPATH=.:tests python tests/faults/effect_member.py BROKER_URL STORE_URL TOPIC GROUP
+        [--max-deliveries N]
 
 Each handled message inserts ``(message id, n)`` into ``fx_effects`` (no unique key there:
 only eventflow's inbox keeps a row from being written twice). A message whose data has

@@ -5,7 +5,7 @@ message in flight, each sent by the outbox relay) and times them: the per-hop ti
 interval between two handler starts, one hop's commit, relay, broker and delivery.
 :func:`compare` runs two setups in alternating rounds.
 
-    python tests/faults/hop_app.py BROKER_URL STORE_URL
+    PYTHONPATH=.:tests python tests/faults/hop_app.py BROKER_URL STORE_URL
 
 runs an app without handlers on the store until SIGTERM, printing ``ready`` once its outbox
 relay holds the store's relay lease: every message another instance writes to that store's

@@ -1,6 +1,6 @@
 """One side of a ping-pong in its own process, for the hop-latency fault test (SIGKILLed).
 
-    python tests/faults/hop_member.py SIDE BROKER_URL STORE_URL
+    PYTHONPATH=.:tests python tests/faults/hop_member.py SIDE BROKER_URL STORE_URL
 
 Two of these bounce a :class:`Ball` between them: side ``a`` handles ``hops.ball.a`` and
 answers with ``ctx.publish`` outside a transaction; side ``b`` handles ``hops.ball.b`` and

@@ -1,7 +1,7 @@
 """A group member in a child process, for the Kafka fault tests (killed, crashed, stopped).
 
-    python tests/faults/kafka_member.py URL TOPIC GROUP OUT [--slow S] [--store URL]
-        [--max-attempts N] [--max-deliveries N] [--crash-on-poison]
+    PYTHONPATH=.:tests python tests/faults/kafka_member.py URL TOPIC GROUP OUT [--slow S]
+        [--store URL] [--max-attempts N] [--max-deliveries N] [--crash-on-poison]
 
 Handles envelopes of TOPIC in GROUP, appending ``<envelope id> <attempt> <key>`` to OUT (one
 write per line, so a SIGKILL loses no line already handled). Prints ``ready`` once its

@@ -1,6 +1,6 @@
 """Sagas and participants for the saga fault tests, and the saga process they kill.
 
-    python tests/faults/saga_app.py BROKER_URL STORE_URL SAGA
+    PYTHONPATH=.:tests python tests/faults/saga_app.py BROKER_URL STORE_URL SAGA
 
 runs ``App("fx-sagas", sagas=[...])`` with the sagas named in SAGA (``order``, ``late``,
 ``timer``, ``quick``, comma separated) until SIGTERM, printing ``ready`` once its
