@@ -29,7 +29,7 @@ import sys
 import tempfile
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from eventflow.testing.kafka_server import KafkaServer
 from eventflow.testing.nats_server import NatsServer
 
 KEYS = [f"k{i}" for i in range(16)]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class Job(Event, type="bench.failover.job"):
@@ -85,6 +86,7 @@ async def failover(url: str) -> float:
             group,
             str(out),
             stdout=asyncio.subprocess.PIPE,
+            env={"PYTHONPATH": str(ROOT), **os.environ},  # this checkout, unless one is set
         )
         try:
             assert child.stdout is not None
@@ -163,6 +165,7 @@ async def costs(url: str, held: list[int], window: float) -> None:
 
 @contextlib.contextmanager
 def _server(kind: str, given: str | None) -> Iterator[str]:
+    """``given``, or a server of ``kind`` ("nats", "kafka") started here for the run."""
     if given:
         yield given
         return
@@ -171,29 +174,42 @@ def _server(kind: str, given: str | None) -> Iterator[str]:
         yield server.url
 
 
-async def main(args: argparse.Namespace) -> None:
-    if args.costs:
-        with _server("nats", args.nats_url) as url:
-            await costs(url, [int(n) for n in args.held.split(",")], args.window)
-        return
-    kinds = ["nats", "kafka"] if args.broker == "both" else [args.broker]
-    given = {"nats": args.nats_url, "kafka": args.kafka_url}
+async def failover_rounds(
+    kinds: Sequence[str], rounds: int, given: Mapping[str, str | None]
+) -> dict[str, list[float]]:
+    """``rounds`` rounds of :func:`failover` on each broker of ``kinds`` ("nats",
+    "kafka"), alternating the brokers round by round, on the server URL ``given`` for a
+    kind or on one started here; prints each round and the median, min and max per broker,
+    and returns the seconds of every round by broker. ``benchmarks/bench_hops.py`` reports
+    its failover figures with it."""
     with contextlib.ExitStack() as stack:
-        urls = {kind: stack.enter_context(_server(kind, given[kind])) for kind in kinds}
+        urls = {kind: stack.enter_context(_server(kind, given.get(kind))) for kind in kinds}
         results: dict[str, list[float]] = {kind: [] for kind in kinds}
-        for _ in range(args.rounds):  # alternate the brokers round by round
+        for r in range(1, rounds + 1):
             for kind in kinds:
                 url = urls[kind]
                 if kind == "nats":
                     url = f"{url}?stream=BENCH{uuid.uuid4().hex[:8].upper()}"
                 took = await failover(url)
                 results[kind].append(took)
-                print(f"{kind}: {took:.2f}s", flush=True)
-        for kind, values in results.items():
-            print(
-                f"{kind}: failover median {statistics.median(values):.2f}s, "
-                f"min {min(values):.2f}s, max {max(values):.2f}s over {len(values)} rounds"
-            )
+                print(f"failover round {r}, {kind}: {took:.2f}s", flush=True)
+    for kind, values in results.items():
+        print(
+            f"failover {kind}: median {statistics.median(values):.2f}s, "
+            f"min {min(values):.2f}s, max {max(values):.2f}s over {len(values)} rounds",
+            flush=True,
+        )
+    return results
+
+
+async def main(args: argparse.Namespace) -> None:
+    """The failover rounds, or with ``--costs`` the costs."""
+    if args.costs:
+        with _server("nats", args.nats_url) as url:
+            await costs(url, [int(n) for n in args.held.split(",")], args.window)
+        return
+    kinds = ["nats", "kafka"] if args.broker == "both" else [args.broker]
+    await failover_rounds(kinds, args.rounds, {"nats": args.nats_url, "kafka": args.kafka_url})
 
 
 if __name__ == "__main__":
@@ -208,5 +224,4 @@ if __name__ == "__main__":
     parser.add_argument("--costs", action="store_true")
     parser.add_argument("--held", default="0,64,512")
     parser.add_argument("--window", type=float, default=10.0)
-    os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
     asyncio.run(main(parser.parse_args()))

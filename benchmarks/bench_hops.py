@@ -28,10 +28,10 @@ rally each:
   first, which holds the outbox relay's lease: every message leaves through the other
   instance (checked after the round: the other relayed them all).
 
-Failover (``--failover-rounds``, 0 to skip; ``--failover-brokers nats kafka``): with default
-settings, a member in a child process and one here share a group; messages on 16 keys are
-published; once the child holds one in a handler that never returns, it is SIGKILLed. The
-figure is the seconds from the kill until this process handled every message.
+Failover (``--failover-rounds``, 0 to skip; ``--failover-brokers nats kafka``): the rounds
+of ``benchmarks/bench_failover.py`` (default settings; a member in a child process holds
+messages of 16 keys and is SIGKILLed; the seconds from the kill until the other member
+handled every message), the brokers alternating round by round.
 
     python benchmarks/bench_hops.py [--hops 200] [--max-seconds 10] [--rounds 3]
         [--setups nats-pg memory-sqlite] [--sides floor plain tx cross]
@@ -47,27 +47,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import nats
 import orjson
 from _work import driver_dsn, drop_schema, fresh_schema, with_schema
+from bench_failover import failover_rounds
 from nats.js.api import ConsumerConfig, StreamConfig
 
 from eventflow import App, Context, Event, subscribe
-from eventflow.testing.kafka_server import KafkaServer
 from eventflow.testing.nats_server import NatsServer
 
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -76,9 +73,6 @@ SIDES = ("floor", "plain", "tx", "cross")
 TX_TARGET = 2.0
 CROSS_TARGET = 3.0
 WARMUP_HOPS = 10
-FAILOVER_KEYS = 16
-FAILOVER_LIMIT = 300.0  # seconds a failover may take before the round gives up
-SCRIPT = Path(__file__).resolve()
 CROSS_HOLD = 0.5  # seconds the lease holder runs alone, so that it takes the relay's lease
 
 
@@ -432,84 +426,10 @@ async def hop_rounds(setup: Setup, sides: list[str], args: argparse.Namespace) -
 # -- failover -------------------------------------------------------------------------------
 
 
-class FailoverJob(Event, type="bench.hops.failover"):
-    """One message of the failover run."""
-
-    n: int
-
-
-async def failover_round(kind: str, url: str) -> str:
-    """SIGKILL a member holding a message; seconds until the survivor handled every one."""
-    group = f"bench-failover-{uuid.uuid4().hex[:8]}"
-    handled: dict[int, float] = {}
-
-    @subscribe("bench.hops.failover", group=group, timeout=3600.0)
-    async def survive(job: FailoverJob) -> None:
-        handled.setdefault(job.n, time.monotonic())
-
-    async with App("bench-failover-survivor", broker=url, handlers=[survive]) as app:
-        child = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(SCRIPT),
-            "--victim",
-            url,
-            group,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        assert child.stdout is not None
-        try:
-            line = await asyncio.wait_for(child.stdout.readline(), 120)
-            if line.strip() != b"ready":
-                return f"{kind}: the member did not start ({line!r})"
-            for n in range(FAILOVER_KEYS):
-                await app.publish(FailoverJob(n=n), key=f"k{n}")
-            line = await asyncio.wait_for(child.stdout.readline(), 60)
-            held = line.decode().split()
-        finally:
-            child.send_signal(signal.SIGKILL)
-            killed = time.monotonic()
-            await child.wait()
-        deadline = killed + FAILOVER_LIMIT
-        while len(handled) < FAILOVER_KEYS and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if len(handled) < FAILOVER_KEYS:
-            return (
-                f"{kind}: {len(handled)} of {FAILOVER_KEYS} handled "
-                f"{FAILOVER_LIMIT:.0f}s after the kill"
-            )
-        seconds = max(handled.values()) - killed
-        late = sum(1 for at in handled.values() if at > killed)
-        return (
-            f"{kind}: {seconds:.1f} s from the SIGKILL until every message was handled "
-            f"(the killed member held message {held[-1]} in its handler; {late} of "
-            f"{FAILOVER_KEYS} came after the kill)"
-        )
-
-
-async def victim(url: str, group: str) -> None:
-    """The member that is killed: it holds the first message it gets, for ever."""
-
-    @subscribe("bench.hops.failover", group=group, timeout=3600.0)
-    async def hold(job: FailoverJob) -> None:
-        print(f"holding {job.n}", flush=True)
-        await asyncio.Event().wait()
-
-    async with App("bench-failover-victim", broker=url, handlers=[hold]):
-        print("ready", flush=True)
-        await asyncio.Event().wait()
-
-
 async def failover(args: argparse.Namespace, nats_url: str | None) -> None:
-    """``--failover-rounds`` rounds per broker of ``--failover-brokers``."""
-    for kind in args.failover_brokers:
-        with contextlib.ExitStack() as stack:
-            if kind == "nats":
-                base = nats_url or stack.enter_context(NatsServer()).url
-            else:
-                base = stack.enter_context(KafkaServer()).url
-            for r in range(1, args.failover_rounds + 1):
-                url = f"{base}?stream=BF{uuid.uuid4().hex[:8].upper()}" if kind == "nats" else base
-                print(f"failover round {r}, " + await failover_round(kind, url), flush=True)
+    """``--failover-rounds`` rounds per broker of ``--failover-brokers``, measured by
+    ``bench_failover.py`` (on this run's nats-server, and a Tansu broker started there)."""
+    await failover_rounds(args.failover_brokers, args.failover_rounds, {"nats": nats_url})
 
 
 # -- main -----------------------------------------------------------------------------------
@@ -551,11 +471,7 @@ def main() -> None:
     )
     parser.add_argument("--nats-url", default=None)
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
-    parser.add_argument("--victim", nargs=2, metavar=("URL", "GROUP"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.victim:
-        asyncio.run(victim(*args.victim))
-        return
     if "floor" in args.sides:
         args.sides = ["floor", *[s for s in args.sides if s != "floor"]]
     asyncio.run(run(args))

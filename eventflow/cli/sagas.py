@@ -6,9 +6,9 @@ the saga's own methods to build the commands it sends, so they need the saga's c
 ``--saga MODULE:CLASS``, or ``--app MODULE:APP`` to take it from the app's ``sagas=`` (the
 class whose ``name=`` is the saga's name in the index). Each is one store transaction: the
 transition naming the person (``--by``), the index and timers, and the commands in the
-store's outbox; a running app of that store sends them with its outbox relay (within about
-a second), so nothing here needs the broker. ``diagram MODULE:SAGA`` prints a Mermaid
-``stateDiagram-v2`` of the saga's definition.
+store's outbox; a running app of that store sends them with its outbox relay (within
+milliseconds: the commit wakes it), so nothing here needs the broker. ``diagram
+MODULE:SAGA`` prints a Mermaid ``stateDiagram-v2`` of the saga's definition.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """An app in a child process for the crash tests: applies one effect per message in
 PostgreSQL through ``ctx.transaction()`` (the transactional inbox), and is killed.
 
-    python tests/faults/effect_member.py BROKER_URL STORE_URL TOPIC GROUP [--max-deliveries N]
+    PYTHONPATH=.:tests python tests/faults/effect_member.py BROKER_URL STORE_URL TOPIC GROUP
+        [--max-deliveries N]
 
 Each handled message inserts ``(message id, n)`` into ``fx_effects`` (no unique key there:
 only eventflow's inbox keeps a row from being written twice). A message whose data has
@@ -15,9 +16,9 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 
 from eventflow import App, Context, Envelope, RetryPolicy, subscribe
+from faults.children import serve
 
 
 async def main() -> None:
@@ -57,11 +58,7 @@ async def main() -> None:
         handlers=[apply],
         heartbeat_interval=0.2,  # the test reads the members' counters from the heartbeats
     )
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with app:
-        print("ready", flush=True)
-        await stop.wait()
+    await serve(app)
 
 
 if __name__ == "__main__":

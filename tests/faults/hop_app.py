@@ -5,7 +5,7 @@ message in flight, each sent by the outbox relay) and times them: the per-hop ti
 interval between two handler starts, one hop's commit, relay, broker and delivery.
 :func:`compare` runs two setups in alternating rounds.
 
-    python tests/faults/hop_app.py BROKER_URL STORE_URL
+    PYTHONPATH=.:tests python tests/faults/hop_app.py BROKER_URL STORE_URL
 
 runs an app without handlers on the store until SIGTERM, printing ``ready`` once its outbox
 relay holds the store's relay lease: every message another instance writes to that store's
@@ -15,17 +15,15 @@ outbox is then sent by this process.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 from eventflow import App, Context, Event, subscribe
 from eventflow.runtime.relay import OUTBOX_RELAY_LEASE
 from eventflow.testing import unique_name
+from faults.children import Child, launch, serve
 
 HOPS = 200
 ROUNDS = 4
@@ -103,44 +101,18 @@ async def holds_relay(app: App) -> bool:
     return await leases.holder(OUTBOX_RELAY_LEASE) == leases.owner  # type: ignore[attr-defined]
 
 
-class RelayProcess:
+class RelayProcess(Child):
     """A ``hop_app.py`` process holding the relay lease of a store."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
 
     @classmethod
     async def start(cls, broker: str, store: str) -> RelayProcess:
         """Start one and wait until its relay holds the lease."""
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            __file__,
-            broker,
-            store,
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
-        )
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        assert line.strip() == b"ready", f"the relay process did not start: {line!r}"
-        return cls(proc)
-
-    async def stop(self) -> None:
-        """SIGTERM it and wait for it to exit."""
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(self.proc.wait(), 30)
+        return cls(await launch(__file__, broker, store, what="the relay process"))
 
 
 async def _main(broker: str, store: str) -> None:
     app = App("fx-relay", broker=broker, store=store)
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with app:
-        while not await holds_relay(app):
-            await asyncio.sleep(0.01)
-        print("ready", flush=True)
-        await stop.wait()
+    await serve(app, ready=lambda: holds_relay(app))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """One side of a ping-pong in its own process, for the hop-latency fault test (SIGKILLed).
 
-    python tests/faults/hop_member.py SIDE BROKER_URL STORE_URL
+    PYTHONPATH=.:tests python tests/faults/hop_member.py SIDE BROKER_URL STORE_URL
 
 Two of these bounce a :class:`Ball` between them: side ``a`` handles ``hops.ball.a`` and
 answers with ``ctx.publish`` outside a transaction; side ``b`` handles ``hops.ball.b`` and
@@ -15,11 +15,11 @@ SIGTERM stops it gracefully.
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 import time
 
 from eventflow import App, Context, Event, subscribe
+from faults.children import serve
 
 
 class Ball(Event, type="hops.ball.a"):
@@ -69,12 +69,7 @@ async def side_b(ball: BallB, ctx: Context) -> None:
 async def main(side: str, broker: str, store: str) -> None:
     """Run side ``side`` until SIGTERM."""
     handler = side_a if side == "a" else side_b
-    app = App(f"hops-{side}", broker=broker, store=store, handlers=[handler])
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with app:
-        print("ready", flush=True)
-        await stop.wait()
+    await serve(App(f"hops-{side}", broker=broker, store=store, handlers=[handler]))
 
 
 if __name__ == "__main__":

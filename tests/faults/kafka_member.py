@@ -1,7 +1,7 @@
 """A group member in a child process, for the Kafka fault tests (killed, crashed, stopped).
 
-    python tests/faults/kafka_member.py URL TOPIC GROUP OUT [--slow S] [--store URL]
-        [--max-attempts N] [--max-deliveries N] [--crash-on-poison]
+    PYTHONPATH=.:tests python tests/faults/kafka_member.py URL TOPIC GROUP OUT [--slow S]
+        [--store URL] [--max-attempts N] [--max-deliveries N] [--crash-on-poison]
 
 Handles envelopes of TOPIC in GROUP, appending ``<envelope id> <attempt> <key>`` to OUT (one
 write per line, so a SIGKILL loses no line already handled). Prints ``ready`` once its
@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 
 from eventflow import App, Context, Envelope, RetryPolicy, subscribe
 from eventflow.adapters.kafka import KafkaBroker
+from faults.children import serve
 
 
 async def main() -> None:
@@ -59,11 +59,7 @@ async def main() -> None:
         handlers=[handle],
         grace_period=5.0,
     )
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with app:
-        print("ready", flush=True)
-        await stop.wait()
+    await serve(app)
     out.close()
 
 

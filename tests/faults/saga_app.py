@@ -1,6 +1,6 @@
 """Sagas and participants for the saga fault tests, and the saga process they kill.
 
-    python tests/faults/saga_app.py BROKER_URL STORE_URL SAGA
+    PYTHONPATH=.:tests python tests/faults/saga_app.py BROKER_URL STORE_URL SAGA
 
 runs ``App("fx-sagas", sagas=[...])`` with the sagas named in SAGA (``order``, ``late``,
 ``timer``, ``quick``, comma separated) until SIGTERM, printing ``ready`` once its
@@ -19,11 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -31,6 +29,7 @@ import asyncpg
 from eventflow import App, Context, Event, Saga, on_timer, step, subscribe
 from eventflow.testing import unique_name
 from eventflow.testing.postgres import isolated_schema, postgres_url
+from faults.children import Child, launch, serve
 
 SHIP_TIMEOUT = 60.0
 """Seconds the order saga waits for shipping: above what a storm of kills delays a reply by
@@ -334,43 +333,13 @@ async def connect(store_url: str) -> asyncpg.Connection:
     return await asyncpg.connect(base, server_settings={"search_path": schema})
 
 
-class SagaProcess:
+class SagaProcess(Child):
     """A ``saga_app.py`` process."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
 
     @classmethod
     async def start(cls, broker: str, store: str, saga: str) -> SagaProcess:
         """Start one and wait until its subscriptions are live."""
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            __file__,
-            broker,
-            store,
-            saga,
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
-        )
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        assert line.strip() == b"ready", f"the saga process did not start: {line!r}"
-        return cls(proc)
-
-    def signal(self, sig: int) -> None:
-        """Send ``sig`` if it still runs."""
-        if self.proc.returncode is None:
-            self.proc.send_signal(sig)
-
-    async def kill(self) -> None:
-        """SIGKILL it and reap it."""
-        self.signal(signal.SIGKILL)
-        await self.proc.wait()
-
-    async def stop(self) -> None:
-        """SIGTERM it and wait for it to exit."""
-        self.signal(signal.SIGTERM)
-        await asyncio.wait_for(self.proc.wait(), 30)
+        return cls(await launch(__file__, broker, store, saga, what="the saga process"))
 
 
 async def transitions(conn: asyncpg.Connection) -> int:
@@ -401,11 +370,7 @@ async def main(broker: str, store: str, saga: str) -> None:
         sagas=[SAGAS[s] for s in saga.split(",")],
         heartbeat_interval=0.2,  # the tests read the processes' counters from the heartbeats
     )
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with app:
-        print("ready", flush=True)
-        await stop.wait()
+    await serve(app)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -28,6 +25,8 @@ from eventflow.testing import eventually, unique_name
 from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
 from eventflow.testing.nats_server import nats_service_url
 from eventflow.testing.postgres import isolated_schema, postgres_url
+
+from .children import Child, launch
 
 pytestmark = [pytest.mark.service("postgres"), pytest.mark.slow]
 
@@ -83,39 +82,17 @@ async def _connect(store_url: str) -> asyncpg.Connection:
     return await asyncpg.connect(base, server_settings={"search_path": schema})
 
 
-class Member:
+class Member(Child):
     """An ``effect_member.py`` process."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
+    stop_within = 60.0
 
     @classmethod
     async def start(cls, broker: str, store: str, topic: str, *extra: str) -> Member:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(MEMBER),
-            broker,
-            store,
-            topic,
-            "fx-workers",
-            *extra,
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        proc = await launch(
+            MEMBER, broker, store, topic, "fx-workers", *extra, what="the member", timeout=90
         )
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 90)
-        assert line.strip() == b"ready", f"the member did not start: {line!r}"
         return cls(proc)
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(self.proc.wait(), 60)
 
 
 @pytest.mark.timeout(300)

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import signal
-import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +25,8 @@ from eventflow.testing import eventually, unique_name
 from eventflow.testing.kafka_server import kafka_service_url
 from eventflow.testing.nats_server import NatsServer, NatsServerUnavailable
 from eventflow.testing.services import service_unavailable
+
+from .children import spawn, until_ready
 
 MEMBER = Path(__file__).with_name("holding_member.py")
 FAILOVER = 10.0  # DESIGN 3: another member handles a dead member's messages within 10 s
@@ -78,21 +78,10 @@ async def _failover(url: str, out: Path) -> str:
         return [(k, int(n)) for k, n in (ln.split() for ln in out.read_text().splitlines())]
 
     # Both members join at once (on Tansu each join takes half a session timeout).
-    victim = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(MEMBER),
-        url,
-        topic,
-        group,
-        str(out),
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
-    )
+    victim = await spawn(MEMBER, url, topic, group, str(out))
     try:
         async with App("survivor", broker=url, handlers=[handle]) as survivor:
-            assert victim.stdout is not None
-            line = await asyncio.wait_for(victim.stdout.readline(), 60)
-            assert line.strip() == b"ready", f"the member did not start: {line!r}"
+            await until_ready(victim, "the member")
             for n in range(BEFORE):
                 for key in KEYS:
                     await survivor.publish(Job(n=n), key=key, topic=topic)

@@ -24,10 +24,7 @@ module skips, or fails under ``CI=true``.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import statistics
-import sys
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -39,6 +36,7 @@ from eventflow.testing import unique_name
 from eventflow.testing.nats_server import nats_service_url
 from eventflow.testing.postgres import isolated_schema, postgres_url
 
+from .children import Child, launch
 from .hop_member import Ball
 
 pytestmark = [pytest.mark.service("nats"), pytest.mark.service("postgres")]
@@ -71,50 +69,32 @@ async def stores() -> AsyncIterator[dict[str, str]]:
         yield {"a": f"{a}&lease_ttl=2", "b": f"{b}&lease_ttl=2"}
 
 
-class Side:
+class Side(Child):
     """A ``hop_member.py`` process and what it printed."""
 
     def __init__(self, proc: asyncio.subprocess.Process, hops: Hops) -> None:
-        self.proc = proc
+        super().__init__(proc)
         self._hops = hops
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
     async def start(cls, side: str, broker: str, store: str, hops: Hops) -> Side:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(MEMBER),
-            side,
-            broker,
-            store,
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
-        )
-        assert proc.stdout is not None
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        assert line.strip() == b"ready", f"side {side} did not start: {line!r}"
-        return cls(proc, hops)
+        return cls(await launch(MEMBER, side, broker, store, what=f"side {side}"), hops)
 
     async def _read(self) -> None:
         assert self.proc.stdout is not None
         async for raw in self.proc.stdout:
             fields = raw.decode().split()
-            if (
-                fields and fields[0] == "hop" and int(fields[2]) > 0
-            ):  # hop 0 is the test's own app's
+            if fields and fields[0] == "hop" and int(fields[2]) > 0:  # hop 0: the test's app's
                 self._hops[fields[1]][int(fields[2])] = float(fields[3])
 
     async def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
+        await super().kill()
         await self._reader
 
     async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(self.proc.wait(), 30)
+            await super().stop()
         finally:
             await self.kill()
 

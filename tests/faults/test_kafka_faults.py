@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -44,6 +42,8 @@ from eventflow.testing.kafka_server import (
     kafka_service_url,
 )
 from eventflow.testing.services import service_unavailable
+
+from .children import launch
 
 pytestmark = pytest.mark.service("kafka")
 
@@ -89,21 +89,7 @@ class Child:
 
 async def start_child(url: str, topic: str, group: str, out: Path, *extra: str) -> Child:
     """Start a member process and wait until its subscription is live."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(MEMBER),
-        url,
-        topic,
-        group,
-        str(out),
-        *extra,
-        stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
-    )
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 60)
-    assert line.strip() == b"ready", f"child did not start: {line!r}"
-    return Child(proc, out)
+    return Child(await launch(MEMBER, url, topic, group, str(out), *extra, what="child"), out)
 
 
 async def stop_child(child: Child) -> None:

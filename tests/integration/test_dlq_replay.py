@@ -10,7 +10,9 @@ environment or testcontainers); without one these tests skip, or fail under ``CI
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats
@@ -73,15 +75,39 @@ class _Worker:
         self.handler = work
 
 
-async def _one_letter(app: App) -> str:
-    """Wait for the app's only dead letter; return its id."""
+@dataclass(frozen=True)
+class _Letter:
+    """Job ``n`` of ``app``, dead-lettered: its envelope's id and its letter's."""
 
-    async def one() -> bool:
-        return len(await app.dead_letters.list()) == 1
+    app: App
+    worker: _Worker
+    n: int
+    envelope_id: str
+    id: str
 
-    await eventually(one, timeout=30, message="the job dead-lettered")
-    [letter] = await app.dead_letters.list()
-    return letter.id
+    async def handled_once(self) -> None:
+        """The replay was handled, with the original envelope id, and no letter is left."""
+        worker = self.worker
+        await eventually(lambda: worker.handled, timeout=30, message="the replay handled")
+        assert worker.handled == [(self.envelope_id, self.n)]
+        assert await self.app.dead_letters.list() == []
+
+
+@asynccontextmanager
+async def _dead_lettered(name: str, broker: str, store: str, n: int) -> AsyncIterator[_Letter]:
+    """An app ``name`` whose job ``n`` was dead-lettered (its only letter), its worker
+    working now."""
+    worker = _Worker()
+    async with App(name, broker=broker, store=store, handlers=[worker.handler]) as app:
+        env = await app.publish(ReplayJob(n=n), key=f"job-{n}")
+
+        async def one() -> bool:
+            return len(await app.dead_letters.list()) == 1
+
+        await eventually(one, timeout=30, message="the job dead-lettered")
+        [letter] = await app.dead_letters.list()
+        worker.working = True
+        yield _Letter(app, worker, n, env.id, letter.id)
 
 
 async def test_a_replay_within_the_duplicate_window_reaches_the_handler(
@@ -90,16 +116,10 @@ async def test_a_replay_within_the_duplicate_window_reaches_the_handler(
     """Published, dead-lettered and replayed within seconds (well inside JetStream's 2-minute
     window): the replayed copy is handled, with the original envelope id, and the letter is
     gone."""
-    worker = _Worker()
     store = f"sqlite:///{tmp_path / 'replay.db'}"
-    async with App("replay-it", broker=broker_url, store=store, handlers=[worker.handler]) as app:
-        env = await app.publish(ReplayJob(n=1), key="job-1")
-        letter_id = await _one_letter(app)
-        worker.working = True
-        assert await app.dead_letters.replay([letter_id]) == 1
-        await eventually(lambda: worker.handled, timeout=30, message="the replay handled")
-        assert worker.handled == [(env.id, 1)]
-        assert await app.dead_letters.list() == []
+    async with _dead_lettered("replay-it", broker_url, store, 1) as letter:
+        assert await letter.app.dead_letters.replay([letter.id]) == 1
+        await letter.handled_once()
 
 
 async def test_the_cli_replay_within_the_duplicate_window_reaches_the_handler(
@@ -107,21 +127,15 @@ async def test_the_cli_replay_within_the_duplicate_window_reaches_the_handler(
 ) -> None:
     """``eventflow dlq replay ID --store URL --broker nats://...`` from another process's
     point of view (its own store and broker connections), seconds after the publish."""
-    worker = _Worker()
-    store = f"sqlite:///{tmp_path / 'replay.db'}"
     broker = f"{nats_url}?stream={unique_name('EF').upper()}&storage=memory"
-    async with App("replay-cli", broker=broker, store=store, handlers=[worker.handler]) as app:
-        env = await app.publish(ReplayJob(n=2), key="job-2")
-        letter_id = await _one_letter(app)
-        worker.working = True
+    store = f"sqlite:///{tmp_path / 'replay.db'}"
+    async with _dead_lettered("replay-cli", broker, store, 2) as letter:
         code = await asyncio.to_thread(
-            main, ["dlq", "replay", letter_id, "--store", store, "--broker", broker]
+            main, ["dlq", "replay", letter.id, "--store", store, "--broker", broker]
         )
         assert code == 0
         assert "replayed 1 dead letter" in capsys.readouterr().out
-        await eventually(lambda: worker.handled, timeout=30, message="the replay handled")
-        assert worker.handled == [(env.id, 2)]
-        assert await app.dead_letters.list() == []
+        await letter.handled_once()
 
 
 async def test_a_letter_whose_copy_the_broker_refuses_is_kept(
@@ -131,25 +145,19 @@ async def test_a_letter_whose_copy_the_broker_refuses_is_kept(
     the letter stays, to be replayed once there is room. (When the replay reused the
     envelope id as ``Nats-Msg-Id``, JetStream answered "duplicate" even here, and the letter
     was deleted with its message lost.)"""
-    worker = _Worker()
     stream = unique_name("EF").upper()
     broker = f"{nats_url}?stream={stream}&storage=memory&max_msgs=1&publish_timeout=0.5"
     store = f"sqlite:///{tmp_path / 'replay.db'}"
-    async with App("replay-full", broker=broker, store=store, handlers=[worker.handler]) as app:
-        env = await app.publish(ReplayJob(n=3), key="job-3")
-        letter_id = await _one_letter(app)
-        worker.working = True
+    async with _dead_lettered("replay-full", broker, store, 3) as letter:
         with pytest.raises(BackpressureError, match="full"):
-            await app.dead_letters.replay([letter_id])
-        assert [d.id for d in await app.dead_letters.list()] == [letter_id]
-        assert worker.handled == []
+            await letter.app.dead_letters.replay([letter.id])
+        assert [d.id for d in await letter.app.dead_letters.list()] == [letter.id]
+        assert letter.worker.handled == []
 
         nc = await nats.connect(nats_url)
         try:
             await nc.jetstream().purge_stream(stream)  # room again
         finally:
             await nc.close()
-        assert await app.dead_letters.replay([letter_id]) == 1
-        await eventually(lambda: worker.handled, timeout=30, message="the replay handled")
-        assert worker.handled == [(env.id, 3)]
-        assert await app.dead_letters.list() == []
+        assert await letter.app.dead_letters.replay([letter.id]) == 1
+        await letter.handled_once()

@@ -24,6 +24,7 @@ from eventflow.adapters.postgres.outbox import outbox_channel
 from eventflow.runtime import relay as relay_module
 from eventflow.runtime.relay import OutboxRelay
 from eventflow.stores import store_for
+from eventflow.testing import eventually
 from eventflow.testing.postgres import isolated_schema, postgres_url
 
 pytestmark = pytest.mark.service("postgres")
@@ -83,9 +84,7 @@ def test_each_schema_has_a_channel_of_its_own_that_postgresql_accepts() -> None:
 
 
 async def _until(condition: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(WITHIN):
-        while not condition():
-            await asyncio.sleep(0.005)
+    await eventually(condition, timeout=WITHIN, interval=0.005, message=what)
 
 
 @pytest.mark.parametrize("prefix", ["ef_test_", "ef_test_" + "long" * 9 + "_"])

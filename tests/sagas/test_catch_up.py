@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from eventflow import App
 from eventflow.adapters.memory.broker import MemoryBroker, MemoryBrokerConfig
 from eventflow.errors import BrokerError, ConfigurationError
 from eventflow.events import default_registry
+from eventflow.ports import Subscription
 from eventflow.sagas.persistence import TimerRow
 from eventflow.sagas.runtime import SagaRuntime, Sagas
 from eventflow.stores import store_for
@@ -97,18 +100,24 @@ async def test_a_broker_that_cannot_tell_leaves_the_empty_fetch_rule(
     assert await _may_fire(runtime, start - 1, start + 1.5)
 
 
-async def test_a_reply_held_by_a_stuck_member_wins_over_the_overdue_timeout(
-    broker_name: str, tmp_path: Path, waiter: Wait
-) -> None:
-    """The saga process stops while shipping is under way; the reply reaches the broker
-    before the deadline, but a member of the saga's group that no longer answers holds it
-    (unacked: only a member's leaving gives it back). The saga process starts after the
-    deadline: its fetches find nothing, yet the backlog is 1, so the timer waits, and once
-    the member is gone the reply is handled and the saga completes."""
+@dataclass(frozen=True)
+class _Held:
+    url: str  # the broker's
+    store: str  # the saga app's
+    stuck: Subscription  # the member of the saga's group that holds the reply
+
+
+@asynccontextmanager
+async def _a_reply_held_past_its_deadline(
+    broker_name: str, tmp_path: Path, waiter: Wait, effects: Effects
+) -> AsyncIterator[_Held]:
+    """The saga process ran until its ship step's command went out, then stopped; the reply
+    reached the broker before the step's deadline (1 s), but a member of the saga's group
+    that no longer answers holds it (unacked: only a member's leaving gives it back); the
+    deadline has passed. Yields where (:class:`_Held`), while the participants still run."""
     url, store = f"memory://{broker_name}", f"sqlite:///{tmp_path / 'sagas.db'}"
     hub = MemoryBroker(MemoryBrokerConfig(name=broker_name))  # keeps the hub's groups
     await hub.start()
-    effects = Effects()
     try:
         async with App(
             "shop", broker=url, handlers=participants(Script(never_ship={"o-1"}), effects)
@@ -126,27 +135,40 @@ async def test_a_reply_held_by_a_stuck_member_wins_over_the_overdue_timeout(
             group = f"saga.{OrderSaga.definition.name}"
             stuck = await hub.subscribe(OrderShipped.event_type, group=group)
             await shop.publish(OrderShipped(order_id="o-1"), key="o-1")
-            held = await stuck.fetch(1, 5.0)
-            assert len(held) == 1  # the reply, before the deadline, held and never acked
+            fetched = await stuck.fetch(1, 5.0)
+            assert len(fetched) == 1  # the reply, before the deadline, held and never acked
             assert await hub.backlog(OrderShipped.event_type, group=group) == 1
             await asyncio.sleep(1.2)  # past the ship step's deadline (1 s)
-            async with App("orders", broker=url, store=store, sagas=[OrderSaga]) as orders:
-                # Several timer polls (0.5 s) with every fetch of the new process empty.
-                await asyncio.sleep(1.5)
-                saga = await orders.sagas.get(OrderSaga, "o-1")
-                assert saga is not None and saga.status == "running", saga
-                await stuck.close()  # the member leaves: the reply goes back to the group
-
-                async def ended() -> bool:
-                    saga = await orders.sagas.get(OrderSaga, "o-1")
-                    return saga is not None and saga.status in ("completed", "compensated")
-
-                await waiter(ended)
-                saga = await orders.sagas.get(OrderSaga, "o-1")
-                assert saga is not None and saga.status == "completed"
-                assert not any(t.kind == "timed-out" for t in saga.history)
+            yield _Held(url, store, stuck)
     finally:
         await hub.close()
+
+
+async def test_a_reply_held_by_a_stuck_member_wins_over_the_overdue_timeout(
+    broker_name: str, tmp_path: Path, waiter: Wait
+) -> None:
+    """A reply held past its deadline (see the helper above): the saga process starts after
+    the deadline, its fetches find nothing, yet the backlog is 1, so the timer waits, and
+    once the member is gone the reply is handled and the saga completes."""
+    effects = Effects()
+    async with (
+        _a_reply_held_past_its_deadline(broker_name, tmp_path, waiter, effects) as held,
+        App("orders", broker=held.url, store=held.store, sagas=[OrderSaga]) as orders,
+    ):
+        # Several timer polls (0.5 s) with every fetch of the new process empty.
+        await asyncio.sleep(1.5)
+        saga = await orders.sagas.get(OrderSaga, "o-1")
+        assert saga is not None and saga.status == "running", saga
+        await held.stuck.close()  # the member leaves: the reply goes back to the group
+
+        async def ended() -> bool:
+            saga = await orders.sagas.get(OrderSaga, "o-1")
+            return saga is not None and saga.status in ("completed", "compensated")
+
+        await waiter(ended)
+        saga = await orders.sagas.get(OrderSaga, "o-1")
+        assert saga is not None and saga.status == "completed"
+        assert not any(t.kind == "timed-out" for t in saga.history)
     assert effects.of("o-1") == ["reserved", "charged"]  # nothing compensated
 
 
@@ -155,42 +177,19 @@ async def test_app_catch_up_limit_bounds_the_wait_for_a_held_reply(
 ) -> None:
     """``App(catch_up_limit=1.0)``: the overdue timer waits for the held reply at most a
     second past the start, then the step times out (with the default 30 s it would wait)."""
-    url, store = f"memory://{broker_name}", f"sqlite:///{tmp_path / 'sagas.db'}"
-    hub = MemoryBroker(MemoryBrokerConfig(name=broker_name))
-    await hub.start()
-    try:
+    async with _a_reply_held_past_its_deadline(broker_name, tmp_path, waiter, Effects()) as held:
         async with App(
-            "shop", broker=url, handlers=participants(Script(never_ship={"o-1"}), Effects())
-        ) as shop:
-            async with App("orders", broker=url, store=store, sagas=[OrderSaga]) as orders:
-                await shop.publish(OrderPlaced(order_id="o-1"), key="o-1")
+            "orders", broker=held.url, store=held.store, sagas=[OrderSaga], catch_up_limit=1.0
+        ) as orders:
+            started = time.monotonic()
 
-                async def shipping() -> bool:
-                    saga = await orders.sagas.get(OrderSaga, "o-1")
-                    return saga is not None and any(
-                        t.kind == "command-sent" and t.step == "ship" for t in saga.history
-                    )
+            async def timed_out() -> bool:
+                saga = await orders.sagas.get(OrderSaga, "o-1")
+                return saga is not None and any(t.kind == "timed-out" for t in saga.history)
 
-                await waiter(shipping)
-            group = f"saga.{OrderSaga.definition.name}"
-            stuck = await hub.subscribe(OrderShipped.event_type, group=group)
-            await shop.publish(OrderShipped(order_id="o-1"), key="o-1")
-            assert len(await stuck.fetch(1, 5.0)) == 1  # held, never acked
-            await asyncio.sleep(1.2)  # past the ship step's deadline (1 s)
-            async with App(
-                "orders", broker=url, store=store, sagas=[OrderSaga], catch_up_limit=1.0
-            ) as orders:
-                started = time.monotonic()
-
-                async def timed_out() -> bool:
-                    saga = await orders.sagas.get(OrderSaga, "o-1")
-                    return saga is not None and any(t.kind == "timed-out" for t in saga.history)
-
-                await waiter(timed_out, timeout=10.0)
-                assert time.monotonic() - started >= 0.9, "it waited for the backlog first"
-            await stuck.close()
-    finally:
-        await hub.close()
+            await waiter(timed_out, timeout=10.0)
+            assert time.monotonic() - started >= 0.9, "it waited for the backlog first"
+        await held.stuck.close()
 
 
 @pytest.mark.parametrize("limit", [0, -1.0, float("inf"), float("nan"), True, "30"])

@@ -370,14 +370,10 @@ class KafkaBroker:
         moment, one rebalance). See ``docs/kafka.md``."""
         admin = self._live_admin()
         begin = check_group(pattern, group, start)
-        cfg = self.config
-        regex = pattern_regex(pattern, cfg.topic_prefix)
-        exact = None if is_wildcard(pattern) else kafka_topic(pattern, cfg.topic_prefix)
-        if exact is not None and create:
+        if create and not is_wildcard(pattern):
             await self._kafka_name(pattern)  # created, with create_topics
         try:
-            consumer = await self._offsets_client()
-            ends = await end_offsets(admin, consumer, regex, exact)
+            consumer, ends = await self._ends_now(admin, pattern)
             if await has_position(admin, group, list(ends)):
                 return True
             if not create:
@@ -402,18 +398,25 @@ class KafkaBroker:
         every ``commit_interval``, so a message counts until the commit after its ack."""
         admin = self._live_admin()
         validate_pattern(pattern)
-        cfg = self.config
-        regex = pattern_regex(pattern, cfg.topic_prefix)
-        exact = None if is_wildcard(pattern) else kafka_topic(pattern, cfg.topic_prefix)
         try:
-            consumer = await self._offsets_client()
-            ends = await end_offsets(admin, consumer, regex, exact)
+            consumer, ends = await self._ends_now(admin, pattern)
             return await unhandled(admin, consumer, group, ends)
         except KafkaError as exc:
             raise BrokerError(
                 f"kafka: could not tell the backlog of group {group!r} on {pattern!r}: "
                 f"{exc!r}; are the brokers up?"
             ) from exc
+
+    async def _ends_now(
+        self, admin: AIOKafkaAdminClient, pattern: str
+    ) -> tuple[AIOKafkaConsumer, dict[Any, int]]:
+        """The offsets client, and the end offsets of the partitions of the topics matching
+        ``pattern`` now (``declare`` and ``backlog``; a ``KafkaError`` passes through)."""
+        cfg = self.config
+        exact = None if is_wildcard(pattern) else kafka_topic(pattern, cfg.topic_prefix)
+        consumer = await self._offsets_client()
+        regex = pattern_regex(pattern, cfg.topic_prefix)
+        return consumer, await end_offsets(admin, consumer, regex, exact)
 
     async def _offsets_client(self) -> AIOKafkaConsumer:
         """A group-less consumer client for end and beginning offsets (made on first use)."""

@@ -68,7 +68,7 @@ class KafkaBrokerConfig:
       the group drops a member that sent no heartbeat for ``session_timeout`` (6 s), and the
       others learn of the rebalance at their next heartbeat (every 0.5 s), so a killed
       member's partitions are consumed again within about 7 s of the kill (Tansu holds each
-      rebalance half a session timeout: 9 to 9.5 s there). Apache Kafka refuses a session
+      rebalance half a session timeout: about 9 s there). Apache Kafka refuses a session
       timeout below the brokers' ``group.min.session.timeout.ms``, 6 s by default: the
       default is the shortest it accepts.
     - ``max_poll_interval``: Kafka's poll deadline. The adapter polls from a background task

@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 from .config import LEASE_MARGIN, NatsBrokerConfig
 from .ledger import Leases
@@ -25,6 +26,14 @@ _log = logging.getLogger("eventflow.nats")
 # A lease stored on file expires up to a quarter of a second late (the server's expiry
 # timer); claim again just after that.
 _EXPIRY_LAG = 0.3
+
+
+class _Held(NamedTuple):
+    """A partition another member holds, as last read."""
+
+    member: str
+    expires: float  # the lease, at the latest (loop clock)
+    dead: bool  # its holder stopped refreshing it
 
 
 def ranges(indexes: list[int]) -> str:
@@ -57,7 +66,7 @@ class Waiting:
         # A lease older than this was not refreshed on time: its holder stopped.
         self._stale_after = config.keepalive_interval + LEASE_MARGIN
         self._alive = alive
-        self._held: dict[int, tuple[str, float, bool]] = {}  # index -> holder, expiry, dead
+        self._held: dict[int, _Held] = {}  # by partition index
         self._told: set[str] = set()  # dead holders already logged
         self.retry_at = math.inf
         """When (loop clock) a lease waited for expires: claim again then."""
@@ -70,7 +79,7 @@ class Waiting:
         wall = time.time()
         for index, key in keys.items():
             known = self._held.get(index)
-            if known is not None and now < known[1]:
+            if known is not None and now < known.expires:
                 continue
             holder = await self._leases.holder(key)
             if holder is None:
@@ -78,17 +87,17 @@ class Waiting:
                 continue
             age = max(0.0, wall - holder.written_at)
             dead = age > self._stale_after and not self._alive(holder.member)
-            self._held[index] = (holder.member, now + max(0.0, self._ttl - age), dead)
+            self._held[index] = _Held(holder.member, now + max(0.0, self._ttl - age), dead)
         self._forget_told()
-        dead_at = [at for _, at, dead in self._held.values() if dead]
+        dead_at = [held.expires for held in self._held.values() if held.dead]
         self.retry_at = min(dead_at) + _EXPIRY_LAG if dead_at else math.inf
         by_holder: dict[str, list[int]] = {}
-        for index, (member, _, dead) in self._held.items():
-            if dead and member not in self._told:
-                by_holder.setdefault(member, []).append(index)
+        for index, held in self._held.items():
+            if held.dead and held.member not in self._told:
+                by_holder.setdefault(held.member, []).append(index)
         for member, indexes in by_holder.items():
             self._told.add(member)
-            moves_in = max(self._held[i][1] for i in indexes) - now
+            moves_in = max(self._held[i].expires for i in indexes) - now
             _log.warning(
                 "group %s (%s): partitions %s are held by member %s, which stopped "
                 "refreshing its leases (killed, or cut off from NATS); they move to this "
@@ -107,8 +116,8 @@ class Waiting:
         taken: dict[str, list[int]] = {}
         for index in indexes:
             known = self._held.pop(index, None)
-            if known is not None and known[2]:
-                taken.setdefault(known[0], []).append(index)
+            if known is not None and known.dead:
+                taken.setdefault(known.member, []).append(index)
         for member, got in taken.items():
             _log.info(
                 "group %s (%s): took over partitions %s from member %s",
@@ -122,4 +131,4 @@ class Waiting:
             self.retry_at = math.inf
 
     def _forget_told(self) -> None:
-        self._told &= {member for member, _, _ in self._held.values()}
+        self._told &= {held.member for held in self._held.values()}

@@ -1,0 +1,93 @@
+"""Child processes of the fault tests, both sides of the ``ready`` handshake.
+
+In the test: :func:`launch` starts ``python SCRIPT ARGS...`` on this checkout and waits for
+the child's first line, ``ready`` (:func:`spawn` and :func:`until_ready` when something must
+happen in between); :class:`Child` signals, kills and stops it. In the child script:
+:func:`serve` runs its app until SIGTERM, printing ``ready`` once the app is live.
+
+A child runs with this checkout and ``tests/`` on ``PYTHONPATH``, so that a script of this
+folder imports ``faults.children`` as the tests do (run one by hand the same way:
+``PYTHONPATH=.:tests python tests/faults/hop_member.py ...``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from eventflow import App
+
+__all__ = ["Child", "launch", "serve", "spawn", "until_ready"]
+
+REPO = Path(__file__).parents[2]
+_PYTHONPATH = os.pathsep.join((str(REPO), str(REPO / "tests")))
+
+
+async def spawn(script: str | Path, *args: str) -> asyncio.subprocess.Process:
+    """Start ``python SCRIPT ARGS...`` on this checkout, its stdout piped (for the ``ready``
+    line and whatever the child prints after it)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": _PYTHONPATH},
+    )
+
+
+async def until_ready(proc: asyncio.subprocess.Process, what: str, timeout: float = 60) -> None:
+    """Wait up to ``timeout`` seconds for the child's first line, which must be ``ready``;
+    else an ``AssertionError`` saying that ``what`` did not start."""
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), timeout)
+    assert line.strip() == b"ready", f"{what} did not start: {line!r}"
+
+
+async def launch(
+    script: str | Path, *args: str, what: str, timeout: float = 60
+) -> asyncio.subprocess.Process:
+    """:func:`spawn` the child and wait :func:`until_ready`."""
+    proc = await spawn(script, *args)
+    await until_ready(proc, what, timeout)
+    return proc
+
+
+class Child:
+    """A child process started with :func:`launch`."""
+
+    stop_within = 30.0
+    """Seconds :meth:`stop` waits for the child to exit after SIGTERM."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` if it still runs."""
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+
+    async def kill(self) -> None:
+        """SIGKILL it and reap it."""
+        self.signal(signal.SIGKILL)
+        await self.proc.wait()
+
+    async def stop(self) -> None:
+        """SIGTERM it and wait for it to exit."""
+        self.signal(signal.SIGTERM)
+        await asyncio.wait_for(self.proc.wait(), self.stop_within)
+
+
+async def serve(app: App, *, ready: Callable[[], Awaitable[bool]] | None = None) -> None:
+    """In the child: run ``app`` until SIGTERM (then a graceful stop), printing ``ready`` once
+    it is live and, given ``ready``, once that says True (asked every 10 ms)."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with app:
+        while ready is not None and not await ready():
+            await asyncio.sleep(0.01)
+        print("ready", flush=True)
+        await stop.wait()
