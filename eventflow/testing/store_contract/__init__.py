@@ -25,6 +25,7 @@ failing, a holder paused past its ttl, a holder killed), and PostgreSQL
 """
 
 from .append import AppendContract
+from .atomic import TransactionalAppendContract
 from .concurrency import ConcurrencyContract
 from .leases import (
     ConnectionFaults,
@@ -68,10 +69,12 @@ __all__ = [
 
 
 # Bases in reverse: pytest runs inherited tests in reverse MRO order, so this runs the
-# append tests first, then reads, subscribe, transactions, leases and concurrency.
+# append tests first, then reads, subscribe, transactions (appends in them too), leases and
+# concurrency.
 class StoreContract(
     ConcurrencyContract,
     LeaseContract,
+    TransactionalAppendContract,
     TransactionContract,
     SubscribeContract,
     ReadContract,
