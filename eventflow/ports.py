@@ -574,6 +574,21 @@ class Leases(Protocol):
     async def holder(self, name: str) -> str | None:
         """The owner holding ``name`` now, or None when it is free or expired."""
 
+    async def fence(self, lease: Lease, tx: Transaction) -> None:
+        """Fence the transaction ``tx`` by ``lease`` (the holder's fencing token), so that
+        ``tx`` commits only while the lease still has that epoch: raises ``LeaseLostError``
+        now if it has not, and from then on no other holder can take the lease over and
+        commit before ``tx`` ends (or, where a takeover cannot be held off, ``tx``'s commit
+        is refused). Once refused, ``tx`` commits nothing: leaving its block normally (the
+        error caught) rolls it back and raises the error again.
+
+        One cheap statement inside ``tx``, made once per transaction, wherever in it:
+        PostgreSQL reads the lease's row ``FOR SHARE`` (a takeover updates that row, so it
+        waits for ``tx`` to end; keep fenced transactions well under the lease's ttl, as
+        the holder's renewals wait too); SQLite reads it inside ``tx``'s write transaction
+        (the file has one writer: no takeover commits in between); memory checks it now and
+        again at commit, without I/O. ``tx`` must be a transaction of this store."""
+
 
 @dataclass(frozen=True, slots=True)
 class AttemptRecord:

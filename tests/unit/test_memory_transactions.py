@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from eventflow.adapters.memory import MemoryStore
-from eventflow.errors import StoreError
+from eventflow.errors import LeaseLostError, StoreError
 from eventflow.testing.store_contract import happened, read_stream
 
 
@@ -89,3 +89,18 @@ async def test_writes_without_tx_join_the_contexts_transaction() -> None:
         await store.checkpoints.set("cp", 4)
         assert await store.checkpoints.get("cp") == 0  # applied at commit
     assert await store.checkpoints.get("cp") == 4
+
+
+async def test_a_fenced_transaction_is_refused_at_commit_if_the_lease_changed_hands() -> None:
+    """The memory fence is checked again at commit: a lease released and taken by another
+    holding while the fenced transaction is open refuses its commit, and nothing of it is
+    written."""
+    store = MemoryStore()
+    with pytest.raises(LeaseLostError):
+        async with store.transaction() as tx:
+            async with store.leases.hold("n") as lease:
+                await store.leases.fence(lease, tx)
+                await store.append("s", happened(1))
+            async with store.leases.hold("n"):
+                pass
+    assert await store.stream_version("s") == 0

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 
-from ...leases import DEFAULT_LEASE_TTL, Lease, Wakeups, hold_lease, new_owner
+from ...errors import ConfigurationError, LeaseLostError
+from ...leases import DEFAULT_LEASE_TTL, FENCE_NEEDS_TX, Lease, Wakeups, hold_lease, new_owner
 from ...ports import Transaction
 from .transactions import TransactionScope
 
@@ -42,6 +43,20 @@ class MemoryLeases:
         """The owner holding ``name``, or None."""
         held = self._held.get(name)
         return None if held is None else held[0]
+
+    async def fence(self, lease: Lease, tx: Transaction) -> None:
+        """Refuse ``tx`` (``LeaseLostError`` now, and at its commit) unless ``lease`` is the
+        latest holding of its name; checked now and again at commit (see ``Leases.fence``)."""
+        if tx is None:
+            raise ConfigurationError(FENCE_NEEDS_TX)
+        memory_tx = self._scope.of(tx)
+        assert memory_tx is not None  # of() returns the transaction it was given
+        try:
+            self.check(lease)
+        except LeaseLostError as exc:
+            memory_tx.doom(exc)
+            raise
+        memory_tx.guard(lambda: self.check(lease))
 
     async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
         """Take ``name`` if nobody holds it; return its new epoch."""

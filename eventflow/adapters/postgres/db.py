@@ -167,11 +167,12 @@ class _Shared:
     connection to one task at a time (re-entrant for that task, so a store call made inside
     another's ``connection()`` block in the same task does not wait for itself)."""
 
-    __slots__ = ("_depth", "_holder", "_lock", "conn", "hooks", "open")
+    __slots__ = ("_depth", "_holder", "_lock", "conn", "doomed", "hooks", "open")
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
         self.open = True
+        self.doomed: BaseException | None = None  # why its commit is refused (a fence)
         self.hooks: list[Callable[[], None]] | None = []
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None
@@ -387,7 +388,8 @@ class PostgresDatabase:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[PostgresTransaction]:
         """Open a transaction bound to this context until the block exits; tasks created
-        inside the block join it."""
+        inside the block join it. A transaction a fence refused (``doom``) rolls back even
+        when the block exits normally, raising the fence's error."""
         outer = self._joined.get()
         if outer is not None and outer.open:
             raise StoreError(
@@ -423,6 +425,9 @@ class PostgresDatabase:
                     raise
                 await shared.end()
                 try:
+                    if shared.doomed is not None:
+                        await tx.rollback()
+                        raise shared.doomed.with_traceback(None)
                     await tx.commit()
                 finally:
                     shared.give()
@@ -432,6 +437,13 @@ class PostgresDatabase:
                 _forget(self._joined, token)
         for hook in hooks or ():  # committed (a rollback raised above)
             hook()
+
+    def doom(self, tx: object, error: BaseException) -> None:
+        """Refuse the commit of ``tx`` (or of the context's open transaction): leaving its
+        block normally rolls it back and raises ``error``."""
+        shared = self._shared_of(tx)
+        if shared is not None and shared.doomed is None:
+            shared.doomed = error
 
     def after_commit(self, hook: Callable[[], None], tx: object = None) -> None:
         """Call ``hook`` once ``tx`` (or the context's open transaction) commits, now if

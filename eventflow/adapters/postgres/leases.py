@@ -7,8 +7,9 @@ still holds it; releasing expires it, keeping the epoch, and notifies
 ``ef_lease_released``, which the store's listener connection follows in every process, so
 contenders try again at once instead of at their next poll.
 
-A write made under a lease (see :data:`FENCE`) locks the row ``FOR SHARE`` in the write's
-own transaction and writes only if the epoch is still the lease's. A takeover updates the
+A write made under a lease (see :data:`FENCE`), or a transaction fenced by one
+(``fence``), locks the row ``FOR SHARE`` in the write's own transaction and writes only if
+the epoch is still the lease's. A takeover updates the
 row, so it waits for that transaction, and the write waits for a takeover under way and then
 sees its new epoch: no takeover can commit between the check and the write.
 
@@ -28,8 +29,9 @@ from typing import Any
 
 import asyncpg
 
-from ...errors import StoreError
-from ...leases import Lease, Wakeups, hold_lease, new_owner
+from ...errors import ConfigurationError, StoreError
+from ...leases import FENCE_NEEDS_TX, Lease, Wakeups, hold_lease, new_owner
+from ...ports import Transaction
 from .db import PostgresDatabase
 
 __all__ = ["FENCE", "LEASE_CHANNEL", "PostgresLeases", "fence_args", "writing"]
@@ -61,6 +63,7 @@ _RELEASE = (
     f"SELECT pg_notify('{LEASE_CHANNEL}', $4 || ':' || name) FROM gone"
 )
 _HOLDER = "SELECT owner FROM ef_leases WHERE name = $1 AND expires_at > now()"
+_FENCE_TX = f"WITH {FENCE} SELECT 1 FROM fence"
 
 
 def fence_args(lease: Lease) -> tuple[str, str, int]:
@@ -112,6 +115,19 @@ class PostgresLeases:
         async with self._connection("look up lease", name) as conn:
             owner: str | None = await conn.fetchval(_HOLDER, name)
         return owner
+
+    async def fence(self, lease: Lease, tx: Transaction) -> None:
+        """Refuse ``tx`` unless ``lease`` still has its epoch: one ``SELECT ... FOR SHARE``
+        of the lease's row inside ``tx``, which a takeover then waits for until ``tx`` ends
+        (see ``Leases.fence``)."""
+        if tx is None:
+            raise ConfigurationError(FENCE_NEEDS_TX)
+        async with writing(self._db, f"fence by lease {lease.name!r}", tx) as conn:
+            held = await conn.fetchval(_FENCE_TX, *fence_args(lease))
+        if held is None:
+            error = lease.error()
+            self._db.doom(tx, error)
+            raise error
 
     async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
         """Take ``name`` if it is free or expired; return its new epoch, or None."""

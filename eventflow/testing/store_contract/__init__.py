@@ -27,6 +27,7 @@ failing, a holder paused past its ttl, a holder killed), and PostgreSQL
 from .append import AppendContract
 from .atomic import TransactionalAppendContract
 from .concurrency import ConcurrencyContract
+from .fences import FenceContract
 from .leases import (
     ConnectionFaults,
     ConnectionLossContract,
@@ -69,10 +70,11 @@ __all__ = [
 
 
 # Bases in reverse: pytest runs inherited tests in reverse MRO order, so this runs the
-# append tests first, then reads, subscribe, transactions (appends in them too), leases and
-# concurrency.
+# append tests first, then reads, subscribe, transactions (appends in them too), leases,
+# fences and concurrency.
 class StoreContract(
     ConcurrencyContract,
+    FenceContract,
     LeaseContract,
     TransactionalAppendContract,
     TransactionContract,
