@@ -42,6 +42,7 @@ __all__ = [
     "Snapshot",
     "StartPosition",
     "Store",
+    "StoreClock",
     "Subscription",
     "Transaction",
     "declared",
@@ -625,6 +626,31 @@ class Attempts(Protocol):
 
 
 @runtime_checkable
+class StoreClock(Protocol):
+    """The store's clock, in Unix seconds (a float): the time durable timers are kept in,
+    so that instances whose own clocks disagree agree on what is due (DESIGN 5).
+
+    PostgreSQL: the server's clock (``statement_timestamp()``: when the statement began);
+    SQLite: the host's clock, which every process on the file shares; memory: the host's
+    clock, or the source a test kit puts there (a virtual clock).
+
+    In SQL, use ``sql``: it reads the clock inside the statement that needs it, for no
+    round trip of its own (``due = {sql} + $1`` in an insert, ``WHERE due <= {sql}`` in a
+    query, ``SELECT min(due) - {sql}`` for the time until the next one).
+    """
+
+    @property
+    def sql(self) -> str | None:
+        """An SQL expression of this clock (Unix seconds, double precision) to put in the
+        statements of this store's transactions, the same on every process sharing the
+        store; None when its transactions run no SQL (``supports_sql`` False)."""
+
+    async def now(self, tx: Transaction | None = None) -> float:
+        """The clock's reading now. PostgreSQL asks the server (one statement, in ``tx``
+        when given); SQLite and memory answer without I/O."""
+
+
+@runtime_checkable
 class Store(EventStore, Protocol):
     """A storage backend: the event store plus the dedup table, dead letters, heartbeats,
     checkpoints and outbox, behind one connection pool so they can share transactions."""
@@ -675,6 +701,10 @@ class Store(EventStore, Protocol):
     @property
     def attempts(self) -> Attempts:
         """Attempts of messages not handled at their first delivery."""
+
+    @property
+    def clock(self) -> StoreClock:
+        """The store's clock, which durable timers are kept in (see :class:`StoreClock`)."""
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """Begin a transaction; commits when the block exits normally, else rolls back."""

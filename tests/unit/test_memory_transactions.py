@@ -104,3 +104,17 @@ async def test_a_fenced_transaction_is_refused_at_commit_if_the_lease_changed_ha
             async with store.leases.hold("n"):
                 pass
     assert await store.stream_version("s") == 0
+
+
+async def test_the_clock_can_be_replaced() -> None:
+    """``store.clock`` reads the host's clock unless given another source (a test kit's
+    virtual clock); it has no SQL."""
+    now = [1000.0]
+    store = MemoryStore(clock=lambda: now[0])
+    assert await store.clock.now() == 1000.0
+    now[0] = 1002.5
+    assert await store.clock.now() == 1002.5
+    store.clock.source = lambda: 7.0
+    async with store.transaction() as tx:
+        assert await store.clock.now(tx) == 7.0
+    assert store.clock.sql is None

@@ -6,8 +6,9 @@ bounded where they could grow without limit.
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ...supervision import Supervisor
 
 __all__ = [
+    "MemoryClock",
     "MemoryDeadLetterStore",
     "MemoryDedupStore",
     "MemoryHeartbeats",
@@ -134,17 +136,36 @@ class MemoryHeartbeats:
         return len(stale)
 
 
+class MemoryClock:
+    """The memory store's clock (``Store.clock``): ``source()``, in Unix seconds, the host's
+    ``time.time`` unless replaced (a test kit puts a virtual clock there:
+    ``store.clock.source = virtual.time``). Its transactions run no SQL, so ``sql`` is None."""
+
+    sql: str | None = None
+
+    def __init__(self, source: Callable[[], float] = time.time) -> None:
+        self.source = source
+
+    async def now(self, tx: Transaction | None = None) -> float:
+        """``source()``: no I/O."""
+        return self.source()
+
+
 class MemoryStore(MemoryEventLog):
-    """The ``memory://`` store: everything lives and dies with the process."""
+    """The ``memory://`` store: everything lives and dies with the process.
+
+    ``clock``: what ``store.clock`` reads (``time.time`` by default; see
+    :class:`MemoryClock`)."""
 
     durable = False
     """Its data lives in this process only."""
     supports_sql = False
     """Its transactions buffer eventflow's writes and run no SQL."""
 
-    def __init__(self, url: str = "memory://") -> None:
+    def __init__(self, url: str = "memory://", *, clock: Callable[[], float] = time.time) -> None:
         super().__init__()
         self.url = url
+        self.clock = MemoryClock(clock)
         self.dedup = MemoryDedupStore()
         self.dead_letters = MemoryDeadLetterStore()
         self.heartbeats = MemoryHeartbeats()

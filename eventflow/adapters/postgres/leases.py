@@ -27,12 +27,10 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-import asyncpg
-
 from ...errors import ConfigurationError, StoreError
 from ...leases import FENCE_NEEDS_TX, Lease, Wakeups, hold_lease, new_owner
 from ...ports import Transaction
-from .db import PostgresDatabase
+from .db import DRIVER_ERRORS, PostgresDatabase
 
 __all__ = ["FENCE", "LEASE_CHANNEL", "PostgresLeases", "fence_args", "writing"]
 
@@ -45,7 +43,6 @@ FENCE = "fence AS (SELECT 1 FROM ef_leases WHERE name = $1 AND owner = $2 AND ep
 """A ``WITH`` query that holds one row while the lease given as ``$1..$3`` (see
 :func:`fence_args`) still holds, locking it against takeovers until the transaction ends."""
 
-_DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 _ACQUIRE = (
     "INSERT INTO ef_leases AS l (name, owner, epoch, expires_at) "
@@ -79,7 +76,7 @@ async def writing(db: PostgresDatabase, what: str, tx: object = None) -> AsyncIt
     try:
         async with db.connection(tx) as conn:
             yield conn
-    except _DRIVER_ERRORS as exc:
+    except DRIVER_ERRORS as exc:
         raise StoreError(
             f"could not {what} on PostgreSQL: {type(exc).__name__}: {exc}; the write was "
             "not made, try it again once the server answers"
@@ -181,7 +178,7 @@ class PostgresLeases:
                         "renew leases", server_settings={"search_path": self._schema}
                     )
                 yield self._own
-            except _DRIVER_ERRORS as exc:
+            except DRIVER_ERRORS as exc:
                 conn, self._own = self._own, None
                 if conn is not None:
                     await _close(conn)
@@ -195,7 +192,7 @@ class PostgresLeases:
         try:
             async with self._db._pool().acquire() as conn:
                 yield conn
-        except _DRIVER_ERRORS as exc:
+        except DRIVER_ERRORS as exc:
             raise StoreError(
                 f"could not {what} {name!r} on PostgreSQL: {type(exc).__name__}: {exc}; "
                 "check that the server answers"

@@ -26,6 +26,7 @@ failing, a holder paused past its ttl, a holder killed), and PostgreSQL
 
 from .append import AppendContract
 from .atomic import TransactionalAppendContract
+from .clock import ClockContract
 from .concurrency import ConcurrencyContract
 from .fences import FenceContract
 from .leases import (
@@ -71,8 +72,9 @@ __all__ = [
 
 # Bases in reverse: pytest runs inherited tests in reverse MRO order, so this runs the
 # append tests first, then reads, subscribe, transactions (appends in them too), leases,
-# fences and concurrency.
+# fences, concurrency and the clock.
 class StoreContract(
+    ClockContract,
     ConcurrencyContract,
     FenceContract,
     LeaseContract,
