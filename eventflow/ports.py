@@ -434,6 +434,12 @@ class EventStore(Protocol):
     and never change; ``read_all`` and ``subscribe`` deliver every committed event exactly
     once in position order, never skipping one committed late by a concurrent writer; one
     stream's events are in version order in the global order too.
+
+    Inside the store's ``transaction()`` (and ``ctx.transaction()``) an append commits with
+    the transaction or not at all, on every store: readers outside it see its events only
+    once it committed (then with their positions); inside it, ``read_stream``,
+    ``stream_version`` and ``expected_version`` see them. Another writer of a stream the
+    transaction appended to waits for it to end, then finds the stream as it left it.
     """
 
     async def append(
@@ -669,8 +675,9 @@ class Store(EventStore, Protocol):
     def supports_sql(self) -> bool:
         """True if the transactions of ``transaction()`` run SQL (``execute``/``fetch``),
         so a handler's or projection's own tables commit and roll back with eventflow's
-        writes. False if they hold only eventflow's writes (``memory://``: ``execute``
-        raises ``ConfigurationError``), so state kept elsewhere, in Python objects, is not
+        writes. False if they hold only the store's own writes (``memory://``: appends,
+        checkpoints, outbox rows, dedup entries; ``execute`` raises
+        ``ConfigurationError``), so state kept elsewhere, in Python objects, is not
         rolled back; a projection runner then keeps the effects of the events handled
         before a failure (``ProjectionRunner(atomic_state=...)`` defaults to this)."""
 
