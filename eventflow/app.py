@@ -425,8 +425,10 @@ class App:
         supervisor, self._supervisor = self._supervisor, None
         try:
             if self._draining:
-                # Consumers drain within the grace period (then cancel their handlers); one
-                # waiting for its restart is cancelled with the rest below.
+                # Consumers drain within the grace period (then cancel their handlers); none
+                # is restarted any more, and one waiting in its restart backoff ends now.
+                for component in self._draining:
+                    component.finish()
                 waiters = [asyncio.ensure_future(c.wait()) for c in self._draining]
                 try:
                     await asyncio.wait(waiters, timeout=self.grace_period + _DRAIN_MARGIN)

@@ -1,7 +1,10 @@
 """Event models, the type registry and upcasters.
 
 An event type is a logical name plus an integer version (``type="order.placed", version=2``),
-never a Python import path. Defining an ``Event`` subclass registers it in the default
+never a Python import path. Types starting with ``eventflow.`` (:data:`INTERNAL_TYPE_PREFIX`)
+are eventflow's own records (a saga's transitions, ``eventflow.saga.transition``): the event
+relay never publishes them, and an ``Event`` class outside eventflow may not take one.
+Defining an ``Event`` subclass registers it in the default
 :class:`EventRegistry`; ``@upcaster(type, from_version=N)`` registers a function that turns
 version N data into version N+1 data. Decoding applies the chain up to the version the
 consumer's model expects.
@@ -27,17 +30,31 @@ from .errors import (
 from .headers import TRACEPARENT_HEADER
 
 __all__ = [
+    "INTERNAL_TYPE_PREFIX",
     "Event",
     "EventRegistry",
     "Upcaster",
     "check_outgoing",
     "default_registry",
     "envelope_for",
+    "is_internal_type",
     "to_envelope",
     "upcaster",
 ]
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+INTERNAL_TYPE_PREFIX = "eventflow."
+"""The event types eventflow keeps for its own records in the store (``eventflow.saga.
+transition``): they belong to eventflow's machinery, not to the services' messages, so the
+event relay (``App(relay_events=True)``) skips them."""
+
+
+def is_internal_type(event_type: str) -> bool:
+    """True for a type of eventflow's own records (see :data:`INTERNAL_TYPE_PREFIX`)."""
+    return event_type.startswith(INTERNAL_TYPE_PREFIX)
+
+
 E = TypeVar("E", bound="Event")
 F = TypeVar("F", bound=Upcaster)
 
@@ -242,6 +259,12 @@ class Event(BaseModel):
         if any(ch in type for ch in "*> \t"):
             raise EventTypeError(
                 f"{cls.__qualname__}: type {type!r} may not contain wildcards or spaces"
+            )
+        if is_internal_type(type) and not cls.__module__.startswith("eventflow."):
+            raise EventTypeError(
+                f"{cls.__qualname__}: type {type!r} starts with {INTERNAL_TYPE_PREFIX!r}, "
+                "which eventflow keeps for its own records (the event relay never publishes "
+                "them): name it after your domain, e.g. 'orders.placed'"
             )
         v = 1 if version is None else version
         if not isinstance(v, int) or v < 1:

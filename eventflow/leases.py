@@ -3,9 +3,10 @@
 ``async with store.leases.hold(name) as lease:`` waits until this process holds the lease on
 ``name``, then keeps it renewed until the block exits. Each time a lease changes hands its
 ``epoch`` goes up by one; writes made under a lease carry it (``checkpoints.set(...,
-lease=lease)``, ``outbox.remove(..., lease=lease)``) and the store refuses a write whose epoch
-is no longer the lease's (:class:`~eventflow.errors.LeaseLostError`), so a holder that was
-paused or cut off while another took over cannot commit.
+lease=lease)``, ``outbox.remove(..., lease=lease)``), or a whole transaction does
+(``await store.leases.fence(lease, tx)``), and the store refuses a write or a transaction
+whose epoch is no longer the lease's (:class:`~eventflow.errors.LeaseLostError`), so a
+holder that was paused or cut off while another took over cannot commit.
 
 The bound: a holder renews every ``ttl / 3``; a renewal counts from the moment it was sent.
 Once ``ttl`` has passed since the last renewal that succeeded (the store may have let the
@@ -32,10 +33,24 @@ from typing import Protocol
 from ._logging import Throttled
 from .errors import LeaseLostError
 
-__all__ = ["DEFAULT_LEASE_TTL", "Lease", "LeaseBackend", "Wakeups", "hold_lease", "new_owner"]
+__all__ = [
+    "DEFAULT_LEASE_TTL",
+    "FENCE_NEEDS_TX",
+    "Lease",
+    "LeaseBackend",
+    "Wakeups",
+    "hold_lease",
+    "new_owner",
+]
 
 DEFAULT_LEASE_TTL = 10.0
 """Seconds a lease outlives its last renewal."""
+
+FENCE_NEEDS_TX = (
+    "leases.fence(lease, tx) fences a transaction: pass the store transaction it guards "
+    "(`async with store.transaction() as tx:`)"
+)
+"""The ``ConfigurationError`` message of a ``fence`` given no transaction."""
 
 _log = logging.getLogger("eventflow.leases")
 _throttled = Throttled(_log)

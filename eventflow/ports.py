@@ -42,6 +42,7 @@ __all__ = [
     "Snapshot",
     "StartPosition",
     "Store",
+    "StoreClock",
     "Subscription",
     "Transaction",
     "declared",
@@ -433,6 +434,12 @@ class EventStore(Protocol):
     and never change; ``read_all`` and ``subscribe`` deliver every committed event exactly
     once in position order, never skipping one committed late by a concurrent writer; one
     stream's events are in version order in the global order too.
+
+    Inside the store's ``transaction()`` (and ``ctx.transaction()``) an append commits with
+    the transaction or not at all, on every store: readers outside it see its events only
+    once it committed (then with their positions); inside it, ``read_stream``,
+    ``stream_version`` and ``expected_version`` see them. Another writer of a stream the
+    transaction appended to waits for it to end, then finds the stream as it left it.
     """
 
     async def append(
@@ -574,6 +581,21 @@ class Leases(Protocol):
     async def holder(self, name: str) -> str | None:
         """The owner holding ``name`` now, or None when it is free or expired."""
 
+    async def fence(self, lease: Lease, tx: Transaction) -> None:
+        """Fence the transaction ``tx`` by ``lease`` (the holder's fencing token), so that
+        ``tx`` commits only while the lease still has that epoch: raises ``LeaseLostError``
+        now if it has not, and from then on no other holder can take the lease over and
+        commit before ``tx`` ends (or, where a takeover cannot be held off, ``tx``'s commit
+        is refused). Once refused, ``tx`` commits nothing: leaving its block normally (the
+        error caught) rolls it back and raises the error again.
+
+        One cheap statement inside ``tx``, made once per transaction, wherever in it:
+        PostgreSQL reads the lease's row ``FOR SHARE`` (a takeover updates that row, so it
+        waits for ``tx`` to end; keep fenced transactions well under the lease's ttl, as
+        the holder's renewals wait too); SQLite reads it inside ``tx``'s write transaction
+        (the file has one writer: no takeover commits in between); memory checks it now and
+        again at commit, without I/O. ``tx`` must be a transaction of this store."""
+
 
 @dataclass(frozen=True, slots=True)
 class AttemptRecord:
@@ -610,6 +632,31 @@ class Attempts(Protocol):
 
 
 @runtime_checkable
+class StoreClock(Protocol):
+    """The store's clock, in Unix seconds (a float): the time durable timers are kept in,
+    so that instances whose own clocks disagree agree on what is due (DESIGN 5).
+
+    PostgreSQL: the server's clock (``statement_timestamp()``: when the statement began);
+    SQLite: the host's clock, which every process on the file shares; memory: the host's
+    clock, or the source a test kit puts there (a virtual clock).
+
+    In SQL, use ``sql``: it reads the clock inside the statement that needs it, for no
+    round trip of its own (``due = {sql} + $1`` in an insert, ``WHERE due <= {sql}`` in a
+    query, ``SELECT min(due) - {sql}`` for the time until the next one).
+    """
+
+    @property
+    def sql(self) -> str | None:
+        """An SQL expression of this clock (Unix seconds, double precision) to put in the
+        statements of this store's transactions, the same on every process sharing the
+        store; None when its transactions run no SQL (``supports_sql`` False)."""
+
+    async def now(self, tx: Transaction | None = None) -> float:
+        """The clock's reading now. PostgreSQL asks the server (one statement, in ``tx``
+        when given); SQLite and memory answer without I/O."""
+
+
+@runtime_checkable
 class Store(EventStore, Protocol):
     """A storage backend: the event store plus the dedup table, dead letters, heartbeats,
     checkpoints and outbox, behind one connection pool so they can share transactions."""
@@ -628,8 +675,9 @@ class Store(EventStore, Protocol):
     def supports_sql(self) -> bool:
         """True if the transactions of ``transaction()`` run SQL (``execute``/``fetch``),
         so a handler's or projection's own tables commit and roll back with eventflow's
-        writes. False if they hold only eventflow's writes (``memory://``: ``execute``
-        raises ``ConfigurationError``), so state kept elsewhere, in Python objects, is not
+        writes. False if they hold only the store's own writes (``memory://``: appends,
+        checkpoints, outbox rows, dedup entries; ``execute`` raises
+        ``ConfigurationError``), so state kept elsewhere, in Python objects, is not
         rolled back; a projection runner then keeps the effects of the events handled
         before a failure (``ProjectionRunner(atomic_state=...)`` defaults to this)."""
 
@@ -660,6 +708,10 @@ class Store(EventStore, Protocol):
     @property
     def attempts(self) -> Attempts:
         """Attempts of messages not handled at their first delivery."""
+
+    @property
+    def clock(self) -> StoreClock:
+        """The store's clock, which durable timers are kept in (see :class:`StoreClock`)."""
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """Begin a transaction; commits when the block exits normally, else rolls back."""

@@ -142,6 +142,8 @@ class Component:
         self._failing_since: float | None = None  # loop time of the streak's first failure
         self._run_began = 0.0
         self._stopping = False  # its owner asked it to stop (stop() or the supervisor's close)
+        self._finishing = False  # its owner asked it to end by itself (finish())
+        self._restart_wait: asyncio.Future[None] | None = None  # set while in its backoff
 
     def __repr__(self) -> str:
         return f"<Component {self.name!r} {self.state.value} restarts={self.restarts}>"
@@ -167,6 +169,29 @@ class Component:
         """Wait until the component's task has ended (it is never restarted after that)."""
         if self._task is not None:
             await asyncio.wait({self._task})
+
+    def finish(self) -> None:
+        """Let the component end by itself (its owner asked its run to return, as a draining
+        consumer does): it is not restarted any more, and one waiting in its restart
+        backoff ends at once (``STOPPED``). A run that fails with a transient error from
+        now on is not restarted either; one that fails otherwise still fails. Idempotent."""
+        self._finishing = True
+        waiting = self._restart_wait
+        if waiting is not None and not waiting.done():
+            waiting.set_result(None)
+
+    async def _wait_to_restart(self, delay: float) -> None:
+        """Sleep ``delay`` seconds before the next run, or until :meth:`finish`."""
+        if self._finishing:
+            return
+        waiting = self._restart_wait = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(delay):
+                await waiting
+        except TimeoutError:
+            pass
+        finally:
+            self._restart_wait = None
 
     async def stop(self) -> None:
         """Cancel the component and wait for it to end. Idempotent."""
@@ -299,6 +324,9 @@ class Supervisor:
             if not restart or not is_transient(error):
                 self._fail(component, error, "it is not a transient error")
                 return
+            if component._finishing:  # asked to end: no restart
+                component.state = ComponentState.STOPPED
+                return
             if policy.give_up_after is not None and failing_for >= policy.give_up_after:
                 self._fail(
                     component,
@@ -321,10 +349,13 @@ class Supervisor:
                 component.restarts,
             )
             try:
-                await asyncio.sleep(delay)
+                await component._wait_to_restart(delay)
             except asyncio.CancelledError:
                 component.state = ComponentState.STOPPED  # stopped while waiting to restart
                 raise
+            if component._finishing:  # asked to end while it waited: no restart
+                component.state = ComponentState.STOPPED
+                return
 
     def _fail(self, component: Component, error: BaseException, why: str) -> None:
         component.state = ComponentState.FAILED

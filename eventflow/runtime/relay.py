@@ -4,7 +4,9 @@
   transactional outbox), oldest first, then deletes them.
 - ``EventRelay`` publishes every event appended to the store to the broker (topic = event
   type, key = stream id), following the global order from a checkpoint, so each stream's
-  events reach the broker in version order.
+  events reach the broker in version order. eventflow's own records (types starting with
+  ``eventflow.``, such as a saga's transitions: ``events.is_internal_type``) are not
+  services' messages: it skips them, moving its checkpoint past them.
 
 Each relay holds a store lease while it runs, so one instance relays at a time across
 processes; the others wait and take over if it dies. The outbox relay is woken by
@@ -36,8 +38,9 @@ from typing import TYPE_CHECKING
 from .._logging import Throttled
 from ..envelope import new_id
 from ..errors import ConfigurationError, LeaseLostError, MessageRefusedError
+from ..events import is_internal_type
 from ..headers import MESSAGE_ID_HEADER
-from ..ports import Broker, DeadLetter, Outbox, OutboxMessage, Store, declared
+from ..ports import Broker, DeadLetter, Outbox, OutboxMessage, RecordedEvent, Store, declared
 
 if TYPE_CHECKING:
     from ..leases import Lease
@@ -232,6 +235,8 @@ class EventRelay:
         self.checkpoint_every = checkpoint_every
         self.sent = 0
         self.parked = 0
+        self.skipped = 0
+        """eventflow's own records passed over (see the module docstring)."""
 
     async def run(self) -> None:
         """Relay forever (cancel to stop) while holding the lease named after its checkpoint;
@@ -257,36 +262,14 @@ class EventRelay:
         try:
             async for rec in store.subscribe(after=position):
                 env = rec.envelope
-                payload = env.to_bytes()
-                try:
-                    await _publish(
-                        self.broker,
-                        env.type,
-                        payload,
-                        rec.stream_id,
-                        {MESSAGE_ID_HEADER: env.id},
-                    )
-                except MessageRefusedError as exc:
-                    # Parked, and the checkpoint moves past it in the same transaction.
-                    letter = _parked(
-                        EVENT_RELAY_GROUP,
-                        env.type,
-                        payload,
-                        rec.stream_id,
-                        env.id,
-                        exc,
-                        {"position": rec.position, "stream_id": rec.stream_id},
-                    )
-                    async with store.transaction() as tx:
-                        await store.dead_letters.add(letter)
-                        await store.checkpoints.set(
-                            self.checkpoint, rec.position, tx=tx, lease=lease
-                        )
-                    position, unsaved = rec.position, 0
-                    self.parked += 1
-                    continue
+                if is_internal_type(env.type):
+                    self.skipped += 1  # eventflow's own record: passed, not sent
+                else:
+                    if not await self._send(rec, lease):
+                        position, unsaved = rec.position, 0  # saved with the dead letter
+                        continue
+                    self.sent += 1
                 position = rec.position
-                self.sent += 1
                 unsaved += 1
                 if unsaved >= self.checkpoint_every:
                     await store.checkpoints.set(self.checkpoint, position, lease=lease)
@@ -304,3 +287,31 @@ class EventRelay:
                         position,
                         exc,
                     )
+
+    async def _send(self, rec: RecordedEvent, lease: Lease) -> bool:
+        """Publish ``rec`` (True); one the broker refuses for good is parked in the
+        dead-letter queue instead, with the checkpoint moved past it in the same
+        transaction (False)."""
+        env = rec.envelope
+        payload = env.to_bytes()
+        try:
+            await _publish(
+                self.broker, env.type, payload, rec.stream_id, {MESSAGE_ID_HEADER: env.id}
+            )
+        except MessageRefusedError as exc:
+            letter = _parked(
+                EVENT_RELAY_GROUP,
+                env.type,
+                payload,
+                rec.stream_id,
+                env.id,
+                exc,
+                {"position": rec.position, "stream_id": rec.stream_id},
+            )
+            store = self.store
+            async with store.transaction() as tx:
+                await store.dead_letters.add(letter)
+                await store.checkpoints.set(self.checkpoint, rec.position, tx=tx, lease=lease)
+            self.parked += 1
+            return False
+        return True

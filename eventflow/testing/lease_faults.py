@@ -23,7 +23,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, cast
 
 from ..leases import Lease, LeaseBackend, hold_lease
-from ..ports import Store
+from ..ports import Store, Transaction
 
 __all__ = ["BELIEVED_TTL", "StalledLeases", "UnawareHolder", "unaware_of_loss"]
 
@@ -40,6 +40,9 @@ class _StoreLeases(LeaseBackend, Protocol):
 
     async def holder(self, name: str) -> str | None:
         """The owner holding ``name``."""
+
+    async def fence(self, lease: Lease, tx: Transaction) -> None:
+        """Fence ``tx`` by ``lease``."""
 
 
 class StalledLeases:
@@ -65,6 +68,10 @@ class StalledLeases:
     async def holder(self, name: str) -> str | None:
         """The store's answer."""
         return await self._inner.holder(name)
+
+    async def fence(self, lease: Lease, tx: Transaction) -> None:
+        """The store's fence."""
+        await self._inner.fence(lease, tx)
 
     async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
         """Take the lease for the store's ttl (not the believed one)."""

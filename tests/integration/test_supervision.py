@@ -4,6 +4,7 @@ cannot recover fails the app visibly, and no failure cancels the caller's own ta
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from eventflow.adapters.memory import MemoryBroker
 from eventflow.adapters.memory.broker import MemoryBrokerConfig
 from eventflow.errors import ComponentFailedError
 from eventflow.ports import Delivery, StartPosition, Subscription
-from eventflow.supervision import RestartPolicy, Supervisor
+from eventflow.supervision import ComponentState, RestartPolicy, Supervisor
 
 Wait = Callable[..., Awaitable[None]]
 FAST = RestartPolicy(initial_delay=0.01, max_delay=0.05, stable_after=0.3)
@@ -328,3 +329,43 @@ async def test_give_backs_of_a_recorded_message_are_not_counted_as_a_crash_loop(
         assert await app.dead_letters.list() == []
         assert app.stats()["g:it.sup.tick"]["given_back"] == 3
     assert attempts == [1, 2, 2, 2, 2]  # every give-back ran attempt 2 again, none spent
+
+
+class _GrowingBackoff(RestartPolicy):
+    """Restarts quickly at first, then waits 9 s and more: what a subscription that keeps
+    failing reaches (without the jitter, so the test knows how long it waits)."""
+
+    def backoff(self, restart: int) -> float:
+        return 0.01 * 30.0 ** (restart - 1)  # 0.01 s, 0.3 s, 9 s, 270 s, ...
+
+
+async def test_stop_ends_a_consumer_waiting_in_its_restart_backoff_at_once(
+    broker_name: str, waiter: Wait
+) -> None:
+    """A consumer whose subscription keeps failing waits longer and longer for its next
+    restart; ``App.stop()`` ends that wait at once instead of sitting it out (or the grace
+    period): it returns well within a second, against a 9 s backoff and a 5 s grace."""
+
+    @subscribe("it.sup.tick", group="g")
+    async def handle(event: Tick) -> None: ...
+
+    broker = FlakyBroker(broker_name, faults=10**6)  # every fetch fails
+    policy = _GrowingBackoff(initial_delay=0.01, max_delay=300.0, give_up_after=None)
+    app = App(
+        "it-sup-stop", broker=broker, handlers=[handle], restart_policy=policy, grace_period=5.0
+    )
+    await app.start()
+    try:
+        supervisor = app._supervisor
+        assert supervisor is not None
+        [component] = [c for c in supervisor.components if c.name.startswith("consumer")]
+        await waiter(
+            lambda: component.restarts == 3 and component.state is ComponentState.RETRYING,
+            what="the consumer waiting for its third restart (9 s)",
+        )
+    finally:
+        began = time.monotonic()
+        await app.stop()
+        took = time.monotonic() - began
+    assert broker.raised == 3  # it did not run again meanwhile
+    assert took < 1.0, f"stop took {took:.2f}s"

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 from eventflow import Event
-from eventflow.adapters.memory.events import MemoryTransaction
+from eventflow.adapters.memory.transactions import MemoryTransaction
 from eventflow.ports import Store, Transaction
 from eventflow.projections import Projection, ProjectionContext, ProjectionRunner
 from eventflow.sourcing.on import on

@@ -218,3 +218,53 @@ async def test_a_task_group_failure_inside_a_component_is_restarted_not_taken_fo
     assert runs == [0, 1]
     assert component.restarts == 1
     await supervisor.close()
+
+
+class _NoJitter(RestartPolicy):
+    """Waits ``initial_delay`` before every restart."""
+
+    def backoff(self, restart: int) -> float:
+        return self.initial_delay
+
+
+async def test_finish_ends_a_wait_for_a_restart_and_stops_restarting(waiter: Wait) -> None:
+    """``finish()`` on a component waiting 30 s for its restart ends it at once, stopped,
+    not failed; a running one that then fails transiently is not restarted (a positive
+    control: without ``finish()`` the same component restarts)."""
+    slow = _NoJitter(initial_delay=30.0, max_delay=30.0, give_up_after=None)
+    runs: list[int] = []
+
+    async def failing() -> None:
+        runs.append(1)
+        raise BrokerError("down")
+
+    supervisor = Supervisor("t", slow)
+    waiting = supervisor.spawn("waiting", failing)
+    await waiter(lambda: waiting.state is ComponentState.RETRYING)
+    waiting.finish()
+    await asyncio.wait_for(waiting.wait(), 1.0)
+    assert waiting.state is ComponentState.STOPPED and runs == [1]
+
+    go = asyncio.Event()
+
+    async def fails_when_told() -> None:
+        runs.append(2)
+        await go.wait()
+        raise BrokerError("down")
+
+    for finish in (True, False):
+        runs.clear()
+        go.clear()
+        component = Supervisor("t", QUICK).spawn("draining", fails_when_told)
+        await waiter(lambda: runs == [2])
+        if finish:
+            component.finish()
+        go.set()
+        if finish:
+            await asyncio.wait_for(component.wait(), 1.0)
+            assert component.state is ComponentState.STOPPED and runs == [2]
+        else:
+            await waiter(lambda: len(runs) >= 2, what="restarted without finish()")
+            await component.stop()
+    assert supervisor.failure is None
+    await supervisor.close()

@@ -6,28 +6,30 @@ bounded where they could grow without limit.
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from ...errors import AlreadyHandled, ConfigurationError
+from ...errors import AlreadyHandled
 from ...ports import DeadLetter, Heartbeat, Transaction
 from ...urls import url_options
 from .attempts import MemoryAttempts
-from .events import (
-    MemoryCheckpoints,
-    MemoryEventLog,
-    MemoryLeases,
-    MemoryOutbox,
-    MemoryTransaction,
-)
+from .events import MemoryEventLog
+from .leases import MemoryCheckpoints, MemoryLeases
+from .outbox import MemoryOutbox
 
 if TYPE_CHECKING:
     from ...supervision import Supervisor
 
-__all__ = ["MemoryDeadLetterStore", "MemoryDedupStore", "MemoryHeartbeats", "MemoryStore"]
+__all__ = [
+    "MemoryClock",
+    "MemoryDeadLetterStore",
+    "MemoryDedupStore",
+    "MemoryHeartbeats",
+    "MemoryStore",
+]
 
 DEFAULT_DEDUP_CAPACITY = 1_000_000
 
@@ -134,23 +136,42 @@ class MemoryHeartbeats:
         return len(stale)
 
 
+class MemoryClock:
+    """The memory store's clock (``Store.clock``): ``source()``, in Unix seconds, the host's
+    ``time.time`` unless replaced (a test kit puts a virtual clock there:
+    ``store.clock.source = virtual.time``). Its transactions run no SQL, so ``sql`` is None."""
+
+    sql: str | None = None
+
+    def __init__(self, source: Callable[[], float] = time.time) -> None:
+        self.source = source
+
+    async def now(self, tx: Transaction | None = None) -> float:
+        """``source()``: no I/O."""
+        return self.source()
+
+
 class MemoryStore(MemoryEventLog):
-    """The ``memory://`` store: everything lives and dies with the process."""
+    """The ``memory://`` store: everything lives and dies with the process.
+
+    ``clock``: what ``store.clock`` reads (``time.time`` by default; see
+    :class:`MemoryClock`)."""
 
     durable = False
     """Its data lives in this process only."""
     supports_sql = False
     """Its transactions buffer eventflow's writes and run no SQL."""
 
-    def __init__(self, url: str = "memory://") -> None:
+    def __init__(self, url: str = "memory://", *, clock: Callable[[], float] = time.time) -> None:
         super().__init__()
         self.url = url
+        self.clock = MemoryClock(clock)
         self.dedup = MemoryDedupStore()
         self.dead_letters = MemoryDeadLetterStore()
         self.heartbeats = MemoryHeartbeats()
-        self.leases = MemoryLeases()
-        self.checkpoints = MemoryCheckpoints(self.leases)
-        self.outbox = MemoryOutbox(self.leases)
+        self.leases = MemoryLeases(self._scope)
+        self.checkpoints = MemoryCheckpoints(self.leases, self._scope)
+        self.outbox = MemoryOutbox(self.leases, self._scope)
         self.attempts = MemoryAttempts()
 
     @classmethod
@@ -159,20 +180,13 @@ class MemoryStore(MemoryEventLog):
         url_options(url, (), kind="memory store")
         return cls(url)
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[MemoryTransaction]:
-        """A transaction buffering eventflow's writes until the block exits normally."""
-        tx = MemoryTransaction()
-        yield tx
-        tx.commit()
-
     async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
         """Record a dedup entry when ``tx`` commits."""
-        if not isinstance(tx, MemoryTransaction):
-            raise ConfigurationError("mark_handled was given another store's transaction")
+        joined = self._scope.of(tx)
+        assert joined is not None  # of() returns the transaction it was given
         if await self.dedup.seen(group, message_id):
             raise AlreadyHandled(group, message_id)
-        tx.defer(lambda: self.dedup.record(group, message_id))
+        joined.defer(lambda: self.dedup.record(group, message_id))
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
         """Nothing to connect to."""

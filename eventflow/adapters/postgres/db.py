@@ -7,7 +7,8 @@ checkpoint, the outbox rows and appended events. Tasks created inside the block 
 context and join the transaction too; since a connection runs one statement at a time, a
 lock lets one ``connection()`` block (one statement, or a savepoint and its statements) use
 it at a time. When the block exits, the transaction is marked ended: a task that outlives
-the block goes back to the pool for its later store calls.
+the block goes back to the pool for its later store calls. (The settings read from the
+store's URL: ``config.py``, re-exported here.)
 """
 
 from __future__ import annotations
@@ -17,123 +18,30 @@ import contextvars
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from ...errors import ConfigurationError, MissingDependencyError, StoreError
-from ...leases import DEFAULT_LEASE_TTL
-from ...urls import count_option, redact_url, seconds_option, url_options
+from ...urls import redact_url
+from .config import DEFAULT_CONNECT_TIMEOUT, PostgresConfig
 
 try:
     import asyncpg
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("asyncpg", "postgres") from exc
 
-__all__ = ["PostgresConfig", "PostgresDatabase", "PostgresTransaction", "reset_connection"]
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DRIVER_ERRORS",
+    "PostgresConfig",
+    "PostgresDatabase",
+    "PostgresTransaction",
+    "reset_connection",
+]
 
 _log = logging.getLogger("eventflow.postgres")
 
-DEFAULT_MIN_POOL = 2
-DEFAULT_MAX_POOL = 10
-DEFAULT_CONNECT_TIMEOUT = 10.0
-
-OWN_OPTIONS = ("schema", "pool", "connect_timeout", "lease_ttl")
-"""Query options eventflow reads itself (and removes from the driver's DSN)."""
-DRIVER_OPTIONS = (
-    "application_name",
-    "dbname",
-    "database",
-    "gsslib",
-    "host",
-    "krbsrvname",
-    "passfile",
-    "password",
-    "port",
-    "service",
-    "ssl_max_protocol_version",
-    "ssl_min_protocol_version",
-    "sslcert",
-    "sslcrl",
-    "sslkey",
-    "sslmode",
-    "sslnegotiation",
-    "sslpassword",
-    "sslrootcert",
-    "target_session_attrs",
-    "user",
-)
-"""libpq connection options asyncpg reads from a DSN's query, passed through unchanged.
-(asyncpg would send any other name to the server as a setting, so a typo such as
-``?sslmod=`` would surface only as a server error at connect time: it is refused here.)"""
-_CHOICES = {
-    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
-    "target_session_attrs": (
-        "any",
-        "primary",
-        "standby",
-        "prefer-standby",
-        "read-write",
-        "read-only",
-    ),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class PostgresConfig:
-    """Where and how to connect. ``schema`` puts eventflow's tables in that schema.
-
-    ``connect_timeout``: seconds a new connection may take (the first one at ``open()``
-    included) before it fails with a ``StoreError``; ``lease_ttl``: seconds a dead holder
-    keeps a lease before another process takes it.
-    """
-
-    dsn: str
-    schema: str = "public"
-    min_pool: int = DEFAULT_MIN_POOL
-    max_pool: int = DEFAULT_MAX_POOL
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
-    lease_ttl: float = DEFAULT_LEASE_TTL
-
-    @classmethod
-    def from_url(cls, url: str) -> PostgresConfig:
-        """``postgresql://user@host:5432/db?schema=NAME&pool=10&connect_timeout=10&lease_ttl=10``.
-
-        The libpq options asyncpg understands (``sslmode``, ``sslrootcert``,
-        ``application_name``, ... see ``DRIVER_OPTIONS``) go to the driver unchanged; any
-        other option is refused with a ``ConfigurationError`` listing the known ones.
-        """
-        parts = urlsplit(url)
-        if parts.scheme not in ("postgresql", "postgres"):
-            raise ConfigurationError(
-                f"not a PostgreSQL URL: {redact_url(url)!r} (use postgresql://user@host/db)"
-            )
-        options = url_options(url, OWN_OPTIONS + DRIVER_OPTIONS, kind="PostgreSQL store")
-        schema = options.get("schema", "public")
-        if not schema.replace("_", "").isalnum():
-            raise ConfigurationError(
-                f"store URL option schema={schema!r} in {redact_url(url)!r} must be a schema "
-                "name of letters, digits and _"
-            )
-        for name, allowed in _CHOICES.items():
-            if name in options and options[name] not in allowed:
-                raise ConfigurationError(
-                    f"store URL option {name}={options[name]!r} in {redact_url(url)!r} must be "
-                    f"one of {', '.join(allowed)}"
-                )
-        pool = count_option(url, options, "pool", DEFAULT_MAX_POOL)
-        driver = [(k, v) for k, v in options.items() if k not in OWN_OPTIONS]
-        dsn = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(driver), ""))
-        return cls(
-            dsn=dsn,
-            schema=schema,
-            min_pool=min(DEFAULT_MIN_POOL, pool),
-            max_pool=pool,
-            connect_timeout=seconds_option(
-                url, options, "connect_timeout", DEFAULT_CONNECT_TIMEOUT
-            ),
-            lease_ttl=seconds_option(url, options, "lease_ttl", DEFAULT_LEASE_TTL),
-        )
+DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+"""What the driver raises when the server cannot be reached or refuses a statement."""
 
 
 async def reset_connection(conn: Any) -> None:
@@ -167,11 +75,12 @@ class _Shared:
     connection to one task at a time (re-entrant for that task, so a store call made inside
     another's ``connection()`` block in the same task does not wait for itself)."""
 
-    __slots__ = ("_depth", "_holder", "_lock", "conn", "hooks", "open")
+    __slots__ = ("_depth", "_holder", "_lock", "conn", "doomed", "hooks", "open")
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
         self.open = True
+        self.doomed: BaseException | None = None  # why its commit is refused (a fence)
         self.hooks: list[Callable[[], None]] | None = []
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None
@@ -387,7 +296,8 @@ class PostgresDatabase:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[PostgresTransaction]:
         """Open a transaction bound to this context until the block exits; tasks created
-        inside the block join it."""
+        inside the block join it. A transaction a fence refused (``doom``) rolls back even
+        when the block exits normally, raising the fence's error."""
         outer = self._joined.get()
         if outer is not None and outer.open:
             raise StoreError(
@@ -423,6 +333,9 @@ class PostgresDatabase:
                     raise
                 await shared.end()
                 try:
+                    if shared.doomed is not None:
+                        await tx.rollback()
+                        raise shared.doomed.with_traceback(None)
                     await tx.commit()
                 finally:
                     shared.give()
@@ -432,6 +345,13 @@ class PostgresDatabase:
                 _forget(self._joined, token)
         for hook in hooks or ():  # committed (a rollback raised above)
             hook()
+
+    def doom(self, tx: object, error: BaseException) -> None:
+        """Refuse the commit of ``tx`` (or of the context's open transaction): leaving its
+        block normally rolls it back and raises ``error``."""
+        shared = self._shared_of(tx)
+        if shared is not None and shared.doomed is None:
+            shared.doomed = error
 
     def after_commit(self, hook: Callable[[], None], tx: object = None) -> None:
         """Call ``hook`` once ``tx`` (or the context's open transaction) commits, now if

@@ -7,8 +7,9 @@ still holds it; releasing expires it, keeping the epoch, and notifies
 ``ef_lease_released``, which the store's listener connection follows in every process, so
 contenders try again at once instead of at their next poll.
 
-A write made under a lease (see :data:`FENCE`) locks the row ``FOR SHARE`` in the write's
-own transaction and writes only if the epoch is still the lease's. A takeover updates the
+A write made under a lease (see :data:`FENCE`), or a transaction fenced by one
+(``fence``), locks the row ``FOR SHARE`` in the write's own transaction and writes only if
+the epoch is still the lease's. A takeover updates the
 row, so it waits for that transaction, and the write waits for a takeover under way and then
 sees its new epoch: no takeover can commit between the check and the write.
 
@@ -26,11 +27,10 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-import asyncpg
-
-from ...errors import StoreError
-from ...leases import Lease, Wakeups, hold_lease, new_owner
-from .db import PostgresDatabase
+from ...errors import ConfigurationError, StoreError
+from ...leases import FENCE_NEEDS_TX, Lease, Wakeups, hold_lease, new_owner
+from ...ports import Transaction
+from .db import DRIVER_ERRORS, PostgresDatabase
 
 __all__ = ["FENCE", "LEASE_CHANNEL", "PostgresLeases", "fence_args", "writing"]
 
@@ -43,7 +43,6 @@ FENCE = "fence AS (SELECT 1 FROM ef_leases WHERE name = $1 AND owner = $2 AND ep
 """A ``WITH`` query that holds one row while the lease given as ``$1..$3`` (see
 :func:`fence_args`) still holds, locking it against takeovers until the transaction ends."""
 
-_DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
 
 _ACQUIRE = (
     "INSERT INTO ef_leases AS l (name, owner, epoch, expires_at) "
@@ -61,6 +60,7 @@ _RELEASE = (
     f"SELECT pg_notify('{LEASE_CHANNEL}', $4 || ':' || name) FROM gone"
 )
 _HOLDER = "SELECT owner FROM ef_leases WHERE name = $1 AND expires_at > now()"
+_FENCE_TX = f"WITH {FENCE} SELECT 1 FROM fence"
 
 
 def fence_args(lease: Lease) -> tuple[str, str, int]:
@@ -76,7 +76,7 @@ async def writing(db: PostgresDatabase, what: str, tx: object = None) -> AsyncIt
     try:
         async with db.connection(tx) as conn:
             yield conn
-    except _DRIVER_ERRORS as exc:
+    except DRIVER_ERRORS as exc:
         raise StoreError(
             f"could not {what} on PostgreSQL: {type(exc).__name__}: {exc}; the write was "
             "not made, try it again once the server answers"
@@ -112,6 +112,19 @@ class PostgresLeases:
         async with self._connection("look up lease", name) as conn:
             owner: str | None = await conn.fetchval(_HOLDER, name)
         return owner
+
+    async def fence(self, lease: Lease, tx: Transaction) -> None:
+        """Refuse ``tx`` unless ``lease`` still has its epoch: one ``SELECT ... FOR SHARE``
+        of the lease's row inside ``tx``, which a takeover then waits for until ``tx`` ends
+        (see ``Leases.fence``)."""
+        if tx is None:
+            raise ConfigurationError(FENCE_NEEDS_TX)
+        async with writing(self._db, f"fence by lease {lease.name!r}", tx) as conn:
+            held = await conn.fetchval(_FENCE_TX, *fence_args(lease))
+        if held is None:
+            error = lease.error()
+            self._db.doom(tx, error)
+            raise error
 
     async def acquire(self, name: str, owner: str, ttl: float) -> int | None:
         """Take ``name`` if it is free or expired; return its new epoch, or None."""
@@ -165,7 +178,7 @@ class PostgresLeases:
                         "renew leases", server_settings={"search_path": self._schema}
                     )
                 yield self._own
-            except _DRIVER_ERRORS as exc:
+            except DRIVER_ERRORS as exc:
                 conn, self._own = self._own, None
                 if conn is not None:
                     await _close(conn)
@@ -179,7 +192,7 @@ class PostgresLeases:
         try:
             async with self._db._pool().acquire() as conn:
                 yield conn
-        except _DRIVER_ERRORS as exc:
+        except DRIVER_ERRORS as exc:
             raise StoreError(
                 f"could not {what} {name!r} on PostgreSQL: {type(exc).__name__}: {exc}; "
                 "check that the server answers"

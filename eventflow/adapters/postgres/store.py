@@ -14,6 +14,7 @@ from ...errors import AlreadyHandled
 from ...leases import Lease
 from ...ports import DeadLetter, Heartbeat, Transaction
 from .attempts import ATTEMPTS_SQL, PostgresAttempts
+from .clock import PostgresClock
 from .db import PostgresConfig, PostgresDatabase, PostgresTransaction
 from .events import PostgresEventLog
 from .leases import FENCE, LEASE_CHANNEL, PostgresLeases, fence_args, writing
@@ -304,6 +305,7 @@ class PostgresStore(PostgresEventLog):
         self.outbox = PostgresOutbox(self.db)
         self.attempts = PostgresAttempts(self.db)
         self.leases = PostgresLeases(self.db)
+        self.clock = PostgresClock(self.db)
         self._init_events(
             {LEASE_CHANNEL: self.leases.on_released, self.outbox.channel: self.outbox.heard},
             reconnected=[self.outbox.heard],

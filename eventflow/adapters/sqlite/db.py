@@ -39,12 +39,14 @@ _ENDED = (
 class _Shared:
     """One open ``transaction()`` as the contexts that joined it see it: ``open`` turns
     False when the block exits, so a task created inside the block that outlives it stops
-    joining it (its store calls then take the lock like any other)."""
+    joining it (its store calls then take the lock like any other); ``doomed``: the error
+    its commit is refused with (a fence refused it), if any."""
 
-    __slots__ = ("open",)
+    __slots__ = ("doomed", "open")
 
     def __init__(self) -> None:
         self.open = True
+        self.doomed: BaseException | None = None
 
 
 def _forget(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:
@@ -159,12 +161,22 @@ class SqliteDatabase:
         transaction commits with it even from a context that did not open it."""
         if tx is None:
             return await self.run(fn, *args)
+        return await self._run_in(self._shared_of(tx), fn, *args)
+
+    def _shared_of(self, tx: object) -> _Shared:
         if not isinstance(tx, SqliteTransaction) or tx.db is not self:
             raise ConfigurationError(
                 f"a write to SQLite database {self.path!r} was given another store's "
                 "transaction: open it with this store's transaction()"
             )
-        return await self._run_in(tx._shared, fn, *args)
+        return tx._shared
+
+    def doom(self, tx: object, error: BaseException) -> None:
+        """Refuse the commit of ``tx`` (one of this database's transactions): leaving its
+        block normally rolls it back and raises ``error``."""
+        shared = self._shared_of(tx)
+        if shared.doomed is None:
+            shared.doomed = error
 
     async def _run_in(self, shared: _Shared, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in the transaction ``shared`` (a ``SqliteTransaction``'s)."""
@@ -186,7 +198,8 @@ class SqliteDatabase:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[SqliteTransaction]:
         """Hold the connection in one transaction until the block exits (commit) or raises
-        (rollback). Store calls made in this context inside the block join it, including
+        (rollback); one a fence refused (``doom``) rolls back either way, raising the
+        fence's error. Store calls made in this context inside the block join it, including
         those of tasks created inside it (``gather``, a ``TaskGroup``, ``wait_for``): the one
         database thread runs their statements one at a time. A task that is still running
         when the block exits no longer joins it: its later store calls run on their own."""
@@ -223,6 +236,9 @@ class SqliteDatabase:
                         )
                     raise
                 shared.open = False
+                if shared.doomed is not None:
+                    await self._settled(self._exec, "ROLLBACK")
+                    raise shared.doomed.with_traceback(None)
                 await self._settled(self._end, "COMMIT")
             finally:
                 shared.open = False

@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 
 from ...envelope import Envelope
-from ...errors import ConcurrencyError
+from ...errors import ConcurrencyError, ConfigurationError, LeaseLostError
 from ...events import Event
-from ...leases import DEFAULT_LEASE_TTL, Lease, Wakeups, hold_lease, new_owner
+from ...leases import DEFAULT_LEASE_TTL, FENCE_NEEDS_TX, Lease, Wakeups, hold_lease, new_owner
 from ...ports import RecordedEvent, Snapshot, Transaction
 from ...sourcing.append import prepare_append
 from ...sourcing.paging import paged, stream_range
@@ -277,7 +277,7 @@ class SqliteCheckpoints:
 
         def write(conn: sqlite3.Connection) -> None:
             if lease is not None:
-                SqliteLeases.fence(conn, lease)
+                SqliteLeases.check_epoch(conn, lease)
             conn.execute(
                 "INSERT OR REPLACE INTO ef_checkpoints (name, position) VALUES (?, ?)",
                 (name, position),
@@ -297,7 +297,7 @@ class SqliteCheckpoints:
 
         def write(conn: sqlite3.Connection) -> None:
             if lease is not None:
-                SqliteLeases.fence(conn, lease)
+                SqliteLeases.check_epoch(conn, lease)
             conn.execute("DELETE FROM ef_checkpoints WHERE name = ?", (name,))
 
         await self._db.run_in(tx, write)
@@ -379,8 +379,20 @@ class SqliteLeases:
         """Return when this process releases ``name``, or after ``timeout``."""
         await self._released.wait(name, timeout)
 
+    async def fence(self, lease: Lease, tx: Transaction) -> None:
+        """Refuse ``tx`` unless ``lease`` is the latest holding of its name: one read of its
+        row inside ``tx``, which holds the file's write lock, so no takeover commits before
+        ``tx`` ends (see ``Leases.fence``)."""
+        if tx is None:
+            raise ConfigurationError(FENCE_NEEDS_TX)
+        try:
+            await self._db.run_in(tx, SqliteLeases.check_epoch, lease)
+        except LeaseLostError as exc:
+            self._db.doom(tx, exc)
+            raise
+
     @staticmethod
-    def fence(conn: sqlite3.Connection, lease: Lease) -> None:
+    def check_epoch(conn: sqlite3.Connection, lease: Lease) -> None:
         """Raise ``lease.error()`` unless ``lease`` is the latest holding of its name; call
         it inside the write transaction whose writes it guards."""
         row = conn.execute(

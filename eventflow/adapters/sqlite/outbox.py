@@ -172,7 +172,7 @@ class SqliteOutbox:
 
         def write(conn: sqlite3.Connection) -> None:
             if lease is not None:
-                SqliteLeases.fence(conn, lease)
+                SqliteLeases.check_epoch(conn, lease)
             conn.executemany("DELETE FROM ef_outbox WHERE seq = ?", rows)
 
         await self._db.run(write)

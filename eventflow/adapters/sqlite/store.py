@@ -17,6 +17,7 @@ from ...leases import DEFAULT_LEASE_TTL
 from ...ports import DeadLetter, Heartbeat, Transaction
 from ...urls import seconds_option, url_options
 from .attempts import ATTEMPTS_SCHEMA, SqliteAttempts
+from .clock import SqliteClock
 from .db import DEFAULT_BUSY_TIMEOUT, SqliteDatabase, SqliteTransaction
 from .events import (
     EVENTS_SCHEMA,
@@ -324,6 +325,7 @@ class SqliteStore(SqliteEventLog):
         self.outbox = SqliteOutbox(self.db)
         self.leases = SqliteLeases(self.db, lease_ttl)
         self.attempts = SqliteAttempts(self.db)
+        self.clock = SqliteClock()
         self._init_events()
 
     @property

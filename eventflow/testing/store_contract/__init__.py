@@ -25,7 +25,10 @@ failing, a holder paused past its ttl, a holder killed), and PostgreSQL
 """
 
 from .append import AppendContract
+from .atomic import TransactionalAppendContract
+from .clock import ClockContract
 from .concurrency import ConcurrencyContract
+from .fences import FenceContract
 from .leases import (
     ConnectionFaults,
     ConnectionLossContract,
@@ -68,10 +71,14 @@ __all__ = [
 
 
 # Bases in reverse: pytest runs inherited tests in reverse MRO order, so this runs the
-# append tests first, then reads, subscribe, transactions, leases and concurrency.
+# append tests first, then reads, subscribe, transactions (appends in them too), leases,
+# fences, concurrency and the clock.
 class StoreContract(
+    ClockContract,
     ConcurrencyContract,
+    FenceContract,
     LeaseContract,
+    TransactionalAppendContract,
     TransactionContract,
     SubscribeContract,
     ReadContract,

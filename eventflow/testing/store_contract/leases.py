@@ -32,6 +32,7 @@ from ...errors import LeaseLostError, StoreError
 from ...leases import Lease
 from ...ports import Store
 from ..broker_contract import unique_name
+from .lease_holder import MODES
 from .support import Happened, StoreContractBase, StoreFactory
 
 __all__ = [
@@ -303,17 +304,20 @@ class LeaseLossContract(StoreContractBase):
             await second.checkpoints.set(cp, 3, lease=current)
             assert await first.checkpoints.get(cp) == 3
 
+    @pytest.mark.parametrize("mode", MODES)
     async def test_a_holder_paused_past_its_ttl_cannot_write(
-        self, lease_faults: LeaseFaults
+        self, lease_faults: LeaseFaults, mode: str
     ) -> None:
         """A holder process stopped (SIGSTOP) for longer than ttl: the lease is taken over
         with a higher epoch; once it runs again (SIGCONT) its next write is refused, it
-        reports the loss, and the newer holder's write stays."""
+        reports the loss, and the newer holder's write stays. ``mode``: the holder writes
+        with the lease (``write``) or in transactions fenced by it (``fence``: the fenced
+        transaction is refused and writes nothing)."""
         ttl = self.lease_ttl
         store = await lease_faults.store(ttl=ttl)
         name, cp = unique_name("lease"), unique_name("cp")
         source = lease_faults.child_source(ttl=ttl)
-        async with _child(source, name, cp, self.write_interval) as child:
+        async with _child(source, name, cp, self.write_interval, mode) as child:
             held = await child.next("held", self.timeout)
             assert await store.leases.holder(name) == held["owner"]
             async with contextlib.AsyncExitStack() as stack:
@@ -493,7 +497,9 @@ class _Child:
 
 
 @contextlib.asynccontextmanager
-async def _child(source: str, name: str, cp: str, interval: float) -> AsyncIterator[_Child]:
+async def _child(
+    source: str, name: str, cp: str, interval: float, mode: str = "write"
+) -> AsyncIterator[_Child]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -502,6 +508,7 @@ async def _child(source: str, name: str, cp: str, interval: float) -> AsyncItera
         name,
         cp,
         str(interval),
+        mode,
         stdout=asyncio.subprocess.PIPE,
     )
     try:
