@@ -1,6 +1,7 @@
 """The PostgreSQL store's global order never skips an event committed late.
 
-Workload: 8 writers append one event per transaction for 10 s, sleeping a random time
+Workload: 8 writers append one event per transaction until 2,400 committed (sized by count,
+not time, so a loaded machine runs the same workload; at most 60 s), sleeping a random time
 between the insert and the commit, and rolling back 10% of their transactions, while a
 subscriber reads from the start. The subscriber must receive every committed event exactly
 once, no rolled-back one, each stream in version order. The negative control reads the
@@ -28,7 +29,8 @@ from eventflow.stores import store_for
 from eventflow.testing.postgres import postgres_url, with_schema
 
 WRITERS = 8
-DURATION = 10.0
+COMMITS = 2400
+MAX_DURATION = 60.0
 STREAMS = 40
 ROLLBACK_RATE = 0.10
 MAX_COMMIT_DELAY = 0.004
@@ -54,7 +56,7 @@ async def _writer(
 ) -> None:
     rng = random.Random(writer)
     n = 0
-    while time.monotonic() < deadline:
+    while len(committed) < COMMITS and time.monotonic() < deadline:
         n += 1
         event_id = ""
         try:
@@ -105,7 +107,7 @@ async def test_subscriber_never_skips_late_commits(
     cfg = postgres_store.config
     naive = asyncio.create_task(_naive_reader(cfg.dsn, cfg.schema, stop_naive))
     follower = asyncio.create_task(follow())
-    deadline = time.monotonic() + DURATION
+    deadline = time.monotonic() + MAX_DURATION
     await asyncio.gather(
         *(_writer(postgres_store, w, deadline, committed, rolled) for w in range(WRITERS))
     )
