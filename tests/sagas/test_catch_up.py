@@ -128,7 +128,7 @@ async def test_a_reply_held_by_a_stuck_member_wins_over_the_overdue_timeout(
             await shop.publish(OrderShipped(order_id="o-1"), key="o-1")
             held = await stuck.fetch(1, 5.0)
             assert len(held) == 1  # the reply, before the deadline, held and never acked
-            assert await hub.backlog(OrderShipped.event_type, group=group) == 1
+            assert (await hub.lag(OrderShipped.event_type, group=group)).messages == 1
             await asyncio.sleep(1.2)  # past the ship step's deadline (1 s)
             async with App("orders", broker=url, store=store, sagas=[OrderSaga]) as orders:
                 # Several timer polls (0.5 s) with every fetch of the new process empty.
