@@ -38,7 +38,9 @@ class LagContract(BrokerContractBase):
 
     :meth:`hold_and_die` makes a member that holds messages and dies; by default a child
     process (``holder.py``) on the ``url`` of a broker of ``broker_factory``, SIGKILLed. A
-    broker that lives in the test's process overrides it.
+    broker that lives in the test's process overrides it, and so does a module whose
+    brokers have settings their ``url`` leaves out that decide where messages go (a Kafka
+    ``topic_prefix``, a NATS ``subject_prefix`` or partition count).
     """
 
     spacing: float = 1.6
