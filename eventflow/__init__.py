@@ -28,7 +28,7 @@ from .errors import (
     UpcastError,
 )
 from .events import Event, EventRegistry, upcaster
-from .ports import DeadLetter, RecordedEvent, Transaction
+from .ports import DeadLetter, Lag, RecordedEvent, Transaction
 from .projections import Projection, ProjectionContext
 from .runtime.retry import RetryPolicy
 from .sagas import Saga, on_timer, step
@@ -61,6 +61,7 @@ __all__ = (
     "EventflowError",
     "FutureVersionError",
     "HandlerTimeoutError",
+    "Lag",
     "LeaseLostError",
     "MalformedMessageError",
     "MessageRefusedError",

@@ -60,7 +60,7 @@ class App:
     the groups ``saga.<name>``; their timers fire on one instance at a time); ``app.sagas``
     reads any saga in the store. ``catch_up_limit`` (seconds, 30 by default) bounds how long,
     after this app starts, a saga timer that came due before the start waits for the
-    broker's backlog of the saga's group to drain (a reply already in the broker wins over
+    saga group's lag on the broker to drain (a reply already in the broker wins over
     the deadline); keep it above the broker's failover time (see ``docs/sagas.md``).
     The app relays the store's outbox (messages published inside
     ``ctx.transaction()``) to the broker; with ``relay_events=True`` it also publishes every
@@ -359,7 +359,7 @@ class App:
                 self._consumers.extend(consumers)
                 saga_classes = self._saga_runtime.classes
                 if saga_classes:
-                    declared(self.broker, Broker, "backlog")  # overdue timers ask it
+                    declared(self.broker, Broker, "lag")  # overdue timers ask it
                     await self.sagas.persistence.setup()
                     self._saga_runtime.begin(self._consumers)
                 self._started = True

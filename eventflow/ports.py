@@ -35,6 +35,7 @@ __all__ = [
     "EventStore",
     "Heartbeat",
     "Heartbeats",
+    "Lag",
     "Leases",
     "Outbox",
     "OutboxMessage",
@@ -53,6 +54,30 @@ StartPosition = Literal["latest", "earliest"]
 """Where a consumer group that does not exist yet begins: at the end of its topics
 (``"latest"``: only messages published from then on) or at the oldest message the broker
 keeps (``"earliest"``). See :meth:`Broker.subscribe`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lag:
+    """How far a consumer group is behind on a topic pattern, as its broker tells it
+    (:meth:`Broker.lag`).
+
+    ``messages``: the group's messages on the pattern not yet handled: not yet delivered to
+    it, plus delivered and not yet acked (Kafka: not yet committed), across every member,
+    live or dead. ``oldest``: when the broker accepted the oldest of them (a UTC datetime,
+    on the clock :meth:`Broker.lag` names); None when ``messages`` is 0, or when none of
+    them is still in the broker (deleted by a retention limit before the group handled
+    it). Its age, ``now - oldest``, is the group's lag in seconds.
+    """
+
+    messages: int
+    oldest: datetime | None
+
+    def age(self, now: datetime) -> float:
+        """Seconds from ``oldest`` to ``now`` (an aware datetime), at least 0; 0.0 when
+        nothing is pending."""
+        if self.oldest is None:
+            return 0.0
+        return max(0.0, (now - self.oldest).total_seconds())
 
 
 @runtime_checkable
@@ -190,14 +215,37 @@ class Broker(Protocol):
         no member, and a later ``start`` changes nothing. Any other value raises
         ``ConfigurationError``."""
 
-    async def backlog(self, pattern: str, *, group: str) -> int | None:
-        """How many messages ``group`` still has to handle on ``pattern``: those not yet
-        delivered to it plus those delivered and not yet acked (or, on Kafka, not yet
-        committed), across every member of the group, including members of other processes
-        and members that died and still hold partitions. 0 means everything that reached
-        the broker for the group before the call is settled (an ack may take a moment to
-        count). None: this broker cannot tell (a caller then falls back to its own
-        evidence). Raises ``BrokerError`` when the broker cannot be asked (it is down)."""
+    async def lag(self, pattern: str, *, group: str) -> Lag:
+        """What ``group`` has not handled yet on ``pattern``, across every member of the
+        group, including members of other processes and members that died and still hold
+        partitions or messages; asked of the broker at each call (nothing cached).
+
+        Handled means acked; on Kafka, committed. ``messages`` counts what was not yet
+        delivered to the group plus what was delivered and not yet handled: NATS, each
+        partition consumer's ``num_pending`` plus ``num_ack_pending``; Kafka, each
+        partition's end offset minus the group's committed offset (from the partition's
+        first offset where the group never committed), so an acked message counts until
+        the member's next commit (``commit_interval``); NATS acks are sent without waiting
+        for the server, so one counts for a moment after ``ack`` returned too.
+
+        ``oldest`` is the publish time, on the broker's clock, of the first message not
+        handled in each partition's order, the earliest over the partitions: the memory
+        broker's ``time.time()`` when ``publish`` took it; NATS, the server's store time of
+        the first message on the consumer's filter after its ack floor; Kafka, the
+        timestamp of the record at the committed offset, which is the producer's clock
+        when it sent the record (``CreateTime``, the topic default) or the broker's when
+        it appended it (a topic with ``message.timestamp.type=LogAppendTime``). Where one
+        clock stamps every message (memory, NATS, ``LogAppendTime``), every message
+        stamped before ``oldest`` was handled (or deleted by a retention limit).
+
+        A group nobody created yet (no ``subscribe`` or ``declare``) has ``Lag(0, None)``.
+        Cost per call: memory none (it looks at its hub); NATS one consumer-info request
+        per partition plus one message get per partition with messages pending, all
+        concurrent; Kafka four requests with nothing pending (metadata, the group's
+        coordinator, its committed offsets, the end offsets; a wildcard adds a metadata
+        request), and with messages pending the first offsets and one fetch per partition
+        leader more. Raises ``BrokerError`` when the broker cannot be asked (it is down,
+        or does not answer within the adapter's bound)."""
 
     async def declare(
         self,

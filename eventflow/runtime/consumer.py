@@ -17,7 +17,7 @@ starts a new run on a new subscription.
 
 from __future__ import annotations
 
-from ..ports import Broker, DedupStore, Subscription, declared
+from ..ports import Broker, DedupStore, Lag, Subscription, declared
 from ..subscribe import HandlerSpec, Signature
 from .dispatch import Dispatcher
 from .host import ConsumerHost
@@ -62,12 +62,17 @@ class Consumer:
         (0.0: not in this run yet): what the broker held before then is handled."""
         return self._dispatcher.caught_up_at if self._dispatcher is not None else 0.0
 
-    async def backlog(self) -> int | None:
-        """What this consumer's group still has to handle on its pattern, across every
-        member (``Broker.backlog``); None when the broker cannot tell."""
-        backlog = declared(self.host.broker, Broker, "backlog")
-        value: int | None = await backlog(self.spec.pattern, group=self.group)
+    async def lag(self) -> Lag:
+        """What this consumer's group has not handled yet on its pattern, across every
+        member, and when the oldest of it was published (``Broker.lag``); raises
+        ``BrokerError`` when the broker cannot be asked."""
+        lag = declared(self.host.broker, Broker, "lag")
+        value: Lag = await lag(self.spec.pattern, group=self.group)
         return value
+
+    async def backlog(self) -> int | None:
+        """``lag().messages``: what the saga timer loop asks today (it moves to ``lag``)."""
+        return (await self.lag()).messages
 
     @property
     def stats(self) -> ConsumerStats:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -165,7 +166,19 @@ class KafkaServer:
     def stop(self) -> None:
         """Stop the broker (SIGTERM, then SIGKILL after 10 s). Idempotent."""
         proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a paused process cannot act on SIGTERM
         stop_process(proc)
+
+    def pause(self) -> None:
+        """SIGSTOP: the broker keeps its connections and answers nothing, as a hung one."""
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT, after :meth:`pause`."""
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGCONT)
 
     def __enter__(self) -> KafkaServer:
         self.start()

@@ -14,6 +14,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, UnsupportedVersionError
 
 from eventflow.adapters.kafka import KafkaBroker, KafkaBrokerConfig
+from eventflow.adapters.kafka import broker as kafka_broker
 from eventflow.adapters.kafka.config import kafka_topic, pattern_regex
 from eventflow.adapters.nats import NatsBroker
 from eventflow.brokers import open_broker
@@ -30,7 +31,7 @@ from eventflow.testing import (
 )
 from eventflow.testing.broker_contract import SilentServer
 from eventflow.testing.broker_contract.startup import BrokerAt, StartupContract, refused_start
-from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
+from eventflow.testing.kafka_server import KafkaServer, fast_test_url, kafka_service_url
 
 pytestmark = pytest.mark.service("kafka")
 
@@ -387,3 +388,30 @@ async def test_a_topic_kafka_cannot_name_is_refused(kafka_url: str) -> None:
             await broker.publish("tenant/42.orders", b"{}")
         with pytest.raises(ConfigurationError):  # subscribing to it is a mistake of config
             await broker.subscribe("tenant/42.orders", group=unique_name("g"))
+
+
+async def test_lag_raises_broker_error_while_the_server_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``lag`` asks the brokers at each call: with the broker hung (paused, its connections
+    open) it raises a ``BrokerError`` within ``LAG_TIMEOUT`` (2 s here, 10 s by default)
+    rather than waiting out aiokafka's 40 s request timeout, and answers again once the
+    broker is back."""
+    monkeypatch.setattr(kafka_broker, "LAG_TIMEOUT", 2.0)
+    with KafkaServer() as server:
+        async with KafkaBroker.from_url(fast_test_url(server.url)) as broker:
+            topic, group = f"{unique_name()}.lag", unique_name("g")
+            await broker.declare(topic, group=group)
+            await broker.publish(topic, b"m", key="k")
+            lag = await broker.lag(topic, group=group)
+            assert lag.messages == 1 and lag.oldest is not None
+            server.pause()
+            try:
+                loop = asyncio.get_running_loop()
+                began = loop.time()
+                with pytest.raises(BrokerError, match="lag of group"):
+                    await broker.lag(topic, group=group)
+                assert loop.time() - began < 2.0 + 3
+            finally:
+                server.resume()
+            assert await broker.lag(topic, group=group) == lag

@@ -4,6 +4,7 @@ bounded groups with backpressure, named hubs and partition handover between memb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from eventflow.adapters.memory.broker import MemoryBroker, MemoryBrokerConfig
+from eventflow.adapters.memory.groups import MemorySubscription
 from eventflow.brokers import open_broker
 from eventflow.errors import BackpressureError, ConfigurationError, MessageRefusedError
 from eventflow.ports import Delivery, Subscription
@@ -24,6 +26,7 @@ from eventflow.testing import (
     eventually,
     unique_name,
 )
+from eventflow.testing.broker_contract.lag import Die
 
 MemoryFactory = Callable[..., MemoryBroker]
 
@@ -37,6 +40,21 @@ class TestMemoryBroker(BrokerContract):
         name = unique_name("hub")
         async with broker_pool(lambda: MemoryBroker(MemoryBrokerConfig(name=name))) as factory:
             yield factory
+
+    @contextlib.asynccontextmanager
+    async def hold_and_die(
+        self, broker_factory: BrokerFactory, pattern: str, group: str, count: int
+    ) -> AsyncIterator[Die]:
+        """The hub lives in this process, so a member dies here: its subscription is
+        abandoned as when its process goes (nothing acked, its messages go back)."""
+        sub = await (await broker_factory()).subscribe(pattern, group=group)
+
+        async def die() -> None:
+            await collect(sub, count, timeout=self.timeout, ack=False)
+            assert isinstance(sub, MemorySubscription)
+            sub.abandon()
+
+        yield die
 
 
 @pytest.fixture

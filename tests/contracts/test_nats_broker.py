@@ -42,7 +42,7 @@ from eventflow.testing.broker_contract import (
     unique_name,
 )
 from eventflow.testing.broker_contract.startup import BrokerAt, StartupContract, refused_start
-from eventflow.testing.nats_server import find_nats_server, nats_service_url
+from eventflow.testing.nats_server import NatsServer, find_nats_server, nats_service_url
 from eventflow.testing.services import free_port
 
 pytestmark = pytest.mark.service("nats")
@@ -426,3 +426,30 @@ async def test_a_subject_the_user_may_not_publish_to_is_refused(tmp_path: Path) 
     finally:
         server.terminate()
         await server.wait()
+
+
+async def test_lag_raises_broker_error_while_the_server_is_gone() -> None:
+    """``lag`` asks the server at each call: with the server killed it raises a
+    ``BrokerError`` within ``request_timeout`` (no stale answer), and answers again once
+    the server is back."""
+    with NatsServer() as server:
+        config = NatsBrokerConfig.from_url(f"{server.url}?stream=EF_LAG&request_timeout=1")
+        async with NatsBroker(config) as broker:
+            topic, group = f"{unique_name()}.lag", unique_name("g")
+            await broker.declare(topic, group=group)
+            await broker.publish(topic, b"m", key="k")
+            assert (await broker.lag(topic, group=group)).messages == 1
+            server.kill()
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            with pytest.raises(BrokerError, match="lag"):
+                await broker.lag(topic, group=group)
+            assert loop.time() - began < 5
+            server.start()  # file storage: the stream and the consumers are still there
+
+            async def answers() -> bool:
+                with contextlib.suppress(BrokerError):
+                    return (await broker.lag(topic, group=group)).messages == 1
+                return False
+
+            await eventually(answers, timeout=15, message="lag answered after the restart")

@@ -13,7 +13,7 @@ once the process is back, once.
 The orders that get shipped have a long shipping deadline and the ones that never do a
 short one (two saga classes, one definition). The last test here holds a reply in the
 partition of a killed member past a short deadline: the overdue timer waits until the
-group's backlog on the broker is 0 (``Broker.backlog``), so the reply still wins.
+group's lag on the broker is 0 messages (``Broker.lag``), so the reply still wins.
 """
 
 from __future__ import annotations

@@ -135,9 +135,9 @@ async def _a_reply_held_past_its_deadline(
             group = f"saga.{OrderSaga.definition.name}"
             stuck = await hub.subscribe(OrderShipped.event_type, group=group)
             await shop.publish(OrderShipped(order_id="o-1"), key="o-1")
-            fetched = await stuck.fetch(1, 5.0)
-            assert len(fetched) == 1  # the reply, before the deadline, held and never acked
-            assert await hub.backlog(OrderShipped.event_type, group=group) == 1
+            held = await stuck.fetch(1, 5.0)
+            assert len(held) == 1  # the reply, before the deadline, held and never acked
+            assert (await hub.lag(OrderShipped.event_type, group=group)).messages == 1
             await asyncio.sleep(1.2)  # past the ship step's deadline (1 s)
             yield _Held(url, store, stuck)
     finally:

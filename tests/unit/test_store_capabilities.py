@@ -1,5 +1,5 @@
 """Capabilities a store declares on its port (``durable``, ``supports_sql``,
-``outbox.added``, ``outbox.relaying``), and a broker on its (``backlog``, asked by sagas),
+``outbox.added``, ``outbox.relaying``), and a broker on its (``lag``, asked by sagas),
 decide what the core does; an adapter that lacks one gets a ``ConfigurationError`` naming
 the port, not a silently different behaviour."""
 
@@ -133,7 +133,7 @@ def test_outbox_port_declares_added_and_relaying() -> None:
 
 
 class OldBroker:
-    """A third-party broker written before ``Broker.backlog`` was declared."""
+    """A third-party broker written before ``Broker.lag`` was declared."""
 
     def __init__(self) -> None:
         self._inner = open_broker("memory://old-broker")
@@ -162,9 +162,9 @@ class CapSaga(Saga, name="captest.order", start=CapPlaced, key="order_id"):
     order_id: str = ""
 
 
-async def test_an_app_with_sagas_refuses_a_broker_without_backlog() -> None:
+async def test_an_app_with_sagas_refuses_a_broker_without_lag() -> None:
     app = App("old", broker=cast(Any, OldBroker()), sagas=[CapSaga])
-    with pytest.raises(ConfigurationError, match=r"OldBroker lacks 'backlog'.*ports\.Broker"):
+    with pytest.raises(ConfigurationError, match=r"OldBroker lacks 'lag'.*ports\.Broker"):
         await app.start()
     await app.stop()
     async with App("old", broker=cast(Any, OldBroker())):  # no sagas: not needed

@@ -24,11 +24,12 @@ from ...errors import (
 )
 from ...groups import check_group, log_new_group
 from ...patterns import is_wildcard, validate_pattern, validate_topic
-from ...ports import StartPosition
+from ...ports import Lag, StartPosition
 from ...supervision import Supervisor
 from .config import KafkaBrokerConfig, kafka_topic, pattern_regex
 from .connection import close_client, probe
-from .groups import commit_outside, end_offsets, has_position, nothing_to_commit, unhandled
+from .groups import commit_outside, end_offsets, has_position, nothing_to_commit
+from .lag import LAG_TIMEOUT, PEEK_OPTIONS, group_lag
 from .logs import throttle_client_logs
 from .partition import attempts_group
 from .subscription import KafkaSubscription
@@ -59,7 +60,8 @@ class KafkaBroker:
         """Whether the producer is idempotent (None until started)."""
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
-        self._offsets: AIOKafkaConsumer | None = None  # group-less, for backlog()
+        self._offsets: AIOKafkaConsumer | None = None  # group-less: offsets, lag()
+        self._peeking = asyncio.Lock()  # the assignment of _offsets, while lag() fetches
         self._subs: set[KafkaSubscription] = set()
         self._names: dict[str, str] = {}  # eventflow topic -> Kafka topic known to exist
         self._lock = asyncio.Lock()
@@ -391,27 +393,29 @@ class KafkaBroker:
             await (await self.subscribe(pattern, group=group, start=begin)).close()
         return False
 
-    async def backlog(self, pattern: str, *, group: str) -> int:
-        """What ``group`` still has to handle on ``pattern``: over the partitions of the
-        topics matching it now, the end offset minus the group's committed offset (a
-        partition the group never committed counts from its first offset). Members commit
-        every ``commit_interval``, so a message counts until the commit after its ack."""
+    async def lag(self, pattern: str, *, group: str) -> Lag:
+        """What ``group`` has not committed yet on ``pattern`` and the timestamp of the
+        oldest such record, over the partitions of the topics matching it now (see
+        :mod:`.lag`), within ``LAG_TIMEOUT`` (10 s). A message counts until the member's
+        commit after its ack (``commit_interval``)."""
         admin = self._live_admin()
         validate_pattern(pattern)
         try:
-            consumer, ends = await self._ends_now(admin, pattern)
-            return await unhandled(admin, consumer, group, ends)
-        except KafkaError as exc:
+            async with asyncio.timeout(LAG_TIMEOUT):
+                client, ends = await self._ends_now(admin, pattern)
+                return await group_lag(admin, client, self._peeking, group, ends)
+        except (KafkaError, TimeoutError) as exc:
+            why = repr(exc) if isinstance(exc, KafkaError) else f"none within {LAG_TIMEOUT:g}s"
             raise BrokerError(
-                f"kafka: could not tell the backlog of group {group!r} on {pattern!r}: "
-                f"{exc!r}; are the brokers up?"
+                f"kafka: no answer about the lag of group {group!r} on {pattern!r} ({why}); "
+                "are the brokers up?"
             ) from exc
 
     async def _ends_now(
         self, admin: AIOKafkaAdminClient, pattern: str
     ) -> tuple[AIOKafkaConsumer, dict[Any, int]]:
         """The offsets client, and the end offsets of the partitions of the topics matching
-        ``pattern`` now (``declare`` and ``backlog``; a ``KafkaError`` passes through)."""
+        ``pattern`` now (``declare`` and ``lag``; a ``KafkaError`` passes through)."""
         cfg = self.config
         exact = None if is_wildcard(pattern) else kafka_topic(pattern, cfg.topic_prefix)
         consumer = await self._offsets_client()
@@ -419,12 +423,13 @@ class KafkaBroker:
         return consumer, await end_offsets(admin, consumer, regex, exact)
 
     async def _offsets_client(self) -> AIOKafkaConsumer:
-        """A group-less consumer client for end and beginning offsets (made on first use)."""
+        """A group-less consumer client for end and beginning offsets and the records
+        ``lag`` reads (made on first use)."""
         async with self._lock:
             if self._producer is None:
                 raise BrokerError("kafka broker is not started: call `await broker.start()` first")
             if self._offsets is None:
-                client = self._new_consumer(enable_auto_commit=False)
+                client = self._new_consumer(enable_auto_commit=False, **PEEK_OPTIONS)
                 try:
                     await client.start()
                 except BaseException:

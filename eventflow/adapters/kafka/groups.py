@@ -15,7 +15,7 @@ from aiokafka.errors import CommitFailedError
 from ...errors import BrokerError
 from .connection import close_client
 
-__all__ = ["commit_outside", "end_offsets", "has_position", "nothing_to_commit", "unhandled"]
+__all__ = ["commit_outside", "end_offsets", "has_position", "nothing_to_commit"]
 
 
 async def end_offsets(
@@ -76,22 +76,3 @@ def nothing_to_commit(pattern: str, group: str) -> BrokerError:
         "member create it (a topic created after that member subscribed is read from its "
         "beginning)"
     )
-
-
-async def unhandled(
-    admin: AIOKafkaAdminClient, consumer: AIOKafkaConsumer, group: str, ends: Mapping[Any, int]
-) -> int:
-    """What ``group`` has not committed of the partitions ``ends`` gives the end offsets of:
-    the end minus its committed offset (from the partition's first offset where it never
-    committed)."""
-    if not ends:
-        return 0
-    tps = list(ends)
-    committed = await admin.list_consumer_group_offsets(group, partitions=tps)
-    missing = [tp for tp in tps if tp not in committed or committed[tp].offset < 0]
-    starts = await consumer.beginning_offsets(missing) if missing else {}
-    total = 0
-    for tp, end in ends.items():
-        done = int(starts[tp]) if tp in starts else int(committed[tp].offset)
-        total += max(0, end - done)
-    return total

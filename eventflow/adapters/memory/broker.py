@@ -18,14 +18,16 @@ delivery's ``metadata`` is its partition and its offset in that partition, as in
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ...errors import BackpressureError, BrokerError, ConfigurationError, MessageRefusedError
 from ...groups import check_group, log_new_group
-from ...patterns import matches, validate_topic
-from ...ports import StartPosition
+from ...patterns import matches, validate_pattern, validate_topic
+from ...ports import Lag, StartPosition
 from ...urls import count_option, seconds_option, url_options
 from .config import MemoryBrokerConfig
 from .groups import Group, Hub, MemorySubscription, hubs
@@ -153,9 +155,10 @@ class MemoryBroker:
                 # message to all of them at once, so a BackpressureError leaves none with it.
                 await self._wait_space(groups, topic)
                 break
+        now = time.time()  # when the hub took it: after any wait for room
         for group in groups:
-            group.put(topic, payload, key, hdrs)
-        hub.retained.append((topic, payload, key, hdrs))
+            group.put(topic, payload, key, hdrs, now)
+        hub.retained.append((topic, payload, key, hdrs, now))
 
     async def _wait_space(self, groups: Sequence[Group], topic: str) -> None:
         """Wait until none of ``groups`` is full, up to ``publish_timeout`` in all."""
@@ -229,17 +232,24 @@ class MemoryBroker:
         )
         hub.routes.clear()
         if begin == "earliest":
-            for topic, payload, key, headers in hub.retained:
+            for topic, payload, key, headers, published in hub.retained:
                 if matches(pattern, topic):
-                    state.put(topic, payload, key, headers)
+                    state.put(topic, payload, key, headers, published)
         log_new_group(group, pattern, begin)
         return state, False
 
-    async def backlog(self, pattern: str, *, group: str) -> int:
-        """Messages of ``group`` on ``pattern`` not yet acked (undelivered, out to a member,
-        or to be delivered again); 0 for a group nobody subscribed yet."""
-        state = self._live_hub().groups.get((group, pattern))
-        return state.size if state is not None else 0
+    async def lag(self, pattern: str, *, group: str) -> Lag:
+        """The messages of ``group`` on ``pattern`` not yet acked (undelivered, out to a
+        member, or to be delivered again) and the publish time of the oldest, on this
+        process's clock (``time.time()`` when ``publish`` took it); ``Lag(0, None)`` for a
+        group nobody created yet. Nothing is asked of anyone: it looks at the hub."""
+        hub = self._live_hub()
+        validate_pattern(pattern)
+        state = hub.groups.get((group, pattern))
+        if state is None or state.size == 0:
+            return Lag(0, None)
+        oldest = state.oldest()
+        return Lag(state.size, None if oldest is None else datetime.fromtimestamp(oldest, UTC))
 
     def group_sizes(self) -> dict[tuple[str, str], int]:
         """Unacked messages per (group, pattern): the lag of each group, for status and tests."""

@@ -20,11 +20,23 @@ from ...errors import BrokerError
 from ...patterns import matches
 from .config import MemoryBrokerConfig
 
-__all__ = ["Group", "Hub", "MemoryDelivery", "MemorySubscription", "Partition", "hubs"]
+__all__ = [
+    "Group",
+    "Hub",
+    "MemoryDelivery",
+    "MemorySubscription",
+    "Partition",
+    "Record",
+    "hubs",
+]
 
 _MAX_ROUTES = 4096  # topics whose target groups a hub remembers (then it starts over)
 _EMPTY: Mapping[str, str] = {}
 _alloc = object.__new__
+
+Record = tuple[str, bytes, str | None, Mapping[str, str] | None, float]
+"""A message not yet taken by a member: topic, payload, key, headers (None: none) and
+its publish time (``time.time()``)."""
 
 
 class Partition:
@@ -36,10 +48,10 @@ class Partition:
     def __init__(self, index: int) -> None:
         self.index = index
         # Records never delivered, in publish order, as tuples of plain values (topic,
-        # payload, key, headers or None): the garbage collector untracks such tuples (those
-        # without headers), so a long backlog is not traversed and promoted by every
-        # collection. A record gets its offset in the partition when it is first taken.
-        self.pending: deque[tuple[str, bytes, str | None, Mapping[str, str] | None]] = deque()
+        # payload, key, headers or None, publish time): the garbage collector untracks such
+        # tuples (those without headers), so a long backlog is not traversed and promoted
+        # by every collection. A record gets its offset in the partition when first taken.
+        self.pending: deque[Record] = deque()
         self.next_offset = 0
         # Records to deliver again (nacked, released, or out to a member that left), in
         # offset order. Each was delivered before anything in `pending`, so all go first.
@@ -58,6 +70,17 @@ class Partition:
     def requeue(self, records: list[MemoryDelivery]) -> None:
         """Put records back in offset order ahead of everything not yet delivered."""
         self.retry = deque(sorted([*records, *self.retry], key=lambda r: r.offset))
+
+    def oldest(self) -> float | None:
+        """The publish time of this partition's oldest record not acked, if any: one out
+        or to deliver again (each taken before anything still pending), else the first
+        pending one."""
+        taken = [d.published for d in self.inflight.values()]
+        if self.retry:
+            taken.append(self.retry[0].published)  # retry is in offset (publish) order
+        if taken:
+            return min(taken)
+        return self.pending[0][4] if self.pending else None
 
 
 class Group:
@@ -91,12 +114,18 @@ class Group:
         self.rr = itertools.cycle(range(partitions))
 
     def put(
-        self, topic: str, payload: bytes, key: str | None, headers: Mapping[str, str] | None
+        self,
+        topic: str,
+        payload: bytes,
+        key: str | None,
+        headers: Mapping[str, str] | None,
+        published: float,
     ) -> None:
-        """Queue a message on its key's partition (the next one in turn without a key)."""
+        """Queue a message on its key's partition (the next one in turn without a key);
+        ``published`` is its publish time (``time.time()``)."""
         parts = self.partitions
         part = parts[hash(key) % len(parts)] if key is not None else parts[next(self.rr)]
-        part.pending.append((topic, payload, key, headers))
+        part.pending.append((topic, payload, key, headers, published))
         self.size += 1
         if self.size >= self.capacity:
             self.space.clear()
@@ -105,6 +134,11 @@ class Group:
         # a call to Event.is_set per message).
         if member is not None and member.idle:
             member.wakeup.set()
+
+    def oldest(self) -> float | None:
+        """The publish time of the group's oldest message not acked (None: none)."""
+        times = [t for part in self.partitions if (t := part.oldest()) is not None]
+        return min(times) if times else None
 
     def rebalance(self) -> None:
         """Assign the partitions over the live members again, after one joined or left."""
@@ -128,9 +162,7 @@ class Hub:
         self.groups: dict[tuple[str, str], Group] = {}
         # The newest messages published on the hub (``retain``): where a group created
         # with start="earliest" begins.
-        self.retained: deque[tuple[str, bytes, str | None, Mapping[str, str] | None]] = deque(
-            maxlen=config.retain
-        )
+        self.retained: deque[Record] = deque(maxlen=config.retain)
         self.routes: dict[str, list[Group]] = {}
         self.refs = 0
 
@@ -168,6 +200,7 @@ class MemoryDelivery:
         "not_before",
         "offset",
         "payload",
+        "published",
         "topic",
     )
 
@@ -180,6 +213,7 @@ class MemoryDelivery:
     headers: Mapping[str, str]
     delivery_count: int  # deliveries so far; _take counts this one
     not_before: float  # loop time before which a nacked one is not redelivered
+    published: float  # when publish took the message (time.time()), for Broker.lag
 
     def _again(self, delivery_count: int, not_before: float) -> MemoryDelivery:
         """The record of this message's next delivery."""
@@ -193,6 +227,7 @@ class MemoryDelivery:
             self.headers,
             delivery_count,
             not_before,
+            self.published,
         )
 
     @property
@@ -262,6 +297,7 @@ def new_delivery(
     headers: Mapping[str, str],
     delivery_count: int,
     not_before: float,
+    published: float,
 ) -> MemoryDelivery:
     """A delivery, made when a member takes a record (once per message and group). A
     function, not ``__init__``: calling a class runs its ``__init__`` through a slower
@@ -276,6 +312,7 @@ def new_delivery(
     delivery.headers = headers
     delivery.delivery_count = delivery_count
     delivery.not_before = not_before
+    delivery.published = published
     return delivery
 
 
@@ -342,9 +379,9 @@ class MemorySubscription:
                 continue
             offset = part.next_offset
             for _ in range(min(limit - len(out), len(pending))):
-                topic, payload, key, headers = pending.popleft()
+                topic, payload, key, headers, published = pending.popleft()
                 delivery = new_delivery(
-                    group, part, offset, topic, payload, key, headers or _EMPTY, 1, 0.0
+                    group, part, offset, topic, payload, key, headers or _EMPTY, 1, 0.0, published
                 )
                 inflight[offset] = delivery
                 out.append(delivery)

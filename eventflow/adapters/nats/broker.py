@@ -28,7 +28,7 @@ from ...errors import (
 from ...groups import check_group, log_new_group
 from ...headers import KEY_HEADER, MESSAGE_ID_HEADER, SEND_ID_HEADER
 from ...patterns import validate_pattern, validate_topic
-from ...ports import StartPosition, Subscription
+from ...ports import Lag, StartPosition, Subscription
 from ...supervision import Supervisor
 from .config import NatsBrokerConfig, consumer_name, group_id, partition_of
 
@@ -37,7 +37,6 @@ try:
     from nats.errors import ConnectionClosedError, MaxPayloadError, NoRespondersError
     from nats.errors import Error as NatsError
     from nats.js import JetStreamContext
-    from nats.js.errors import NotFoundError
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("nats-py", "nats") from exc
 
@@ -45,6 +44,7 @@ from .admin import consumer_exists, ensure_consumer, ensure_kv, ensure_stream
 from .answers import publish_error, too_large, unsent
 from .connection import connect_first, discard, header_bytes
 from .delivery import MSG_ID_HEADER
+from .lag import group_lag
 from .ledger import Leases, ReleaseLedger
 from .subscription import NatsSubscription
 
@@ -393,31 +393,17 @@ class NatsBroker:
             )
         return True
 
-    async def backlog(self, pattern: str, *, group: str) -> int:
-        """What ``group`` still has to handle on ``pattern``: over its partition consumers,
-        the messages not yet delivered (``num_pending``) plus those delivered and not acked
-        (``num_ack_pending``: held by a member, live or dead, or waiting for redelivery).
-        A partition consumer that does not exist (nobody subscribed yet) counts 0. Acks
-        are sent without waiting, so one may count for a moment after ``ack`` returned."""
+    async def lag(self, pattern: str, *, group: str) -> Lag:
+        """What ``group`` has not handled yet on ``pattern`` and when the server stored the
+        oldest of it: over its partition consumers, ``num_pending`` (not yet delivered)
+        plus ``num_ack_pending`` (delivered and not acked: held by a member, live or dead,
+        or waiting for redelivery), and the store time of the first message after each
+        one's ack floor (see :mod:`.lag`). One consumer-info request per partition and one
+        message get per partition with messages pending. A group nobody subscribed yet has
+        ``Lag(0, None)``. Acks are sent without waiting, so one may count for a moment
+        after ``ack`` returned."""
         self._connection()
         js = self._js
         assert js is not None  # set with the connection
         validate_pattern(pattern)
-        cfg = self.config
-        gid = group_id(group, pattern)
-
-        async def one(partition: int) -> int:
-            name = consumer_name(gid, partition)
-            try:
-                info = await js.consumer_info(cfg.stream, name, timeout=cfg.request_timeout)
-            except NotFoundError:
-                return 0
-            except (NatsError, TimeoutError) as exc:
-                raise BrokerError(
-                    f"NATS did not tell the backlog of consumer {name!r} of stream "
-                    f"{cfg.stream!r} ({type(exc).__name__}: {exc}); is the server up?"
-                ) from exc
-            return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-
-        counts = await asyncio.gather(*(one(p) for p in range(cfg.partitions)))
-        return sum(counts)
+        return await group_lag(js, self.config, group_id(group, pattern), pattern)

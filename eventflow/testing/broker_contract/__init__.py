@@ -21,9 +21,9 @@ A network broker's module also subclasses :class:`StartupContract` (the first co
 bounded and interruptible), providing ``broker_at``.
 """
 
-from .backlog import BacklogContract
 from .delivery import DeliveryContract
 from .groups import GroupContract
+from .lag import LagContract
 from .redelivery import RedeliveryContract
 from .starts import StartContract
 from .startup import BrokerAt, StartupContract
@@ -39,10 +39,10 @@ from .support import (
 )
 
 __all__ = [
-    "BacklogContract",
     "BrokerAt",
     "BrokerContract",
     "BrokerFactory",
+    "LagContract",
     "Member",
     "SilentServer",
     "StartContract",
@@ -56,10 +56,10 @@ __all__ = [
 
 
 # Bases in reverse: pytest runs inherited tests in reverse MRO order, so this runs the
-# delivery tests first, then groups, then settling, redelivery and lifecycle, then backlog,
+# delivery tests first, then groups, then settling, redelivery and lifecycle, then lag,
 # then where new groups begin.
 class BrokerContract(
-    StartContract, BacklogContract, RedeliveryContract, GroupContract, DeliveryContract
+    StartContract, LagContract, RedeliveryContract, GroupContract, DeliveryContract
 ):
     """The guarantees of :class:`eventflow.ports.Broker`, as tests every adapter must pass.
 
