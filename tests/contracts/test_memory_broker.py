@@ -284,6 +284,20 @@ async def test_start_earliest_begins_at_the_newest_retain_messages_of_the_hub(
     assert await drain(late, 0.2) == []
 
 
+async def test_retain_bytes_bounds_the_payload_the_hub_keeps(
+    memory_broker: MemoryFactory,
+) -> None:
+    """``retain_bytes`` bounds the kept payloads as well as ``retain`` their count: a
+    ``start="earliest"`` group begins with the newest messages that fit in it."""
+    broker = await _started(memory_broker(retain=100, retain_bytes=25))
+    topic = f"{unique_name()}.cmd"
+    for i in range(4):
+        await broker.publish(topic, b"%d" % i + b"x" * 9, key="k")  # 10 bytes each
+    late = await broker.subscribe(topic, group=unique_name("g"), start="earliest")
+    assert [d.payload[:1] for d in await collect(late, 2)] == [b"2", b"3"]  # 20 of 25 bytes
+    assert await drain(late, 0.2) == []
+
+
 async def test_retain_zero_keeps_nothing_for_new_groups(memory_broker: MemoryFactory) -> None:
     """``retain=0``: a group created with ``start="earliest"`` begins with the next
     message, as with ``"latest"``."""

@@ -38,7 +38,14 @@ if TYPE_CHECKING:
 __all__ = ["MemoryBroker", "MemoryBrokerConfig"]
 
 _SPACE_POLL = 0.05
-_URL_OPTIONS = ("partitions", "max_pending", "publish_timeout", "max_message_bytes", "retain")
+_URL_OPTIONS = (
+    "partitions",
+    "max_pending",
+    "publish_timeout",
+    "max_message_bytes",
+    "retain",
+    "retain_bytes",
+)
 
 
 class MemoryBroker:
@@ -62,7 +69,7 @@ class MemoryBroker:
     @classmethod
     def from_url(cls, url: str) -> MemoryBroker:
         """``memory://[hub][?option=value&...]``, options ``partitions``, ``max_pending``,
-        ``publish_timeout``, ``max_message_bytes`` and ``retain`` (as in
+        ``publish_timeout``, ``max_message_bytes``, ``retain`` and ``retain_bytes`` (as in
         :class:`MemoryBrokerConfig`): brokers opened with one hub name share its groups; an
         unknown option is refused."""
         parts = urlsplit(url)
@@ -80,6 +87,9 @@ class MemoryBroker:
                     url, options, "max_message_bytes", defaults.max_message_bytes
                 ),
                 retain=count_option(url, options, "retain", defaults.retain, minimum=0),
+                retain_bytes=count_option(
+                    url, options, "retain_bytes", defaults.retain_bytes, minimum=0
+                ),
             )
         )
 
@@ -158,7 +168,7 @@ class MemoryBroker:
         now = time.time()  # when the hub took it: after any wait for room
         for group in groups:
             group.put(topic, payload, key, hdrs, now)
-        hub.retained.append((topic, payload, key, hdrs, now))
+        hub.retain((topic, payload, key, hdrs, now))
 
     async def _wait_space(self, groups: Sequence[Group], topic: str) -> None:
         """Wait until none of ``groups`` is full, up to ``publish_timeout`` in all."""

@@ -11,6 +11,7 @@ DEFAULT_MAX_PENDING = 10_000
 DEFAULT_PUBLISH_TIMEOUT = 5.0
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 DEFAULT_RETAIN = 10_000
+DEFAULT_RETAIN_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +25,9 @@ class MemoryBrokerConfig:
     ``MessageRefusedError``.
 
     ``retain``: the hub keeps the newest this many messages published on it (every topic,
-    acked or not, 0 for none), as a stream with a message limit does: where a group created
-    with ``start="earliest"`` begins. The hub takes the settings of the broker that
+    acked or not, 0 for none), and at most ``retain_bytes`` of their payloads (64 MiB), as
+    a stream with message and byte limits does: where a group created with
+    ``start="earliest"`` begins. The hub takes the settings of the broker that
     created it.
     """
 
@@ -35,3 +37,4 @@ class MemoryBrokerConfig:
     publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     retain: int = DEFAULT_RETAIN
+    retain_bytes: int = DEFAULT_RETAIN_BYTES

@@ -160,11 +160,23 @@ class Hub:
     def __init__(self, config: MemoryBrokerConfig) -> None:
         self.config = config
         self.groups: dict[tuple[str, str], Group] = {}
-        # The newest messages published on the hub (``retain``): where a group created
-        # with start="earliest" begins.
-        self.retained: deque[Record] = deque(maxlen=config.retain)
+        # The newest messages published on the hub (``retain``, at most ``retain_bytes``
+        # of payload): where a group created with start="earliest" begins.
+        self.retained: deque[Record] = deque()
+        self.retained_bytes = 0
         self.routes: dict[str, list[Group]] = {}
         self.refs = 0
+
+    def retain(self, record: Record) -> None:
+        """Keep ``record`` among the newest messages, dropping the oldest past ``retain``
+        messages or ``retain_bytes`` of payload."""
+        config, kept = self.config, self.retained
+        if not config.retain:
+            return
+        kept.append(record)
+        self.retained_bytes += len(record[1])
+        while len(kept) > config.retain or self.retained_bytes > config.retain_bytes:
+            self.retained_bytes -= len(kept.popleft()[1])
 
     def route(self, topic: str) -> list[Group]:
         """The groups whose pattern matches ``topic`` (remembered for the next publish)."""
