@@ -6,6 +6,7 @@ bounded where they could grow without limit.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -42,6 +43,8 @@ class MemoryDedupStore:
         # dict's first key is found by scanning the slots its earlier deletions emptied).
         # Plain ids, not (group, id) pairs: no tuple to build and hash per message.
         self._groups: dict[str, tuple[set[str], deque[str]]] = {}
+        # Per group: id -> the compensation that cancelled it (rare: a dict made on demand).
+        self._cancelled: dict[str, dict[str, str]] = {}
 
     async def seen(self, group: str, message_id: str) -> bool:
         """True if ``message_id`` was marked for ``group`` and not yet evicted."""
@@ -52,19 +55,37 @@ class MemoryDedupStore:
         """Record the pair; evicts the group's oldest entry when over capacity."""
         self.record(group, message_id)
 
-    def record(self, group: str, message_id: str) -> None:
-        """``mark`` as a plain call: a memory transaction runs it as it commits (its
-        commit is not a coroutine)."""
+    async def mark_new(
+        self, group: str, message_id: str, *, cancelled_by: str | None = None
+    ) -> bool:
+        """Record the pair unless it is there; True if this call recorded it."""
+        return self.record(group, message_id, cancelled_by=cancelled_by)
+
+    async def cancelled_by(self, group: str, message_id: str) -> str | None:
+        """The compensation that cancelled the pair, if one did (and it is not evicted)."""
+        cancelled = self._cancelled.get(group)
+        return cancelled.get(message_id) if cancelled is not None else None
+
+    def record(self, group: str, message_id: str, *, cancelled_by: str | None = None) -> bool:
+        """``mark_new`` as a plain call: a memory transaction runs it as it commits (its
+        commit is not a coroutine). The first record of a pair is kept."""
         state = self._groups.get(group)
         if state is None:
             state = self._groups[group] = (set(), deque())
         ids, order = state
         if message_id in ids:
-            return
+            return False
         ids.add(message_id)
         order.append(message_id)
+        if cancelled_by is not None:
+            self._cancelled.setdefault(group, {})[message_id] = cancelled_by
         if len(order) > self.capacity:
-            ids.discard(order.popleft())
+            oldest = order.popleft()
+            ids.discard(oldest)
+            cancelled = self._cancelled.get(group)
+            if cancelled is not None:
+                cancelled.pop(oldest, None)
+        return True
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -152,6 +173,9 @@ class MemoryStore(MemoryEventLog):
         self.checkpoints = MemoryCheckpoints(self.leases)
         self.outbox = MemoryOutbox(self.leases)
         self.attempts = MemoryAttempts()
+        # Dedup entries recorded by open transactions: (group, id) -> the transaction and
+        # what a second one recording the pair waits on, as a SQL store's insert waits.
+        self._claims: dict[tuple[str, str], tuple[MemoryTransaction, asyncio.Event]] = {}
 
     @classmethod
     def from_url(cls, url: str) -> MemoryStore:
@@ -163,16 +187,33 @@ class MemoryStore(MemoryEventLog):
     async def transaction(self) -> AsyncIterator[MemoryTransaction]:
         """A transaction buffering eventflow's writes until the block exits normally."""
         tx = MemoryTransaction()
-        yield tx
-        tx.commit()
+        try:
+            yield tx
+            tx.commit()
+        finally:
+            if self._claims:
+                self._release(tx)
 
-    async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
-        """Record a dedup entry when ``tx`` commits."""
+    async def mark_handled(
+        self, group: str, message_id: str, tx: Transaction, *, cancelled_by: str | None = None
+    ) -> None:
+        """Record a dedup entry when ``tx`` commits; raise ``AlreadyHandled`` if the pair is
+        recorded. A pair recorded by another open transaction waits for it to end (then
+        raises if it committed), so two transactions never both record one pair."""
         if not isinstance(tx, MemoryTransaction):
             raise ConfigurationError("mark_handled was given another store's transaction")
-        if await self.dedup.seen(group, message_id):
+        key = (group, message_id)
+        while (claim := self._claims.get(key)) is not None and claim[0] is not tx:
+            await claim[1].wait()
+        if claim is not None or await self.dedup.seen(group, message_id):
             raise AlreadyHandled(group, message_id)
-        tx.defer(lambda: self.dedup.record(group, message_id))
+        self._claims[key] = (tx, asyncio.Event())
+        tx.defer(lambda: self.dedup.record(group, message_id, cancelled_by=cancelled_by))
+
+    def _release(self, tx: MemoryTransaction) -> None:
+        """``tx`` ended: wake the transactions waiting on the pairs it recorded."""
+        for key in [k for k, (owner, _) in self._claims.items() if owner is tx]:
+            self._claims.pop(key)[1].set()
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
         """Nothing to connect to."""
