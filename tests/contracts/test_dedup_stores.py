@@ -156,16 +156,18 @@ class _CountingDedup:
         self.calls.append("seen")
         return await self.inner.seen(group, message_id)
 
-    async def mark(self, group: str, message_id: str) -> None:
-        self.calls.append("mark")
-        await self.inner.mark(group, message_id)
+    async def mark_new(
+        self, group: str, message_id: str, *, cancelled_by: str | None = None
+    ) -> bool:
+        self.calls.append("mark_new")
+        return await self.inner.mark_new(group, message_id, cancelled_by=cancelled_by)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
 
 async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark(waiter: Wait) -> None:
-    """The consumer asks the dedup store it is given through ``seen``/``mark``: a subclass
+    """The consumer asks the dedup store it is given through ``seen``/``mark_new``: a subclass
     overriding them, a forwarding wrapper, and a store swapped in later; an app's own empty
     memory store is used (it has no length yet, and is still the one given)."""
     from eventflow.adapters.memory.store import MemoryDedupStore
@@ -177,9 +179,11 @@ async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark(waiter: Wait)
             self.calls.append("seen")
             return await super().seen(group, message_id)
 
-        async def mark(self, group: str, message_id: str) -> None:
-            self.calls.append("mark")
-            await super().mark(group, message_id)
+        async def mark_new(
+            self, group: str, message_id: str, *, cancelled_by: str | None = None
+        ) -> bool:
+            self.calls.append("mark_new")
+            return await super().mark_new(group, message_id, cancelled_by=cancelled_by)
 
     @subscribe("contract.redis.dupe", group="g")
     async def handle(event: RedisDupe) -> None:
@@ -195,7 +199,7 @@ async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark(waiter: Wait)
             assert app.dedup is store
             await app.publish(RedisDupe(n=1))
             await waiter(lambda: app.stats()["g:contract.redis.dupe"]["handled"] == 1)
-        assert store.calls == ["seen", "mark"]
+        assert store.calls == ["seen", "mark_new"]
 
     plain = MemoryDedupStore()
     async with App(
@@ -207,7 +211,7 @@ async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark(waiter: Wait)
         consumer.dedup = swapped
         await app.publish(RedisDupe(n=2))
         await waiter(lambda: app.stats()["g:contract.redis.dupe"]["handled"] == 1)
-    assert swapped.calls == ["seen", "mark"]
+    assert swapped.calls == ["seen", "mark_new"]
 
 
 @pytest.mark.parametrize("answers", [False, True], ids=["nothing-listens", "silent-server"])
