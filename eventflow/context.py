@@ -8,7 +8,7 @@ from typing import Any
 
 from .envelope import Envelope, derived_id
 from .events import Event, envelope_for, to_envelope
-from .headers import TRACEPARENT_HEADER
+from .headers import COMPENSATES_HEADER, TRACEPARENT_HEADER
 from .patterns import validate_topic
 from .ports import EventStore, Transaction
 from .runtime.host import ConsumerHost
@@ -65,6 +65,18 @@ class Context:
             assert self._fields is not None  # checked in __init__
             env = self._envelope = Envelope._trusted(self._fields)
         return env
+
+    @property
+    def compensates(self) -> str | None:
+        """The envelope id of the command this message undoes (its ``eventflow-compensates``
+        header), or None when it is no compensation. A compensation whose handler runs is
+        one whose command this group handled: one that reaches the group first cancels the
+        command instead, and its handler is not called. Still write it to cope with nothing
+        to undo (the command may have been rejected, or handled without effect, or its dedup
+        record may have expired) and to be retried."""
+        headers = self._fields["headers"] if self._fields is not None else self.envelope.headers
+        value: str | None = headers.get(COMPENSATES_HEADER)
+        return value
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """The store transaction of this handling (SQL stores: your SQL runs in it).

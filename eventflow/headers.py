@@ -1,12 +1,16 @@
-"""The broker header names eventflow reads and writes, in one place.
+"""The header names eventflow reads and writes, in one place.
 
-Broker headers travel beside the envelope (the envelope's own ``headers`` field is part of
-the payload): they let a broker or a consumer act on a message without decoding it.
+Two kinds: broker headers travel beside the envelope and let a broker or a consumer act on
+a message without decoding it; they live and die with one send. Envelope headers are in
+the envelope's own ``headers`` field, part of the payload, so they travel wherever the
+envelope does: through the outbox, dead letters and their replays, the event store and
+the CloudEvents mapping.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "COMPENSATES_HEADER",
     "KEY_HEADER",
     "MESSAGE_ID_HEADER",
     "SEND_ID_HEADER",
@@ -38,3 +42,12 @@ consumers of other groups ack it unhandled, and it is left out of a new dead let
 
 TRACEPARENT_HEADER = "traceparent"
 """Envelope header with the W3C trace context of the message's ``send`` span."""
+
+COMPENSATES_HEADER = "eventflow-compensates"
+"""Envelope header of a compensation: the envelope id of the command it undoes (read in a
+handler as ``ctx.compensates``). A group that has not handled that command yet does not
+call the compensation's handler: it records the command as cancelled by this compensation
+(skipped when it arrives) and the compensation as handled, in one store transaction where
+the dedup store is the app's store. A group that handled the command runs the handler as
+usual. Idempotent subscriptions only: without dedup records (``idempotent=False``) the
+header cancels nothing. See docs/semantics.md, "Compensations"."""

@@ -271,17 +271,33 @@ class Broker(Protocol):
 
 @runtime_checkable
 class DedupStore(Protocol):
-    """Remembers which (group, message id) pairs were handled to completion.
+    """Remembers which (group, message id) pairs were handled to completion, or cancelled
+    by a compensation before they were handled.
 
-    Guarantees: after ``mark`` returns, ``seen`` returns True for that pair in every process
-    sharing the store, for at least the store's retention period.
+    Guarantees: after ``mark`` or ``mark_new`` returns, ``seen`` returns True for that pair
+    in every process sharing the store, for at least the store's retention period. Of
+    concurrent ``mark_new`` calls for one pair, from any processes sharing the store,
+    exactly one returns True, and only its ``cancelled_by`` is recorded (the first record of
+    a pair is never replaced).
     """
 
     async def seen(self, group: str, message_id: str) -> bool:
-        """Return True if ``message_id`` was marked handled for ``group``."""
+        """Return True if ``message_id`` was marked handled (or cancelled) for ``group``."""
 
     async def mark(self, group: str, message_id: str) -> None:
         """Record ``message_id`` as handled for ``group``. Idempotent."""
+
+    async def mark_new(
+        self, group: str, message_id: str, *, cancelled_by: str | None = None
+    ) -> bool:
+        """Record the pair unless it is recorded already; return True if this call recorded
+        it (atomic across processes, see the class). ``cancelled_by``: the message was not
+        handled but cancelled by the compensation with that envelope id, which
+        ``cancelled_by()`` then answers."""
+
+    async def cancelled_by(self, group: str, message_id: str) -> str | None:
+        """The id of the compensation that cancelled ``message_id`` for ``group`` before the
+        group handled it; None if the pair was handled (or is not recorded)."""
 
     async def open(self) -> None:
         """Connect, within the adapter's connect timeout, else raise a ``StoreError`` naming
@@ -764,8 +780,14 @@ class Store(EventStore, Protocol):
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """Begin a transaction; commits when the block exits normally, else rolls back."""
 
-    async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
-        """Record a dedup entry inside ``tx`` (the transactional inbox)."""
+    async def mark_handled(
+        self, group: str, message_id: str, tx: Transaction, *, cancelled_by: str | None = None
+    ) -> None:
+        """Record a dedup entry inside ``tx`` (the transactional inbox), visible once ``tx``
+        commits; raise ``AlreadyHandled`` if the pair is recorded. Two transactions recording
+        one pair never both commit: the later one waits for the first to end (SQL) and
+        raises if it committed. ``cancelled_by``:
+        the message is recorded as cancelled by that compensation (``dedup.cancelled_by``)."""
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
         """Connect (within the adapter's connect timeout, else a ``StoreError`` naming the

@@ -1,10 +1,11 @@
 """The message pipeline: one delivery from its bytes to its ack.
 
 Handling one delivery: skip a replay meant for another group -> decode the envelope ->
-skip if the dedup store has its id -> decode the typed event (upcast, validate) -> call
-the handler with a soft timeout, retrying with backoff -> settle its transaction, if it
-opened one -> send what it published -> mark the id handled -> ack. Bad input and exhausted
-retries go to the dead-letter store before the ack, so nothing is lost.
+skip if the dedup store has its id -> decode the typed event (upcast, validate) -> a
+compensation whose command the group has not handled cancels it instead (``compensation``)
+-> call the handler with a soft timeout, retrying with backoff -> settle its transaction,
+if it opened one -> send what it published -> mark the id handled -> ack. Bad input and
+exhausted retries go to the dead-letter store before the ack, so nothing is lost.
 
 Attempts count handler failures only. A failure is recorded in the store's ``attempts``
 before the next attempt, so a redelivery (after a crash) goes on from the right attempt;
@@ -23,7 +24,6 @@ import asyncio
 import logging
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,8 +40,10 @@ from ..errors import (
 from ..headers import SEND_ID_HEADER, TARGET_GROUP_HEADER
 from ..ports import DeadLetter, Delivery
 from ..subscribe import HandlerSpec, Signature
+from .compensation import Compensations, compensated_command
 from .host import ConsumerHost
 from .settlement import Settlement
+from .stats import ConsumerStats
 from .watchdog import Watch
 
 __all__ = ["ConsumerStats", "CrashLoopError", "Pipeline"]
@@ -60,26 +62,6 @@ class CrashLoopError(Exception):
     reason = "crash-loop"
 
 
-@dataclass(slots=True)
-class ConsumerStats:
-    """Counters of one consumer since it started."""
-
-    received: int = 0
-    handled: int = 0
-    duplicates: int = 0
-    retries: int = 0
-    dead_lettered: int = 0
-    dropped: int = 0
-    given_back: int = 0
-    """Messages given back untouched after a failure around the handler (no attempt spent)."""
-    redelivered: int = 0
-    """Deliveries after one that ended without an outcome (a crash, a stop past the grace)."""
-
-    def as_dict(self) -> dict[str, int]:
-        """The counters as a plain dict."""
-        return asdict(self)
-
-
 class Pipeline:
     """Handles the deliveries of one ``@subscribe`` handler in one group."""
 
@@ -95,6 +77,9 @@ class Pipeline:
         self.stats = ConsumerStats()
         self._log = Throttled(_log)
         self._settlement = Settlement(host.store, group, idempotent=spec.idempotent, name=name)
+        self._compensations = Compensations(
+            host.store, group, idempotent=spec.idempotent, name=name
+        )
         # Ids whose attempt record this process wrote (bounded, oldest forgotten first): a
         # delivery of one of them reads its record even when the broker counts it as a
         # first delivery (it was given back untouched after its failures were recorded).
@@ -152,15 +137,23 @@ class Pipeline:
         # True once the message has (or may have) an attempt record to forget at the end.
         tracked = delivery.delivery_count > 1 or env_id in self._recorded
         if spec.idempotent and await self.dedup.seen(group, env_id):
-            stats.duplicates += 1
+            await self._compensations.skipped(self.dedup, env_id, stats)
             await delivery.ack()
             if tracked:
                 await self._forget(env_id)  # handled, then stopped before it forgot the record
             return
         try:
             env, arg = self._decode(fields)
+            command = compensated_command(fields, env_id)
         except Exception as exc:  # DecodeError, or a validator raising something else
             await self._dead_letter(delivery, env_id, exc, attempts=0)
+            return
+        if command is not None and await self._compensations.arrived(
+            self.dedup, env_id, command, stats
+        ):
+            await delivery.ack()  # cancelled its command: nothing to undo
+            if tracked:
+                await self._forget(env_id)
             return
         try:
             attempt = 0  # handler attempts that failed before this one
@@ -175,9 +168,12 @@ class Pipeline:
                 ctx = Context(self.host, env, group, attempt, fields=fields)
                 error = await self._call(ctx, arg, watch)
                 if ctx._tx is not None:
-                    error = await self._settlement.settle(ctx, env_id, error, self.dedup)
+                    error = await self._settlement.settle(ctx, env_id, error)
                     if isinstance(error, AlreadyHandled):
-                        stats.duplicates += 1
+                        # Rolled back: a copy committed first, or a compensation cancelled it.
+                        await self._compensations.skipped(
+                            self.host.store.dedup, env_id, stats, rolled_back=True
+                        )
                         await delivery.ack()
                         break
                 if error is None:
@@ -272,8 +268,11 @@ class Pipeline:
                 # marked handled, so a replay runs the handler again).
                 await self._dead_letter(delivery, env_id, exc, attempts=attempt)
                 return
-        if self.spec.idempotent and not ctx._committed:
-            await self.dedup.mark(self.group, env_id)
+        dedup = self.dedup
+        # Recorded here unless the transaction committed the record; a dedup store apart
+        # from the store (Redis) cannot join it, so it is marked after the commit too.
+        if self.spec.idempotent and (not ctx._committed or dedup is not self.host.store.dedup):
+            await self._compensations.mark(dedup, env_id, self.stats)
         self.stats.handled += 1
         if self._failures:
             self._failures = 0

@@ -8,9 +8,11 @@ and outbox; the outbox relay sends the messages). On failure, or if the block in
 handler raised, everything rolls back.
 
 Two copies of one message handled at once cannot both commit: the second finds the first's
-dedup entry (``AlreadyHandled``), rolls back and is acked as a duplicate. A failure of
-eventflow's own writes or of the commit is a failure around the handler, not an attempt:
-it raises, and the consumer gives the message back.
+dedup entry (``AlreadyHandled``), rolls back and is acked as a duplicate. So does a message
+that a compensation cancelled while its handler ran (``compensation.py``): the
+compensation's transaction recorded it first, and the handler's effects roll back. A
+failure of eventflow's own writes or of the commit is a failure around the handler, not an
+attempt: it raises, and the consumer gives the message back.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import logging
 
 from ..context import Context
 from ..errors import AlreadyHandled
-from ..ports import DedupStore, Store
+from ..ports import Store
 
 __all__ = ["Settlement"]
 
@@ -36,13 +38,14 @@ class Settlement:
         self.name = name
 
     async def settle(
-        self, ctx: Context, env_id: str, error: BaseException | None, dedup: DedupStore
+        self, ctx: Context, env_id: str, error: BaseException | None
     ) -> BaseException | None:
         """Finish the handler's store transaction: on success write the dedup entry and the
         queued messages into it and commit; on failure roll back. Returns the handler's error
-        (or ``AlreadyHandled``: a copy committed first). A failure of eventflow's own writes
-        or of the commit raises. ``dedup`` is the consumer's dedup store: marked too after
-        the commit when it is not the store's own table."""
+        (or ``AlreadyHandled``: a copy committed first, or a compensation cancelled the
+        message; everything rolled back). A failure of eventflow's own writes or of the
+        commit raises. A dedup store apart from the store (Redis) is the caller's to mark
+        after the commit."""
         if error is None and ctx._tx_failed is not None:
             failed = ctx._tx_failed
             error = RuntimeError(
@@ -64,14 +67,12 @@ class Settlement:
         except BaseException as exc:
             await self.roll_back(ctx, exc)
             if isinstance(exc, AlreadyHandled):
-                return exc  # a copy handled concurrently elsewhere committed first
+                # A copy handled concurrently elsewhere committed first, or a compensation
+                # cancelled this message meanwhile: its effects rolled back with it.
+                return exc
             raise
         await ctx._finish_transaction(None)
         ctx._committed = True
-        if self.idempotent and dedup is not store.dedup:
-            # A separate dedup store (Redis) cannot join the SQL transaction: mark it too,
-            # right after the commit, so copies are skipped there as well.
-            await dedup.mark(self.group, env_id)
         return None
 
     async def roll_back(self, ctx: Context, cause: BaseException) -> None:

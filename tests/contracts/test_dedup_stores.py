@@ -1,4 +1,5 @@
-"""The DedupStore port on every adapter: memory, SQLite, PostgreSQL and Redis."""
+"""The DedupStore port on every adapter: memory, SQLite, PostgreSQL and Redis (the contract of
+``eventflow.testing.dedup_contract``), and the consumer's use of a dedup store."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from eventflow.adapters.redis import RedisDedupStore
 from eventflow.ports import DedupStore, Store
 from eventflow.stores import dedup_for, store_for
 from eventflow.testing.broker_contract import SilentServer
+from eventflow.testing.dedup_contract import DedupContract, DedupFactory, dedup_pool
 from eventflow.testing.postgres import isolated_schema, postgres_url
 from eventflow.testing.redis import redis_url
 from eventflow.testing.services import free_port
+from eventflow.testing.store_contract import store_pool
 
 Wait = Callable[..., Awaitable[None]]
 
@@ -28,41 +31,56 @@ class RedisDupe(Event, type="contract.redis.dupe"):
     n: int
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres", "redis"])
-async def dedup(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[DedupStore]:
-    kind = request.param
-    if kind == "redis":
-        store = dedup_for(f"{redis_url()}?prefix=t{uuid.uuid4().hex}&retention=60")
-        yield store
+class TestMemoryDedup(DedupContract):
+    """The memory store's dedup: one process, so every "store" is the same one."""
+
+    @pytest.fixture
+    async def dedup_factory(self) -> AsyncIterator[DedupFactory]:
+        store: Store = store_for("memory://")
+        await store.open()
+        async with dedup_pool(lambda: store.dedup) as factory:
+            yield factory
         await store.close()
-        return
-    if kind == "postgres":
-        async with isolated_schema(postgres_url()) as url:
-            pg: Store = store_for(url)
-            await pg.open()
-            yield pg.dedup
-            await pg.close()
-        return
-    s: Store = store_for("memory://" if kind == "memory" else f"sqlite:///{tmp_path / 'd.db'}")
-    await s.open()
-    yield s.dedup
-    await s.close()
 
 
-async def test_mark_then_seen_per_group(dedup: DedupStore) -> None:
-    assert not await dedup.seen("g1", "m-1")
-    await dedup.mark("g1", "m-1")
-    assert await dedup.seen("g1", "m-1")
-    assert not await dedup.seen("g2", "m-1")  # groups are separate
-    assert not await dedup.seen("g1", "m-2")
+class TestSqliteDedup(DedupContract):
+    """The ``ef_dedup`` table of one SQLite file, opened by a store per "process"."""
+
+    @pytest.fixture
+    async def dedup_factory(self, tmp_path: Path) -> AsyncIterator[DedupFactory]:
+        url = f"sqlite:///{tmp_path / 'd.db'}"
+        async with store_pool(lambda: store_for(url)) as stores:
+
+            async def factory() -> DedupStore:
+                return (await stores()).dedup
+
+            yield factory
 
 
-async def test_mark_is_idempotent_and_close_is_repeatable(dedup: DedupStore) -> None:
-    await dedup.mark("g", "m")
-    await dedup.mark("g", "m")
-    assert await dedup.seen("g", "m")
-    await dedup.close()
-    await dedup.close()
+class TestPostgresDedup(DedupContract):
+    """The ``ef_dedup`` table of a schema of the test's own, one store per "process"."""
+
+    @pytest.fixture
+    async def dedup_factory(self) -> AsyncIterator[DedupFactory]:
+        async with (
+            isolated_schema(postgres_url()) as url,
+            store_pool(lambda: store_for(url)) as stores,
+        ):
+
+            async def factory() -> DedupStore:
+                return (await stores()).dedup
+
+            yield factory
+
+
+class TestRedisDedup(DedupContract):
+    """Redis, keys under a prefix of the test's own, one client per "process"."""
+
+    @pytest.fixture
+    async def dedup_factory(self) -> AsyncIterator[DedupFactory]:
+        url = f"{redis_url()}?prefix=t{uuid.uuid4().hex}&retention=60"
+        async with dedup_pool(lambda: dedup_for(url)) as factory:
+            yield factory
 
 
 async def test_redis_entries_expire(tmp_path: Path) -> None:
@@ -138,16 +156,18 @@ class _CountingDedup:
         self.calls.append("seen")
         return await self.inner.seen(group, message_id)
 
-    async def mark(self, group: str, message_id: str) -> None:
-        self.calls.append("mark")
-        await self.inner.mark(group, message_id)
+    async def mark_new(
+        self, group: str, message_id: str, *, cancelled_by: str | None = None
+    ) -> bool:
+        self.calls.append("mark_new")
+        return await self.inner.mark_new(group, message_id, cancelled_by=cancelled_by)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
 
 async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark(waiter: Wait) -> None:
-    """The consumer asks the dedup store it is given through ``seen``/``mark``: a subclass
+    """The consumer asks the dedup store it is given through ``seen``/``mark_new``: a subclass
     overriding them, a forwarding wrapper, and a store swapped in later; an app's own empty
     memory store is used (it has no length yet, and is still the one given)."""
     from eventflow.adapters.memory.store import MemoryDedupStore
@@ -159,9 +179,11 @@ async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark(waiter: Wait)
             self.calls.append("seen")
             return await super().seen(group, message_id)
 
-        async def mark(self, group: str, message_id: str) -> None:
-            self.calls.append("mark")
-            await super().mark(group, message_id)
+        async def mark_new(
+            self, group: str, message_id: str, *, cancelled_by: str | None = None
+        ) -> bool:
+            self.calls.append("mark_new")
+            return await super().mark_new(group, message_id, cancelled_by=cancelled_by)
 
     @subscribe("contract.redis.dupe", group="g")
     async def handle(event: RedisDupe) -> None:
@@ -177,7 +199,7 @@ async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark(waiter: Wait)
             assert app.dedup is store
             await app.publish(RedisDupe(n=1))
             await waiter(lambda: app.stats()["g:contract.redis.dupe"]["handled"] == 1)
-        assert store.calls == ["seen", "mark"]
+        assert store.calls == ["seen", "mark_new"]
 
     plain = MemoryDedupStore()
     async with App(
@@ -189,7 +211,7 @@ async def test_the_consumer_keeps_a_dedup_stores_own_seen_and_mark(waiter: Wait)
         consumer.dedup = swapped
         await app.publish(RedisDupe(n=2))
         await waiter(lambda: app.stats()["g:contract.redis.dupe"]["handled"] == 1)
-    assert swapped.calls == ["seen", "mark"]
+    assert swapped.calls == ["seen", "mark_new"]
 
 
 @pytest.mark.parametrize("answers", [False, True], ids=["nothing-listens", "silent-server"])

@@ -251,3 +251,28 @@ async def test_an_open_restores_the_trap_trigger_of_an_upgraded_schema() -> None
                 await conn.execute("INSERT INTO ef_positions (position, id) VALUES (1, 1)")
         finally:
             await conn.close()
+
+
+async def test_a_dedup_table_of_an_earlier_version_gets_its_cancellation_column() -> None:
+    """``ef_dedup`` made before compensations could cancel commands has no ``cancelled_by``:
+    the open adds it, keeping the entries (plain handled ones), and cancellations work."""
+    async with isolated_schema(postgres_url()) as url:
+        store = _store(url)
+        conn = await _connect(store)
+        try:
+            await conn.execute(
+                'CREATE TABLE ef_dedup (grp text COLLATE "C" NOT NULL, message_id text '
+                'COLLATE "C" NOT NULL, handled_at timestamptz NOT NULL DEFAULT now(), '
+                "PRIMARY KEY (grp, message_id))"
+            )
+            await conn.execute("INSERT INTO ef_dedup (grp, message_id) VALUES ('g', 'old')")
+            await store.open()
+            try:
+                assert await store.dedup.seen("g", "old")
+                assert await store.dedup.cancelled_by("g", "old") is None
+                assert await store.dedup.mark_new("g", "new", cancelled_by="undo")
+                assert await store.dedup.cancelled_by("g", "new") == "undo"
+            finally:
+                await store.close()
+        finally:
+            await conn.close()

@@ -40,7 +40,17 @@ class _FlakyDedup:
         return (group, message_id) in self.marked
 
     async def mark(self, group: str, message_id: str) -> None:
+        await self.mark_new(group, message_id)
+
+    async def mark_new(
+        self, group: str, message_id: str, *, cancelled_by: str | None = None
+    ) -> bool:
+        new = (group, message_id) not in self.marked
         self.marked.add((group, message_id))
+        return new
+
+    async def cancelled_by(self, group: str, message_id: str) -> str | None:
+        return None
 
     async def open(self) -> None:
         return None

@@ -76,6 +76,30 @@ async def test_dedup_marks_persist_across_reopen(tmp_path: Path) -> None:
         await reopened.close()
 
 
+async def test_a_dedup_table_of_an_earlier_version_gets_its_cancellation_column(
+    tmp_path: Path,
+) -> None:
+    """A file whose ``ef_dedup`` predates ``cancelled_by`` gets the column at open, keeping
+    its entries (plain handled ones); cancellations work."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE ef_dedup (grp TEXT NOT NULL, message_id TEXT NOT NULL, "
+            "handled_at REAL NOT NULL, PRIMARY KEY (grp, message_id)) WITHOUT ROWID"
+        )
+        conn.execute("INSERT INTO ef_dedup VALUES ('g', 'old', 1.0)")
+    conn.close()
+    store = SqliteStore.from_url(f"sqlite:///{path}")
+    await store.open()
+    try:
+        assert await store.dedup.seen("g", "old")
+        assert await store.dedup.cancelled_by("g", "old") is None
+        assert await store.dedup.mark_new("g", "new", cancelled_by="undo")
+        assert await store.dedup.cancelled_by("g", "new") == "undo"
+    finally:
+        await store.close()
+
+
 async def test_dedup_is_shared_by_two_stores_on_one_file(tmp_path: Path) -> None:
     async with open_store(url(tmp_path)) as a, open_store(url(tmp_path)) as b:
         await a.dedup.mark("g", "shared")

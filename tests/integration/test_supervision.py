@@ -189,7 +189,7 @@ async def test_a_component_failing_past_give_up_after_stops_serve_with_its_error
 
 
 class FaultyDedup:
-    """A dedup store whose first ``seen`` calls (``failing_seen``) or first ``mark`` calls
+    """A dedup store whose first ``seen`` calls (``failing_seen``) or first marks
     (``failing_marks``) fail like a dropped connection."""
 
     def __init__(self, *, failing_seen: int = 0, failing_marks: int = 0) -> None:
@@ -204,10 +204,20 @@ class FaultyDedup:
         return message_id in self.marked
 
     async def mark(self, group: str, message_id: str) -> None:
+        await self.mark_new(group, message_id)
+
+    async def mark_new(
+        self, group: str, message_id: str, *, cancelled_by: str | None = None
+    ) -> bool:
         if self.failing_marks:
             self.failing_marks -= 1
             raise OSError("the store went away")
+        new = message_id not in self.marked
         self.marked.add(message_id)
+        return new
+
+    async def cancelled_by(self, group: str, message_id: str) -> str | None:
+        return None
 
     async def open(self) -> None:
         return None

@@ -9,6 +9,7 @@ import pytest
 from eventflow import Envelope, MalformedMessageError
 from eventflow.cloudevents import from_cloudevent, to_cloudevent
 from eventflow.envelope import new_traceparent
+from eventflow.headers import COMPENSATES_HEADER
 
 # Context attributes defined by the CloudEvents 1.0 spec itself; every other key is an extension.
 SPEC_ATTRIBUTES = {
@@ -163,6 +164,24 @@ def test_headers_that_are_not_valid_extension_names_travel_packed() -> None:
     assert ce["specversion"] == "1.0"
     assert ce["id"] != "a header called id"
     assert ce["eventversion"] == 4
+
+
+def test_a_compensations_header_survives_the_cloudevents_mapping() -> None:
+    """``eventflow-compensates`` is no valid extension name (a hyphen): it travels packed
+    in ``eventflowheaders`` and comes back as the same envelope header, beside others."""
+    env = Envelope.create(
+        "shop.stock.release",
+        {"order_id": "o-1"},
+        key="o-1",
+        headers={COMPENSATES_HEADER: "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", "traceparent": "t"},
+    )
+    ce = orjson.loads(orjson.dumps(to_cloudevent(env)))  # through JSON, as on the wire
+    assert orjson.loads(ce["eventflowheaders"]) == {
+        COMPENSATES_HEADER: env.headers[COMPENSATES_HEADER]
+    }
+    back = from_cloudevent(ce)
+    assert back == env
+    assert back.headers[COMPENSATES_HEADER] == "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
 
 
 def test_foreign_cloudevent_with_unknown_extensions() -> None:

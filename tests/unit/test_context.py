@@ -6,6 +6,7 @@ import pytest
 
 from eventflow import Context, Envelope
 from eventflow.envelope import _wire_fields
+from eventflow.headers import COMPENSATES_HEADER
 
 
 def test_a_consumer_context_builds_its_envelope_when_first_read() -> None:
@@ -60,3 +61,15 @@ async def test_a_published_event_keeps_the_handled_messages_key_unless_given() -
     assert (await ctx.publish(UtCtxOut(n=2), key="other")).key == "other"
     keyless = Context(cast(Any, _App()), Envelope.create("ut.ctx.in", {}), "g", 1)
     assert (await keyless.publish(UtCtxOut(n=3))).key is None
+
+
+def test_compensates_names_the_command_a_compensation_undoes() -> None:
+    """``ctx.compensates`` is the ``eventflow-compensates`` header, from the envelope or
+    from the consumer's wire fields; None for a message that is no compensation."""
+    undo = Envelope.create("ut.ctx.undo", {}, headers={COMPENSATES_HEADER: "cmd-1"})
+    plain = Envelope.create("ut.ctx.plain", {}, headers={"traceparent": "t"})
+    assert Context(cast(Any, None), undo, "g", 1).compensates == "cmd-1"
+    lazy = Context(cast(Any, None), None, "g", 1, fields=_wire_fields(undo.to_bytes()))
+    assert lazy.compensates == "cmd-1"
+    assert lazy._envelope is None  # read without building the envelope
+    assert Context(cast(Any, None), plain, "g", 1).compensates is None

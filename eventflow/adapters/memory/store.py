@@ -19,6 +19,7 @@ from .attempts import MemoryAttempts
 from .events import MemoryEventLog
 from .leases import MemoryCheckpoints, MemoryLeases
 from .outbox import MemoryOutbox
+from .transactions import MemoryTransaction
 
 if TYPE_CHECKING:
     from ...supervision import Supervisor
@@ -44,6 +45,8 @@ class MemoryDedupStore:
         # dict's first key is found by scanning the slots its earlier deletions emptied).
         # Plain ids, not (group, id) pairs: no tuple to build and hash per message.
         self._groups: dict[str, tuple[set[str], deque[str]]] = {}
+        # Per group: id -> the compensation that cancelled it (rare: a dict made on demand).
+        self._cancelled: dict[str, dict[str, str]] = {}
 
     async def seen(self, group: str, message_id: str) -> bool:
         """True if ``message_id`` was marked for ``group`` and not yet evicted."""
@@ -54,19 +57,37 @@ class MemoryDedupStore:
         """Record the pair; evicts the group's oldest entry when over capacity."""
         self.record(group, message_id)
 
-    def record(self, group: str, message_id: str) -> None:
-        """``mark`` as a plain call: a memory transaction runs it as it commits (its
-        commit is not a coroutine)."""
+    async def mark_new(
+        self, group: str, message_id: str, *, cancelled_by: str | None = None
+    ) -> bool:
+        """Record the pair unless it is there; True if this call recorded it."""
+        return self.record(group, message_id, cancelled_by=cancelled_by)
+
+    async def cancelled_by(self, group: str, message_id: str) -> str | None:
+        """The compensation that cancelled the pair, if one did (and it is not evicted)."""
+        cancelled = self._cancelled.get(group)
+        return cancelled.get(message_id) if cancelled is not None else None
+
+    def record(self, group: str, message_id: str, *, cancelled_by: str | None = None) -> bool:
+        """``mark_new`` as a plain call: a memory transaction runs it as it commits (its
+        commit is not a coroutine). The first record of a pair is kept."""
         state = self._groups.get(group)
         if state is None:
             state = self._groups[group] = (set(), deque())
         ids, order = state
         if message_id in ids:
-            return
+            return False
         ids.add(message_id)
         order.append(message_id)
+        if cancelled_by is not None:
+            self._cancelled.setdefault(group, {})[message_id] = cancelled_by
         if len(order) > self.capacity:
-            ids.discard(order.popleft())
+            oldest = order.popleft()
+            ids.discard(oldest)
+            cancelled = self._cancelled.get(group)
+            if cancelled is not None:
+                cancelled.pop(oldest, None)
+        return True
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -173,6 +194,9 @@ class MemoryStore(MemoryEventLog):
         self.checkpoints = MemoryCheckpoints(self.leases, self._scope)
         self.outbox = MemoryOutbox(self.leases, self._scope)
         self.attempts = MemoryAttempts()
+        # Dedup entries recorded by open transactions: (group, id) -> the transaction. A
+        # second one recording the pair waits for it to end, as a SQL store's insert waits.
+        self._claims: dict[tuple[str, str], MemoryTransaction] = {}
 
     @classmethod
     def from_url(cls, url: str) -> MemoryStore:
@@ -180,13 +204,22 @@ class MemoryStore(MemoryEventLog):
         url_options(url, (), kind="memory store")
         return cls(url)
 
-    async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
-        """Record a dedup entry when ``tx`` commits."""
+    async def mark_handled(
+        self, group: str, message_id: str, tx: Transaction, *, cancelled_by: str | None = None
+    ) -> None:
+        """Record a dedup entry when ``tx`` commits; raise ``AlreadyHandled`` if the pair is
+        recorded. A pair recorded by another open transaction waits for it to end (then
+        raises if it committed), so two transactions never both record one pair."""
         joined = self._scope.of(tx)
         assert joined is not None  # of() returns the transaction it was given
-        if await self.dedup.seen(group, message_id):
+        key = (group, message_id)
+        while (owner := self._claims.get(key)) is not None and owner is not joined:
+            await owner.ended()
+        if owner is not None or await self.dedup.seen(group, message_id):
             raise AlreadyHandled(group, message_id)
-        joined.defer(lambda: self.dedup.record(group, message_id))
+        self._claims[key] = joined
+        joined.on_end(lambda: self._claims.pop(key, None))
+        joined.defer(lambda: self.dedup.record(group, message_id, cancelled_by=cancelled_by))
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
         """Nothing to connect to."""

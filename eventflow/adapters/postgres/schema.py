@@ -1,5 +1,6 @@
 """The PostgreSQL schema of eventflow: tables, indexes, two functions, and the upgrade of
-schemas made by earlier versions.
+schemas made by earlier versions (``ef_dedup`` is in ``dedup.py``, ``ef_attempts`` in
+``attempts.py``).
 
 ``ef_append_v3`` appends a batch to a stream: it checks the expected version, skips event
 ids already stored and inserts the rest. ``ef_sequence_v3`` gives the next positions to the
@@ -101,13 +102,6 @@ CREATE TABLE IF NOT EXISTS ef_leases (
     epoch bigint NOT NULL,
     expires_at timestamptz NOT NULL
 );
-CREATE TABLE IF NOT EXISTS ef_dedup (
-    grp text COLLATE "C" NOT NULL,
-    message_id text COLLATE "C" NOT NULL,
-    handled_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (grp, message_id)
-);
-CREATE INDEX IF NOT EXISTS ef_dedup_age ON ef_dedup (handled_at);
 CREATE TABLE IF NOT EXISTS ef_dead_letters (
     seq bigserial PRIMARY KEY,
     id text NOT NULL UNIQUE,

@@ -16,6 +16,7 @@ from ...ports import DeadLetter, Heartbeat, Transaction
 from .attempts import ATTEMPTS_SQL, PostgresAttempts
 from .clock import PostgresClock
 from .db import PostgresConfig, PostgresDatabase, PostgresTransaction
+from .dedup import DEDUP_SQL, INSERT_DEDUP, PostgresDedupStore
 from .events import PostgresEventLog
 from .leases import FENCE, LEASE_CHANNEL, PostgresLeases, fence_args, writing
 from .outbox import PostgresOutbox
@@ -25,8 +26,6 @@ if TYPE_CHECKING:
     from ...supervision import Supervisor
 
 __all__ = ["PostgresStore"]
-
-DEFAULT_DEDUP_RETENTION = 7 * 24 * 3600.0
 
 # Writes made under a lease: one statement each, whose FENCE query locks the lease's row
 # (FOR SHARE) until the statement's transaction ends, the caller's or its own. They return
@@ -40,49 +39,6 @@ _DELETE_FENCED = (
     f"WITH {FENCE}, gone AS (DELETE FROM ef_checkpoints WHERE name = $4 "
     "AND EXISTS (SELECT 1 FROM fence)) SELECT 1 FROM fence"
 )
-
-
-class PostgresDedupStore:
-    """Handled (group, id) pairs in ``ef_dedup``."""
-
-    def __init__(self, db: PostgresDatabase, retention: float = DEFAULT_DEDUP_RETENTION) -> None:
-        self._db = db
-        self.retention = retention
-
-    async def seen(self, group: str, message_id: str) -> bool:
-        """True if the pair was marked by any process."""
-        async with self._db.connection() as conn:
-            return bool(
-                await conn.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM ef_dedup WHERE grp = $1 AND message_id = $2)",
-                    group,
-                    message_id,
-                )
-            )
-
-    async def mark(self, group: str, message_id: str) -> None:
-        """Record the pair (inside the context's transaction, if one is open)."""
-        async with self._db.connection() as conn:
-            await conn.execute(
-                "INSERT INTO ef_dedup (grp, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-                group,
-                message_id,
-            )
-
-    async def prune(self) -> int:
-        """Delete entries older than the retention; return how many."""
-        async with self._db.connection() as conn:
-            status = await conn.execute(
-                "DELETE FROM ef_dedup WHERE handled_at < $1",
-                datetime.now(UTC) - timedelta(seconds=self.retention),
-            )
-        return int(status.split()[-1])
-
-    async def open(self) -> None:
-        """The pool is opened by the store."""
-
-    async def close(self) -> None:
-        """The pool is closed by the store."""
 
 
 class PostgresDeadLetterStore:
@@ -321,7 +277,7 @@ class PostgresStore(PostgresEventLog):
         """Connect, create the schema if needed and start the sequencer. Idempotent."""
         if self._opened:
             return
-        await self.db.open(SCHEMA_SQL + ATTEMPTS_SQL)
+        await self.db.open(SCHEMA_SQL + DEDUP_SQL + ATTEMPTS_SQL)
         try:
             await self._start_events(supervisor)
         except BaseException:
@@ -351,16 +307,13 @@ class PostgresStore(PostgresEventLog):
         """A transaction every store call of this context joins until the block exits."""
         return self.db.transaction()
 
-    async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
+    async def mark_handled(
+        self, group: str, message_id: str, tx: Transaction, *, cancelled_by: str | None = None
+    ) -> None:
         """Record a dedup entry inside ``tx``; raise ``AlreadyHandled`` if a copy committed
         one first (a concurrent copy's insert waits for the first transaction, then finds its
         row)."""
         async with self.db.connection(tx) as conn:
-            inserted = await conn.fetchval(
-                "INSERT INTO ef_dedup (grp, message_id) VALUES ($1, $2) "
-                "ON CONFLICT DO NOTHING RETURNING 1",
-                group,
-                message_id,
-            )
+            inserted = await conn.fetchval(INSERT_DEDUP, group, message_id, cancelled_by)
         if inserted is None:
             raise AlreadyHandled(group, message_id)

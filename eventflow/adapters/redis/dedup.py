@@ -2,7 +2,9 @@
 
 Use it when consumers share no SQL store, or to keep dedup traffic off the database:
 ``App(..., dedup="redis://127.0.0.1:6379/0")``. Each pair is one key
-``<prefix>:<group>:<id>`` set with ``SET ... NX EX retention``; ``seen`` is ``EXISTS``. A
+``<prefix>:<group>:<id>`` set with ``SET ... NX EX retention``; ``seen`` is ``EXISTS``. Its
+value is ``1`` for a handled message, or a JSON object ``{"cancelled_by": "<id>"}`` for one
+a compensation cancelled before it was handled (one ``SET NX``: the first record wins). A
 Redis dedup entry cannot join a SQL transaction: with ``ctx.transaction()`` the app keeps
 using its store's own dedup table for that handling.
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+import orjson
 
 from ...errors import ConfigurationError, MissingDependencyError, StoreError
 from ...urls import count_option, redact_url, seconds_option, url_options
@@ -113,10 +117,38 @@ class RedisDedupStore:
 
     async def mark(self, group: str, message_id: str) -> None:
         """Record the pair for ``retention`` seconds. Idempotent."""
+        await self.mark_new(group, message_id)
+
+    async def mark_new(
+        self, group: str, message_id: str, *, cancelled_by: str | None = None
+    ) -> bool:
+        """Record the pair for ``retention`` seconds unless it is there (``SET NX``); True if
+        this call recorded it."""
+        value: bytes | int = 1
+        if cancelled_by is not None:
+            value = orjson.dumps({"cancelled_by": cancelled_by})
         try:
-            await self._redis().set(self._key(group, message_id), 1, ex=self.retention, nx=True)
+            added = await self._redis().set(
+                self._key(group, message_id), value, ex=self.retention, nx=True
+            )
         except (RedisError, OSError) as exc:
             raise StoreError(f"Redis dedup mark failed on {redact_url(self.url)}: {exc}") from exc
+        return bool(added)
+
+    async def cancelled_by(self, group: str, message_id: str) -> str | None:
+        """The compensation that cancelled the pair, if one did (within the retention)."""
+        try:
+            raw = await self._redis().get(self._key(group, message_id))
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"Redis dedup check failed on {redact_url(self.url)}: {exc}") from exc
+        if raw is None:
+            return None
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None  # not written by eventflow: a plain record
+        by = value.get("cancelled_by") if isinstance(value, dict) else None
+        return by if isinstance(by, str) else None
 
     async def close(self) -> None:
         """Close the connection pool. Idempotent."""

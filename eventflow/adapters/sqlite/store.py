@@ -1,4 +1,5 @@
-"""The ``sqlite:///path.db`` store: dedup, dead letters and heartbeats in one SQLite file."""
+"""The ``sqlite:///path.db`` store: the event log, dedup (``dedup.py``), dead letters,
+heartbeats, checkpoints, outbox and leases in one SQLite file."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ...urls import seconds_option, url_options
 from .attempts import ATTEMPTS_SCHEMA, SqliteAttempts
 from .clock import SqliteClock
 from .db import DEFAULT_BUSY_TIMEOUT, SqliteDatabase, SqliteTransaction
+from .dedup import DEDUP_SCHEMA, SqliteDedupStore, record
 from .events import (
     EVENTS_SCHEMA,
     SqliteCheckpoints,
@@ -31,21 +33,11 @@ from .outbox import SqliteOutbox
 if TYPE_CHECKING:
     from ...supervision import Supervisor
 
-__all__ = ["SqliteDeadLetterStore", "SqliteDedupStore", "SqliteHeartbeats", "SqliteStore"]
+__all__ = ["SqliteDeadLetterStore", "SqliteHeartbeats", "SqliteStore"]
 
-DEFAULT_DEDUP_RETENTION = 7 * 24 * 3600.0
 URL_OPTIONS = ("busy_timeout", "lease_ttl")
-_CACHE_SIZE = 100_000
-_PRUNE_EVERY = 10_000
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS ef_dedup (
-    grp TEXT NOT NULL,
-    message_id TEXT NOT NULL,
-    handled_at REAL NOT NULL,
-    PRIMARY KEY (grp, message_id)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS ef_dedup_age ON ef_dedup (handled_at);
 CREATE TABLE IF NOT EXISTS ef_dead_letters (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE,
@@ -78,6 +70,7 @@ CREATE TABLE IF NOT EXISTS ef_heartbeats (
 _ADDED_COLUMNS = (
     ("ef_heartbeats", "health", "TEXT NOT NULL DEFAULT 'ok'"),
     ("ef_heartbeats", "problems", "TEXT NOT NULL DEFAULT '[]'"),
+    ("ef_dedup", "cancelled_by", "TEXT"),
 )
 
 
@@ -87,54 +80,6 @@ def _add_columns(conn: sqlite3.Connection) -> None:
         have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
         if column not in have:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
-
-
-class SqliteDedupStore:
-    """Handled (group, id) pairs in ``ef_dedup``, kept ``retention`` seconds.
-
-    A bounded in-process cache answers repeated ``seen`` for ids this process marked.
-    """
-
-    def __init__(self, db: SqliteDatabase, retention: float = DEFAULT_DEDUP_RETENTION) -> None:
-        self._db = db
-        self.retention = retention
-        self._cache: dict[tuple[str, str], None] = {}
-        self._marks = 0
-
-    async def seen(self, group: str, message_id: str) -> bool:
-        """True if the pair was marked (by any process using this file)."""
-        if (group, message_id) in self._cache:
-            return True
-        rows = await self._db.query(
-            "SELECT 1 FROM ef_dedup WHERE grp = ? AND message_id = ?", (group, message_id)
-        )
-        return bool(rows)
-
-    async def mark(self, group: str, message_id: str) -> None:
-        """Record the pair (idempotent); prunes expired pairs now and then."""
-        self._marks += 1
-        prune = self._marks % _PRUNE_EVERY == 0
-        await self._db.run(self._mark, group, message_id, time.time(), prune)
-        cache = self._cache
-        cache[(group, message_id)] = None
-        if len(cache) > _CACHE_SIZE:
-            del cache[next(iter(cache))]
-
-    def _mark(
-        self, conn: sqlite3.Connection, group: str, message_id: str, now: float, prune: bool
-    ) -> None:
-        conn.execute(
-            "INSERT OR IGNORE INTO ef_dedup (grp, message_id, handled_at) VALUES (?, ?, ?)",
-            (group, message_id, now),
-        )
-        if prune:
-            conn.execute("DELETE FROM ef_dedup WHERE handled_at < ?", (now - self.retention,))
-
-    async def open(self) -> None:
-        """The database is opened by its store."""
-
-    async def close(self) -> None:
-        """The database is closed by its store."""
 
 
 def _letter(row: tuple[object, ...]) -> DeadLetter:
@@ -340,18 +285,13 @@ class SqliteStore(SqliteEventLog):
         """One transaction on the store's connection; the task's store calls join it."""
         return self.db.transaction()
 
-    async def mark_handled(self, group: str, message_id: str, tx: Transaction) -> None:
+    async def mark_handled(
+        self, group: str, message_id: str, tx: Transaction, *, cancelled_by: str | None = None
+    ) -> None:
         """Record a dedup entry inside ``tx`` (visible on commit); raise ``AlreadyHandled``
-        if a copy committed one first."""
-        inserted = await self.db.run_in(
-            tx,
-            lambda conn: (
-                conn.execute(
-                    "INSERT OR IGNORE INTO ef_dedup (grp, message_id, handled_at) VALUES (?, ?, ?)",
-                    (group, message_id, time.time()),
-                ).rowcount
-            ),
-        )
+        if a copy committed one first (transactions on one file are serialized: a second
+        one begins only after the first ended)."""
+        inserted = await self.db.run_in(tx, record, group, message_id, cancelled_by, time.time())
         if not inserted:
             raise AlreadyHandled(group, message_id)
 
@@ -364,7 +304,7 @@ class SqliteStore(SqliteEventLog):
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
         """Open the file and create (or upgrade) the tables if needed. Idempotent."""
-        await self.db.open(SCHEMA + EVENTS_SCHEMA + ATTEMPTS_SCHEMA)
+        await self.db.open(SCHEMA + DEDUP_SCHEMA + EVENTS_SCHEMA + ATTEMPTS_SCHEMA)
         await upgrade_events_schema(self.db)
         await self.db.run(_add_columns)
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from ...envelope import Envelope, new_id
-from ...errors import ConfigurationError
+from ...errors import AlreadyHandled, ConfigurationError
 from ...ports import OutboxMessage, Store
 from ..broker_contract import unique_name
 from .support import Happened, StoreContractBase, StoreFactory
@@ -210,6 +210,80 @@ class TransactionContract(StoreContractBase):
         assert await store.checkpoints.get(name) == 1
         self._check_outbox(await store.outbox.pending(), [(topic, first)])
         assert await store.dedup.seen(group, first.id)
+
+    async def test_mark_handled_records_a_cancellation(self, store_factory: StoreFactory) -> None:
+        """``mark_handled(cancelled_by=...)`` records who cancelled the pair, visible to
+        every store of the backend once committed; a plain entry has none; a recorded pair
+        raises ``AlreadyHandled`` (in the same transaction too)."""
+        store, other = await store_factory(), await store_factory()
+        group, command, compensation = unique_name("g"), new_id(), new_id()
+        async with store.transaction() as tx:
+            await store.mark_handled(group, command, tx, cancelled_by=compensation)
+            await store.mark_handled(group, compensation, tx)
+            with pytest.raises(AlreadyHandled):
+                await store.mark_handled(group, command, tx)
+        assert await other.dedup.seen(group, command)
+        assert await other.dedup.cancelled_by(group, command) == compensation
+        assert await other.dedup.cancelled_by(group, compensation) is None
+        with pytest.raises(AlreadyHandled):
+            async with other.transaction() as tx:
+                await other.mark_handled(group, command, tx)
+        assert await store.dedup.cancelled_by(group, command) == compensation
+
+    async def test_of_two_transactions_recording_one_pair_only_one_commits(
+        self, store_factory: StoreFactory
+    ) -> None:
+        """A transaction recording a pair that another open transaction recorded waits for
+        it to end: it raises ``AlreadyHandled`` when that one commits, and records the pair
+        when that one rolls back (how a command handled at the same time as the
+        compensation that cancels it loses, or wins)."""
+        store, other = await store_factory(), await store_factory()
+        await self._race(store, other, first_commits=True)
+        await self._race(store, other, first_commits=False)
+
+    @staticmethod
+    async def _race(store: Store, other: Store, *, first_commits: bool) -> None:
+        group, message = unique_name("g"), new_id()
+        marked, release = asyncio.Event(), asyncio.Event()
+
+        class Boom(Exception):
+            pass
+
+        async def first() -> None:
+            async with store.transaction() as tx:
+                await store.mark_handled(group, message, tx, cancelled_by="first")
+                marked.set()
+                await release.wait()
+                if not first_commits:
+                    raise Boom
+
+        async def second() -> None:
+            await marked.wait()
+            async with other.transaction() as tx:
+                await other.mark_handled(group, message, tx, cancelled_by="second")
+
+        holder = asyncio.create_task(first())
+        contender = asyncio.create_task(second())
+        try:
+            await marked.wait()
+            await asyncio.sleep(0.2)  # the contender is waiting meanwhile, not done
+            assert not contender.done(), "a second transaction recorded a pair held by another"
+            release.set()
+            if first_commits:
+                await holder
+                with pytest.raises(AlreadyHandled):
+                    await contender
+                assert await other.dedup.cancelled_by(group, message) == "first"
+            else:
+                with pytest.raises(Boom):
+                    await holder
+                await contender
+                assert await store.dedup.cancelled_by(group, message) == "second"
+        finally:
+            release.set()
+            for task in (holder, contender):
+                task.cancel()
+            await asyncio.gather(holder, contender, return_exceptions=True)
 
     # -- declared capabilities ---------------------------------------------------------------
 

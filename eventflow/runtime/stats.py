@@ -1,0 +1,41 @@
+"""``ConsumerStats``: the counters of one consumer (one subscription of one group).
+
+``app.stats()`` returns them per consumer, heartbeats record them and ``eventflow status``
+shows the non-zero ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["ConsumerStats"]
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    """Counters of one consumer since it started."""
+
+    received: int = 0
+    handled: int = 0
+    duplicates: int = 0
+    retries: int = 0
+    dead_lettered: int = 0
+    dropped: int = 0
+    given_back: int = 0
+    """Messages given back untouched after a failure around the handler (no attempt spent)."""
+    redelivered: int = 0
+    """Deliveries after one that ended without an outcome (a crash, a stop past the grace)."""
+    cancels: int = 0
+    """Compensations that reached the group before their command: they cancelled it (or
+    found it cancelled by another compensation), and their handler was not called."""
+    cancelled: int = 0
+    """Messages skipped because a compensation cancelled them before the group handled them
+    (not counted in ``duplicates``)."""
+    applied_though_cancelled: int = 0
+    """Messages handled outside ``ctx.transaction()`` (or with a dedup store apart from the
+    store) while a compensation cancelled them: they took effect and their compensation was
+    not handled. Each is logged as an error: it needs a person."""
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a plain dict."""
+        return asdict(self)
