@@ -218,7 +218,11 @@ class MemoryStore(MemoryEventLog):
         if owner is not None or await self.dedup.seen(group, message_id):
             raise AlreadyHandled(group, message_id)
         self._claims[key] = joined
-        joined.on_end(lambda: self._claims.pop(key, None))
+
+        def release() -> None:
+            del self._claims[key]
+
+        joined.on_end(release)
         joined.defer(lambda: self.dedup.record(group, message_id, cancelled_by=cancelled_by))
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
