@@ -265,7 +265,8 @@ class MemoryDelivery:
                 part.assigned.wakeup.set()
 
     async def nack(self, delay: float = 0.0) -> None:
-        """Redeliver after ``delay`` seconds; the partition's later messages wait for it."""
+        """Redeliver after ``delay`` seconds; the later messages of its key wait for it (the
+        partition's other keys do not)."""
         if delay > 0:
             loop = asyncio.get_running_loop()
             if self._give_back(self.delivery_count, loop.time() + delay):
@@ -283,7 +284,7 @@ class MemoryDelivery:
 
     def _give_back(self, delivery_count: int, not_before: float) -> bool:
         """Return the message to the head of its partition (offset order), ahead of later
-        messages of its key, which therefore wait for it."""
+        messages of its key, which therefore wait for it (``_take_around``)."""
         part = self._part
         if part.inflight.get(self.offset) is not self:
             return False
@@ -377,14 +378,23 @@ class MemorySubscription:
                     continue  # the previous owner is still settling this partition
                 part.owner = self
             inflight = part.inflight
+            waiting = False
             while retry and len(out) < limit:
                 delivery = retry[0]
                 if delivery.not_before and delivery.not_before > self._now():
-                    break  # a nacked record waits out its delay; its partition waits too
+                    waiting = True
+                    break
                 retry.popleft()
                 delivery.delivery_count += 1
                 inflight[delivery.offset] = delivery
                 out.append(delivery)
+            if waiting:
+                # A nacked record waits out its delay, and so do the later records of its
+                # key; the partition's other keys go on.
+                self._take_around(part, out, limit)
+                if len(out) >= limit:
+                    break
+                continue
             if retry:
                 if len(out) >= limit:
                     break
@@ -402,6 +412,45 @@ class MemorySubscription:
             if len(out) >= limit:
                 break
         return out
+
+    def _take_around(self, part: Partition, out: list[MemoryDelivery], limit: int) -> None:
+        """Take from ``part`` into ``out`` (up to ``limit``) past records that wait out a
+        nack's delay: a waiting record holds back the later records of its key (a keyless
+        one holds back nothing), every other record is taken in offset order. Pending
+        records of a held-back key move to the retry queue (given their offsets, in order),
+        so the next take skips them at the cost of a look, not of a rescan of the backlog."""
+        now = self._now()
+        held: set[str] = set()
+        kept: deque[MemoryDelivery] = deque()
+        retry, inflight = part.retry, part.inflight
+        while retry:
+            delivery = retry.popleft()
+            key = delivery.key
+            waiting = delivery.not_before and delivery.not_before > now
+            if len(out) >= limit or waiting or (key is not None and key in held):
+                if waiting and key is not None:
+                    held.add(key)
+                kept.append(delivery)
+                continue
+            delivery.delivery_count += 1
+            inflight[delivery.offset] = delivery
+            out.append(delivery)
+        pending, group = part.pending, self._group
+        offset = part.next_offset
+        while pending and len(out) < limit:
+            topic, payload, key, headers, published = pending.popleft()
+            record = new_delivery(
+                group, part, offset, topic, payload, key, headers or _EMPTY, 0, 0.0, published
+            )
+            offset += 1
+            if key is not None and key in held:
+                kept.append(record)  # offsets grow: the retry queue stays in offset order
+                continue
+            record.delivery_count = 1
+            inflight[record.offset] = record
+            out.append(record)
+        part.next_offset = offset
+        part.retry = kept
 
     async def close(self) -> None:
         """Leave the group: unacked messages are redelivered to the other members."""
