@@ -1,4 +1,4 @@
-"""The memory broker's consumer groups: hubs, groups, partitions, members and deliveries.
+"""The memory broker's consumer groups: groups, partitions, members and deliveries.
 
 A *hub* holds the groups of every broker opened with one ``memory://NAME``. A group spreads
 its messages over partitions (by key hash; keyless messages round-robin); each partition is
@@ -17,20 +17,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import BrokerError
-from ...patterns import matches
-from .config import MemoryBrokerConfig
 
 __all__ = [
     "Group",
-    "Hub",
     "MemoryDelivery",
     "MemorySubscription",
     "Partition",
     "Record",
-    "hubs",
 ]
 
-_MAX_ROUTES = 4096  # topics whose target groups a hub remembers (then it starts over)
 _EMPTY: Mapping[str, str] = {}
 _alloc = object.__new__
 
@@ -151,47 +146,6 @@ class Group:
                 part.owner = None  # wake-ups go to the member the partition is assigned to
             if part.assigned is not None and (part.pending or part.retry):
                 part.assigned.wakeup.set()
-
-
-class Hub:
-    """The groups of every broker opened on one ``memory://NAME``, the topic routes and the
-    newest messages published (``retain``)."""
-
-    def __init__(self, config: MemoryBrokerConfig) -> None:
-        self.config = config
-        self.groups: dict[tuple[str, str], Group] = {}
-        # The newest messages published on the hub (``retain``, at most ``retain_bytes``
-        # of payload): where a group created with start="earliest" begins.
-        self.retained: deque[Record] = deque()
-        self.retained_bytes = 0
-        self.routes: dict[str, list[Group]] = {}
-        self.refs = 0
-
-    def retain(self, record: Record) -> None:
-        """Keep ``record`` among the newest messages, dropping the oldest past ``retain``
-        messages or ``retain_bytes`` of payload."""
-        config, kept = self.config, self.retained
-        if not config.retain:
-            return
-        kept.append(record)
-        self.retained_bytes += len(record[1])
-        while len(kept) > config.retain or self.retained_bytes > config.retain_bytes:
-            self.retained_bytes -= len(kept.popleft()[1])
-
-    def route(self, topic: str) -> list[Group]:
-        """The groups whose pattern matches ``topic`` (remembered for the next publish)."""
-        routes = self.routes
-        groups = routes.get(topic)
-        if groups is None:
-            groups = [g for g in self.groups.values() if matches(g.pattern, topic)]
-            if len(routes) >= _MAX_ROUTES:
-                routes.clear()  # topics made per id must not grow the hub without end
-            routes[topic] = groups
-        return groups
-
-
-hubs: dict[str, Hub] = {}
-"""The live hubs of this process by name: a hub goes with the last broker using it."""
 
 
 class MemoryDelivery:
