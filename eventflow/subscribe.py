@@ -49,6 +49,7 @@ class HandlerSpec:
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
     any_topic: bool = False
     start: StartPosition = DEFAULT_START
+    give_up_on: tuple[type[BaseException], ...] = ()
 
     @property
     def name(self) -> str:
@@ -68,6 +69,7 @@ def subscribe(
     max_deliveries: int = DEFAULT_MAX_DELIVERIES,
     any_topic: bool = False,
     start: StartPosition = DEFAULT_START,
+    give_up_on: Iterable[type[BaseException]] = (),
 ) -> Callable[[H], H]:
     """Mark an ``async def handler(event, ctx)`` to consume topics matching ``pattern``.
 
@@ -91,6 +93,9 @@ def subscribe(
       start are not delivered to it) or at the oldest message the broker keeps
       (``"earliest"``). An existing group keeps its position. ``eventflow groups declare
       MODULE:APP`` creates an app's groups ahead of its first start.
+    - ``give_up_on``: exception types that mean the failure is permanent (a business
+      rejection): the message is dead-lettered at once with reason ``rejected``, without
+      retries, as when the handler raises ``eventflow.Reject``.
 
     Mistakes are refused here rather than at the first message: a bare ``@subscribe``
     (without the pattern), a pattern that is not a string, ``retry=0``, ``concurrency=0``,
@@ -113,6 +118,7 @@ def subscribe(
         )
     policy = RetryPolicy.of(retry)
     begin = check_start(start)
+    permanent = _check_give_up_on(give_up_on)
 
     def mark(fn: H) -> H:
         checked: Any = fn  # keep `fn` typed as H (the check below would narrow it)
@@ -132,6 +138,7 @@ def subscribe(
             max_deliveries,
             any_topic,
             begin,
+            permanent,
         )
         specs = list(getattr(fn, _MARK, ()))
         specs.append(spec)
@@ -139,6 +146,24 @@ def subscribe(
         return fn
 
     return mark
+
+
+def _check_give_up_on(types_: object) -> tuple[type[BaseException], ...]:
+    """``give_up_on`` as a tuple of exception classes (one class alone is accepted too)."""
+    if isinstance(types_, type):
+        types_ = (types_,)
+    if isinstance(types_, str) or not isinstance(types_, Iterable):
+        raise ConfigurationError(
+            f"give_up_on takes exception classes, e.g. give_up_on=(ValueError,), got {types_!r}"
+        )
+    found = tuple(types_)
+    for cls in found:
+        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+            raise ConfigurationError(
+                f"give_up_on takes exception classes (subclasses of Exception), e.g. "
+                f"give_up_on=(ValueError,), got {cls!r}"
+            )
+    return found
 
 
 def _check_pattern_argument(pattern: object) -> None:
