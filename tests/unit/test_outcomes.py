@@ -75,12 +75,21 @@ def test_reject_and_retry_later_refuse_bad_arguments() -> None:
     assert str(RetryLater(after=1.5, reason="429")) == "429: retry no sooner than 1.5s from now"
 
 
-def test_subscribe_checks_give_up_on() -> None:
+def test_subscribe_checks_give_up_on_and_hard_timeout() -> None:
     assert _spec(give_up_on=ValueError).give_up_on == (ValueError,)
     assert _spec(give_up_on=[ValueError, KeyError]).give_up_on == (ValueError, KeyError)
     for bad in ("ValueError", (ValueError, "x"), (BaseException,), 3):
         with pytest.raises(ConfigurationError, match="give_up_on takes exception classes"):
             subscribe("unit.outcome", give_up_on=bad)  # type: ignore[arg-type]
+    assert _spec(timeout=1.0, hard_timeout=3).hard_timeout == 3.0
+    assert _spec().hard_timeout is None
+    with pytest.raises(ConfigurationError, match="needs a soft timeout below it"):
+        subscribe("unit.outcome", timeout=10, hard_timeout=5)
+    with pytest.raises(ConfigurationError, match="needs a soft timeout below it"):
+        subscribe("unit.outcome", timeout=None, hard_timeout=5)
+    for bad in (0, -1, float("inf"), "30", True):
+        with pytest.raises(ConfigurationError, match="hard_timeout must be"):
+            subscribe("unit.outcome", hard_timeout=bad)  # type: ignore[arg-type]
 
 
 def test_idempotency_key_is_a_fixed_function_of_group_and_envelope_id() -> None:
