@@ -1,8 +1,9 @@
 """Failure classes of DESIGN section 9 on every broker (memory, NATS, Kafka/Tansu):
 ``Reject`` and ``give_up_on`` dead-letter after one attempt with reason ``rejected`` while
 other exceptions are still retried; ``RetryLater(after=)`` has the broker hold the message
-while the subscription's other keys flow; ``ctx.idempotency_key`` stays the same across the
-attempts and the dead-letter replay of one message.
+while the subscription's other keys flow (also against an HTTP server on loopback that
+answers 429 with ``Retry-After``: ``loopback_http.py``); ``ctx.idempotency_key`` stays the
+same across the attempts and the dead-letter replay of one message.
 
 The NATS and Kafka servers come from ``eventflow.testing``; without one these tests skip,
 or fail under ``CI=true``.
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from loopback_http import Reply, post, serving
 
 from eventflow import App, Context, Event, Reject, RetryLater, RetryPolicy, subscribe
 from eventflow.cli import main
@@ -149,6 +151,54 @@ async def test_retry_later_waits_in_the_broker_while_other_keys_flow(broker_url:
     assert retried_at[0] - failed_at[0] >= after - 0.05  # the broker kept the delay
     assert stats["retries"] == 1
     assert stats["dead_lettered"] == 0
+
+
+async def test_a_providers_retry_after_is_honoured_while_other_keys_are_served(
+    broker_url: str,
+) -> None:
+    """Against an HTTP server on loopback: the first charge of order ``slow`` is answered
+    ``429`` with ``Retry-After: 2`` and the handler raises ``RetryLater`` with it. The
+    server sees that order's next request no sooner than 2 s after it answered, and the
+    other orders' requests (published behind it, one worker) in between."""
+    answered: list[float] = []
+
+    def respond(path: str, n: int) -> Reply:
+        if path == "/charges/slow" and n == 0:
+            answered.append(time.monotonic())
+            return Reply(429, {"Retry-After": "2"})
+        return Reply(200)
+
+    group = unique_name("pay")
+    async with serving(respond, max_requests=100) as server:
+
+        @subscribe("it.fc.order", group=group, retry=3)
+        async def charge(event: FcOrder, ctx: Context) -> None:
+            status, headers = await post(
+                server.port,
+                f"/charges/{ctx.envelope.key}",
+                headers={"Idempotency-Key": ctx.idempotency_key},
+            )
+            if status == 429:
+                raise RetryLater(after=float(headers["retry-after"]), reason="HTTP 429")
+            assert status == 200, status
+
+        async with App("fc-http", broker=broker_url, handlers=[charge]) as app:
+            await app.publish(FcOrder(n=0, sku="busy"), key="slow")
+            await eventually(lambda: answered, timeout=30, message="the 429")
+            for n in range(1, 11):
+                await app.publish(FcOrder(n=n, sku="plain"), key=f"k-{n}")
+            await eventually(
+                lambda: len(server.requests) == 12, timeout=60, message="every request"
+            )
+            stats = app.stats()[f"{group}:it.fc.order"]
+
+    paths = server.paths()
+    assert paths[0] == paths[-1] == "/charges/slow"
+    assert sorted(paths[1:-1]) == sorted(f"/charges/k-{n}" for n in range(1, 11))
+    assert server.requests[-1].at - answered[0] >= 2.0 - 0.05
+    slow_keys = [r.headers["idempotency-key"] for r in server.requests if r.path.endswith("slow")]
+    assert len(slow_keys) == 2 and slow_keys[0] == slow_keys[1]  # the provider sees one request
+    assert stats["retries"] == 1
 
 
 async def test_retry_later_out_of_attempts_is_dead_lettered(broker_url: str) -> None:
