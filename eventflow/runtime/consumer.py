@@ -8,6 +8,8 @@
 - ``watchdog.Watchdog`` cancels handler calls that run past ``timeout``; the app's
   ``stall.StallGuard`` (a thread) ends the process past ``hard_timeout``.
 - ``settlement.Settlement`` commits or rolls back a handler's ``ctx.transaction()``.
+- ``outcomes.decide`` says what follows a failed attempt (retry, ``RetryLater``, the
+  dead-letter queue) and ``letters.Letters`` files the dead letters.
 
 A run ends when the consumer is asked to stop or its subscription fails (``fetch``
 raises): it stops fetching, lets running handlers finish within the grace period (then

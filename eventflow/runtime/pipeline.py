@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import traceback
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from .._logging import Throttled
 from ..context import Context
-from ..envelope import Envelope, _wire_fields, new_id
+from ..envelope import Envelope, _wire_fields
 from ..errors import (
     AlreadyHandled,
     DecodeError,
@@ -37,11 +35,12 @@ from ..errors import (
     MessageRefusedError,
     UnknownEventTypeError,
 )
-from ..headers import SEND_ID_HEADER, TARGET_GROUP_HEADER
-from ..ports import DeadLetter, Delivery
+from ..headers import TARGET_GROUP_HEADER
+from ..ports import Delivery
 from ..subscribe import HandlerSpec, Signature
 from .compensation import Compensations, compensated_command
 from .host import ConsumerHost
+from .letters import Letters
 from .outcomes import Verdict, decide
 from .settlement import Settlement
 from .stats import ConsumerStats
@@ -53,8 +52,6 @@ _log = logging.getLogger("eventflow.consumer")
 _FAILURE_BACKOFF = 0.05
 _FAILURE_BACKOFF_MAX = 5.0
 _RECORDED_MAX = 10_000  # ids with an attempt record this process knows of (bounded)
-# A replay's own headers, not kept in a new letter of its message (its replay sets its own).
-_REPLAY_HEADERS = frozenset((TARGET_GROUP_HEADER, SEND_ID_HEADER))
 
 
 class CrashLoopError(Exception):
@@ -78,6 +75,7 @@ class Pipeline:
         self.stats = ConsumerStats()
         self._log = Throttled(_log)
         self._settlement = Settlement(host.store, group, idempotent=spec.idempotent, name=name)
+        self._letters = Letters(host.store, group, name, self.stats, keep=spec.dead_letter)
         self._compensations = Compensations(
             host.store, group, idempotent=spec.idempotent, name=name
         )
@@ -115,7 +113,7 @@ class Pipeline:
         try:
             fields = _wire_fields(delivery.payload)
         except DecodeError as exc:
-            await self._dead_letter(delivery, None, exc, attempts=0)
+            await self._letters.file(delivery, None, exc, attempts=0)
             return False
         env_id: str = fields["id"]
         if not self._guard_ids:
@@ -152,7 +150,7 @@ class Pipeline:
             env, arg = self._decode(fields)
             command = compensated_command(fields, env_id)
         except Exception as exc:  # DecodeError, or a validator raising something else
-            await self._dead_letter(delivery, env_id, exc, attempts=0)
+            await self._letters.file(delivery, env_id, exc, attempts=0)
             return False
         if command is not None and await self._compensations.arrived(
             self.dedup, env_id, command, stats
@@ -187,7 +185,7 @@ class Pipeline:
                     break
                 decision = decide(error, attempt, spec)
                 if decision.verdict is Verdict.DEAD:
-                    await self._dead_letter(
+                    await self._letters.file(
                         delivery, env_id, error, attempts=attempt, reason=decision.reason
                     )
                     break
@@ -263,7 +261,7 @@ class Pipeline:
         )
         if unfinished < spec.max_deliveries:
             return record.failures
-        await self._dead_letter(
+        await self._letters.file(
             delivery,
             env_id,
             CrashLoopError(
@@ -305,7 +303,7 @@ class Pipeline:
             except MessageRefusedError as exc:
                 # Sending it again changes nothing: dead-letter the handled message (not
                 # marked handled, so a replay runs the handler again).
-                await self._dead_letter(delivery, env_id, exc, attempts=attempt)
+                await self._letters.file(delivery, env_id, exc, attempts=attempt)
                 return
         dedup = self.dedup
         # Recorded here unless the transaction committed the record; a dedup store apart
@@ -393,58 +391,3 @@ class Pipeline:
                 else f": no Event class defines {env.type!r}; define it or narrow the pattern"
             )
         )
-
-    async def _dead_letter(
-        self,
-        delivery: Delivery,
-        envelope_id: str | None,
-        error: BaseException,
-        *,
-        attempts: int,
-        reason: str | None = None,
-    ) -> None:
-        """Store the delivery as a dead letter with its error and ``reason`` (by default the
-        error's own, as bad input and crash loops have), or drop it with a log line
-        (``dead_letter=False``), then ack it."""
-        if reason is None:
-            reason = getattr(error, "reason", "handler-failed")
-        text = f"{type(error).__name__}: {error}"
-        if not isinstance(error, DecodeError) and error.__traceback__ is not None:
-            tb = "".join(traceback.format_exception(error, limit=5))
-            text = f"{text}\n{tb}"
-        if not self.spec.dead_letter:
-            self.stats.dropped += 1
-            _log.error(
-                "%s: dropping message %s after %d attempts (dead_letter=False): %s",
-                self.name,
-                envelope_id or "?",
-                attempts,
-                text,
-            )
-            await delivery.ack()
-            return
-        letter = DeadLetter(
-            id=new_id(),
-            topic=delivery.topic,
-            group=self.group,
-            payload=bytes(delivery.payload),
-            error=text,
-            attempts=attempts,
-            failed_at=datetime.now(UTC),
-            reason=reason,
-            key=delivery.key,
-            headers={k: v for k, v in delivery.headers.items() if k not in _REPLAY_HEADERS},
-            envelope_id=envelope_id,
-            source=dict(delivery.metadata),
-        )
-        await self.host.store.dead_letters.add(letter)
-        self.stats.dead_lettered += 1
-        _log.warning(
-            "%s: dead-lettered %s (%s) after %d attempts: %s",
-            self.name,
-            envelope_id or "undecodable message",
-            reason,
-            attempts,
-            f"{type(error).__name__}: {error}",
-        )
-        await delivery.ack()
