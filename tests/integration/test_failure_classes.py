@@ -267,3 +267,34 @@ async def test_idempotency_key_is_stable_across_attempts_and_a_replay(
     keys_b = {sku: k for sku, _, k in seen["b"]}
     assert keys_b == {"x": idempotency_key(group_b, x.id), "y": idempotency_key(group_b, y.id)}
     assert len({key_x, *keys_b.values(), idempotency_key(group_a, y.id)}) == 4
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_retry_later_redeliveries_are_no_crash_loop(
+    store: str, tmp_path: Path, broker_name: str
+) -> None:
+    """Eight ``RetryLater`` give-backs with ``max_deliveries=3``: each redelivery is the
+    consumer's own, not a crash's, so the message runs out of attempts (``handler-failed``,
+    8 attempts) rather than being taken for a crash loop; with the memory store (the
+    broker's delivery count) and with SQLite (durable attempt records) alike."""
+    attempts: list[int] = []
+
+    @subscribe("it.fc.order", group="later-loop", retry=8, max_deliveries=3)
+    async def charge(event: FcOrder, ctx: Context) -> None:
+        attempts.append(ctx.attempt)
+        raise RetryLater(after=0.01)
+
+    url = "memory://" if store == "memory" else f"sqlite:///{tmp_path / 'loop.db'}"
+    async with App(
+        "fc-later-loop", broker=f"memory://{broker_name}", store=url, handlers=[charge]
+    ) as app:
+        await app.publish(FcOrder(n=1, sku="busy"), key="o-1")
+
+        async def one() -> bool:
+            return len(await app.dead_letters.list()) == 1
+
+        await eventually(one, timeout=30, message="the dead letter")
+        [letter] = await app.dead_letters.list()
+
+    assert attempts == list(range(1, 9))
+    assert (letter.reason, letter.attempts) == ("handler-failed", 8)
