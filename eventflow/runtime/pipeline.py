@@ -5,7 +5,10 @@ skip if the dedup store has its id -> decode the typed event (upcast, validate) 
 compensation whose command the group has not handled cancels it instead (``compensation``)
 -> call the handler with a soft timeout, retrying with backoff -> settle its transaction,
 if it opened one -> send what it published -> mark the id handled -> ack. Bad input and
-exhausted retries go to the dead-letter store before the ack, so nothing is lost.
+exhausted retries go to the dead-letter store before the ack, so nothing is lost. What a
+failed attempt leads to is ``outcomes.decide``'s: a rejection (``Reject``, ``give_up_on``)
+is dead-lettered at once, a ``RetryLater`` is given back to the broker with its delay (the
+worker goes on), anything else is retried in place after the policy's backoff.
 
 Attempts count handler failures only. A failure is recorded in the store's ``attempts``
 before the next attempt, so a redelivery (after a crash) goes on from the right attempt;
