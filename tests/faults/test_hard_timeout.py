@@ -46,13 +46,14 @@ def kafka_base() -> Iterator[str]:
     ]
 )
 def broker_url(request: pytest.FixtureRequest) -> str:
-    """A broker URL with fast failure detection, on a stream of the test's own (NATS)."""
+    """A broker URL with fast failure detection, on a stream (NATS) or topics (Kafka) of the
+    test's own."""
     if request.param == "nats":
         base: str = request.getfixturevalue("nats_base")
         stream = unique_name("HT").upper()
         return f"{base}?stream={stream}&ack_wait=2&heartbeat_interval=0.25&partitions=4"
     url: str = request.getfixturevalue("kafka_base")
-    return url
+    return f"{url}&topic_prefix={unique_name('ht')}."
 
 
 def _lines(path: Path) -> list[str]:

@@ -56,13 +56,14 @@ def kafka_url() -> Iterator[str]:
     ]
 )
 def broker_url(request: pytest.FixtureRequest) -> str:
-    """A broker URL of each kind, on a stream (NATS) of its own."""
+    """A broker URL of each kind, on a hub, a stream (NATS) or topics (Kafka) of its own."""
     if request.param == "memory":
         return f"memory://{unique_name('hub')}"
     if request.param == "nats":
         url: str = request.getfixturevalue("nats_url")
         return f"{url}?stream={unique_name('FC').upper()}&storage=memory"
-    return str(request.getfixturevalue("kafka_url"))
+    url = request.getfixturevalue("kafka_url")
+    return f"{url}&topic_prefix={unique_name('fc')}."  # topics of the test's own
 
 
 def _fast(attempts: int) -> RetryPolicy:
