@@ -47,13 +47,16 @@ class Decision:
 
 def decide(error: BaseException, attempt: int, spec: HandlerSpec) -> Decision:
     """Decide what follows failed attempt number ``attempt`` (from 1) of ``spec``'s handler."""
-    if isinstance(error, Reject) or (spec.give_up_on and isinstance(error, spec.give_up_on)):
+    if isinstance(error, Reject):
         return Decision(Verdict.DEAD, reason=REJECTED)
-    if attempt >= spec.retry.max_attempts:
+    last = attempt >= spec.retry.max_attempts
+    if isinstance(error, RetryLater):  # said explicitly: before a broad give_up_on=(Exception,)
+        return Decision(Verdict.DEAD) if last else Decision(Verdict.LATER, delay=error.after)
+    if spec.give_up_on and isinstance(error, spec.give_up_on):
+        return Decision(Verdict.DEAD, reason=REJECTED)
+    if last:
         # eventflow's errors name their reason (``publish-refused``, ...); a user's
         # exception is a handler failure, whatever attributes it has.
         reason = getattr(error, "reason", None) if isinstance(error, EventflowError) else None
         return Decision(Verdict.DEAD, reason=reason if isinstance(reason, str) else _DEFAULT_REASON)
-    if isinstance(error, RetryLater):
-        return Decision(Verdict.LATER, delay=error.after)
     return Decision(Verdict.RETRY)

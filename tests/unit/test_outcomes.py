@@ -64,6 +64,12 @@ def test_retry_later_is_kept_by_the_broker_within_the_attempts() -> None:
     assert decide(RetryLater(after=2), 3, spec) == Decision(Verdict.DEAD, reason="handler-failed")
 
 
+def test_retry_later_wins_over_a_broad_give_up_on() -> None:
+    spec = _spec(retry=3, give_up_on=(Exception,))
+    assert decide(RetryLater(after=1), 1, spec) == Decision(Verdict.LATER, delay=1.0)
+    assert decide(RuntimeError("x"), 1, spec).reason == "rejected"  # the rest is given up
+
+
 def test_reject_and_retry_later_refuse_bad_arguments() -> None:
     assert str(Reject("why")) == "why"
     assert Reject("why").reason == "rejected"  # the dead letter's reason, as DecodeError's
