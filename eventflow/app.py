@@ -425,10 +425,13 @@ class App:
             self._failure = failure
 
     def _totals(self) -> dict[str, int]:
+        """The heartbeat's counters: the consumers' summed, and the event loop's blocks."""
         totals: dict[str, int] = {}
         for consumer in self._consumers:
             for k, v in consumer.stats.as_dict().items():
                 totals[k] = totals.get(k, 0) + v
+        if self._guard is not None:
+            totals["loop_blocks"] = self._guard.blocks
         return totals
 
     async def stop(self) -> None:

@@ -166,3 +166,21 @@ def test_app_checks_loop_block_warning() -> None:
     for bad in (0, -1, "1", True, float("inf")):
         with pytest.raises(ConfigurationError, match="loop_block_warning must be"):
             App("t", loop_block_warning=bad)  # type: ignore[arg-type]
+
+
+async def test_a_blocked_loop_is_counted_in_the_apps_heartbeat(broker_url: str) -> None:
+    """``eventflow status`` shows ``loop_blocks`` from the heartbeat's counters."""
+    async with App(
+        "stall-hb", broker=broker_url, loop_block_warning=0.2, heartbeat_interval=0.05
+    ) as app:
+        _block_the_loop(1.5)
+
+        async def counted() -> bool:
+            beats = await app.store.heartbeats.list()
+            return any(b.stats.get("loop_blocks") == 1 for b in beats)
+
+        for _ in range(300):  # bounded: the next beats carry the count
+            if await counted():
+                break
+            await asyncio.sleep(0.01)
+        assert await counted()
