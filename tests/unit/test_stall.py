@@ -39,12 +39,12 @@ async def test_a_blocked_loop_is_logged_with_the_blocking_stack(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="eventflow.watchdog")
-    guard = StallGuard(0.2, name="app t")
+    guard = StallGuard(0.5, name="app t")
     guard.start()
     try:
         await asyncio.sleep(0.3)  # a loop that answers: nothing to report yet
         assert guard.blocks == 0
-        _block_the_loop(1.5)  # well past 0.2 s plus a tick or two
+        _block_the_loop(2.5)  # well past 0.5 s plus a tick or two
         for _ in range(100):  # let the loop answer the ping (bounded)
             await asyncio.sleep(0.01)
             if any("answers again" in r.getMessage() for r in caplog.records):
@@ -171,13 +171,13 @@ def test_app_checks_loop_block_warning() -> None:
 async def test_a_blocked_loop_is_counted_in_the_apps_heartbeat(broker_url: str) -> None:
     """``eventflow status`` shows ``loop_blocks`` from the heartbeat's counters."""
     async with App(
-        "stall-hb", broker=broker_url, loop_block_warning=0.2, heartbeat_interval=0.05
+        "stall-hb", broker=broker_url, loop_block_warning=0.5, heartbeat_interval=0.05
     ) as app:
-        _block_the_loop(1.5)
+        _block_the_loop(2.5)
 
         async def counted() -> bool:
             beats = await app.store.heartbeats.list()
-            return any(b.stats.get("loop_blocks") == 1 for b in beats)
+            return any(b.stats.get("loop_blocks", 0) >= 1 for b in beats)
 
         for _ in range(300):  # bounded: the next beats carry the count
             if await counted():
