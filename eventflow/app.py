@@ -32,6 +32,7 @@ from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
 from .runtime.relay import RELAY_GROUPS, EventRelay, OutboxRelay
+from .runtime.stall import DEFAULT_LOOP_BLOCK_WARNING, StallGuard, check_loop_block_warning
 from .sagas.runtime import DEFAULT_CATCH_UP_LIMIT, SagaRuntime, Sagas
 from .sourcing.aggregate import Aggregate
 from .sourcing.repository import Repository
@@ -67,6 +68,9 @@ class App:
     event appended to the store (topic = type, key = stream id), in order per stream.
     ``restart_policy`` says how its components are restarted after transient failures and
     when one has failed for good (see :class:`~eventflow.supervision.RestartPolicy`).
+    ``loop_block_warning`` (seconds, 1.0 by default; None: off): a watchdog thread logs the
+    stack of whatever blocks the event loop for that long; the same thread enforces the
+    handlers' ``hard_timeout`` (see ``docs/downstream.md``).
     """
 
     def __init__(
@@ -85,6 +89,7 @@ class App:
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
         restart_policy: RestartPolicy | None = None,
         catch_up_limit: float = DEFAULT_CATCH_UP_LIMIT,
+        loop_block_warning: float | None = DEFAULT_LOOP_BLOCK_WARNING,
     ) -> None:
         if not name or any(c in name for c in " \t\n"):
             raise ConfigurationError(f"app name {name!r} must be non-empty without spaces")
@@ -130,6 +135,8 @@ class App:
                 "checkpoints, give each projection its own name="
             )
         self.relay_events = relay_events
+        self.loop_block_warning = check_loop_block_warning(loop_block_warning)
+        self._guard: StallGuard | None = None
         self.restart_policy = restart_policy or RestartPolicy()
         self._projection_runners: list[ProjectionRunner] = []
         self._relays: list[OutboxRelay | EventRelay] = []
@@ -346,8 +353,11 @@ class App:
                 # rebalance of about a second, so an app with a saga (a handler per event
                 # type in one group) took that long per handler when they joined in turn.
                 # A join that fails cancels the others; teardown closes the broker with them.
+                guard = self._start_guard()
                 consumers = [
-                    Consumer(self, spec, group, signature, grace_period=self.grace_period)
+                    Consumer(
+                        self, spec, group, signature, grace_period=self.grace_period, guard=guard
+                    )
                     for spec, group, signature in self._bindings
                 ]
                 try:
@@ -399,15 +409,29 @@ class App:
                 await self._teardown()
                 raise
 
+    def _start_guard(self) -> StallGuard | None:
+        """Start the watchdog thread, if anything needs it: the blocked-loop warning, or a
+        handler with a ``hard_timeout``."""
+        if self.loop_block_warning is None and not any(
+            spec.hard_timeout is not None for spec, _, _ in self._bindings
+        ):
+            return None
+        guard = self._guard = StallGuard(self.loop_block_warning, name=f"app {self.name}")
+        guard.start()
+        return guard
+
     def _component_failed(self, failure: ComponentFailedError) -> None:
         if self._failure is None:
             self._failure = failure
 
     def _totals(self) -> dict[str, int]:
+        """The heartbeat's counters: the consumers' summed, and the event loop's blocks."""
         totals: dict[str, int] = {}
         for consumer in self._consumers:
             for k, v in consumer.stats.as_dict().items():
                 totals[k] = totals.get(k, 0) + v
+        if self._guard is not None:
+            totals["loop_blocks"] = self._guard.blocks
         return totals
 
     async def stop(self) -> None:
@@ -438,6 +462,9 @@ class App:
             if supervisor is not None:
                 await supervisor.close()
         finally:
+            guard, self._guard = self._guard, None
+            if guard is not None:
+                guard.stop()
             self._started = False
             self._consumers = []
             self._draining = []

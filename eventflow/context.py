@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -13,7 +14,17 @@ from .patterns import validate_topic
 from .ports import EventStore, Transaction
 from .runtime.host import ConsumerHost
 
-__all__ = ["Context"]
+__all__ = ["IDEMPOTENCY_NAMESPACE", "Context", "idempotency_key"]
+
+IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0d7e4e-2f0a-5c1e-9a57-0e7e9f1d2a61")
+"""The namespace of :func:`idempotency_key`'s name-based UUIDs (fixed for good: changing it
+would change every key, and a provider would take a retry for a new request)."""
+
+
+def idempotency_key(group: str, envelope_id: str) -> str:
+    """The idempotency key of the message ``envelope_id`` in ``group``: a name-based UUID
+    (version 5) of the two, so every process computes the same one, for every delivery."""
+    return str(uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{group}\x00{envelope_id}"))
 
 
 class Context:
@@ -65,6 +76,20 @@ class Context:
             assert self._fields is not None  # checked in __init__
             env = self._envelope = Envelope._trusted(self._fields)
         return env
+
+    @property
+    def idempotency_key(self) -> str:
+        """A key for this message in this group, to pass to a provider that accepts
+        idempotency keys (``Idempotency-Key: ...``), so a retried call is not done twice.
+
+        The same for every delivery, attempt, redelivery after a crash or restart, relay,
+        and dead-letter replay of this message in this group (it is derived from the
+        envelope id, which all of these keep, and the group's name); different for another
+        message, and for the same message in another group. A UUID string (36 characters),
+        which providers that want a UUID or a short opaque string both accept."""
+        fields = self._fields
+        env_id: str = fields["id"] if fields is not None else self.envelope.id
+        return idempotency_key(self.group, env_id)
 
     @property
     def compensates(self) -> str | None:

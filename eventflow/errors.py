@@ -14,6 +14,8 @@
     │   └── EventValidationError    the payload fails the event model's validation
     ├── BackpressureError           a bounded queue stayed full past the publish timeout
     ├── HandlerTimeoutError         a handler ran past its soft timeout
+    ├── Reject                      raised by a handler: a permanent failure, dead-lettered at once
+    ├── RetryLater                  raised by a handler: try again no sooner than ``after`` s
     ├── BrokerError                 the broker failed or was used after close
     │   ├── MessageRefusedError     the broker refused a message for good (too large, ...)
     │   └── PublishUnconfirmedError a publish not confirmed: maybe sent (a retry is safe)
@@ -53,6 +55,8 @@ __all__ = [
     "MessageRefusedError",
     "MissingDependencyError",
     "PublishUnconfirmedError",
+    "Reject",
+    "RetryLater",
     "StoreError",
     "UnknownEventTypeError",
     "UpcastError",
@@ -128,6 +132,52 @@ class BackpressureError(EventflowError):
 
 class HandlerTimeoutError(EventflowError):
     """A handler ran past its soft ``timeout`` and was cancelled; counts as a failed attempt."""
+
+
+class Reject(EventflowError):
+    """Raise it in a handler when the failure is permanent, as a business rejection is
+    (``raise Reject("not enough sku-b")``): the message is dead-lettered at once with reason
+    ``rejected`` and this text as its error, without retries. Exceptions listed in
+    ``@subscribe(..., give_up_on=(...))`` are treated alike.
+
+    ``reason`` is the dead letter's reason (``rejected``), as on every error that ends in
+    the dead-letter queue; the text given here is ``str(exc)`` and the letter's ``error``.
+    """
+
+    reason = "rejected"
+
+    def __init__(self, reason: str) -> None:
+        if not isinstance(reason, str) or not reason:
+            raise TypeError(
+                f"Reject takes the text that says why, e.g. Reject('not enough stock'), "
+                f"got {reason!r}"
+            )
+        super().__init__(reason)
+
+
+class RetryLater(EventflowError):
+    """Raise it in a handler to have the message tried again no sooner than ``after``
+    seconds from now (a provider's ``Retry-After``), instead of the retry policy's backoff.
+
+    The attempt counts: the next one is ``ctx.attempt + 1``, and past the subscription's
+    ``retry`` attempts the message is dead-lettered as usual. The wait is kept by the
+    broker (the message is given back with a delay), not by a worker: the subscription's
+    other keys keep flowing meanwhile; later messages of the same key wait, in order.
+    """
+
+    def __init__(self, after: float, reason: str = "") -> None:
+        if (
+            isinstance(after, bool)
+            or not isinstance(after, int | float)
+            or not 0 <= after < float("inf")
+        ):
+            raise TypeError(
+                f"RetryLater(after=...) takes a number of seconds >= 0, got {after!r}; "
+                "parse a Retry-After header into seconds first"
+            )
+        self.after = float(after)
+        text = f"retry no sooner than {self.after:g}s from now"
+        super().__init__(f"{reason}: {text}" if reason else text)
 
 
 class BrokerError(EventflowError):

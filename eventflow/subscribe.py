@@ -49,6 +49,8 @@ class HandlerSpec:
     max_deliveries: int = DEFAULT_MAX_DELIVERIES
     any_topic: bool = False
     start: StartPosition = DEFAULT_START
+    give_up_on: tuple[type[BaseException], ...] = ()
+    hard_timeout: float | None = None
 
     @property
     def name(self) -> str:
@@ -68,6 +70,8 @@ def subscribe(
     max_deliveries: int = DEFAULT_MAX_DELIVERIES,
     any_topic: bool = False,
     start: StartPosition = DEFAULT_START,
+    give_up_on: Iterable[type[BaseException]] = (),
+    hard_timeout: float | None = None,
 ) -> Callable[[H], H]:
     """Mark an ``async def handler(event, ctx)`` to consume topics matching ``pattern``.
 
@@ -91,6 +95,13 @@ def subscribe(
       start are not delivered to it) or at the oldest message the broker keeps
       (``"earliest"``). An existing group keeps its position. ``eventflow groups declare
       MODULE:APP`` creates an app's groups ahead of its first start.
+    - ``give_up_on``: exception types that mean the failure is permanent (a business
+      rejection): the message is dead-lettered at once with reason ``rejected``, without
+      retries, as when the handler raises ``eventflow.Reject``.
+    - ``hard_timeout``: seconds after which a handler call that is still running (it ignored
+      the soft ``timeout``'s cancellation, or blocks the event loop) makes the app log its
+      stack and exit with status 70, so that a supervisor restarts it and the broker
+      redelivers the message to another member. Must be above ``timeout``.
 
     Mistakes are refused here rather than at the first message: a bare ``@subscribe``
     (without the pattern), a pattern that is not a string, ``retry=0``, ``concurrency=0``,
@@ -113,6 +124,8 @@ def subscribe(
         )
     policy = RetryPolicy.of(retry)
     begin = check_start(start)
+    permanent = _check_give_up_on(give_up_on)
+    _check_hard_timeout(hard_timeout, timeout)
 
     def mark(fn: H) -> H:
         checked: Any = fn  # keep `fn` typed as H (the check below would narrow it)
@@ -132,6 +145,8 @@ def subscribe(
             max_deliveries,
             any_topic,
             begin,
+            permanent,
+            float(hard_timeout) if hard_timeout is not None else None,
         )
         specs = list(getattr(fn, _MARK, ()))
         specs.append(spec)
@@ -139,6 +154,43 @@ def subscribe(
         return fn
 
     return mark
+
+
+def _check_give_up_on(types_: object) -> tuple[type[BaseException], ...]:
+    """``give_up_on`` as a tuple of exception classes (one class alone is accepted too)."""
+    if isinstance(types_, type):
+        types_ = (types_,)
+    if isinstance(types_, str) or not isinstance(types_, Iterable):
+        raise ConfigurationError(
+            f"give_up_on takes exception classes, e.g. give_up_on=(ValueError,), got {types_!r}"
+        )
+    found = tuple(types_)
+    for cls in found:
+        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+            raise ConfigurationError(
+                f"give_up_on takes exception classes (subclasses of Exception), e.g. "
+                f"give_up_on=(ValueError,), got {cls!r}"
+            )
+    return found
+
+
+def _check_hard_timeout(hard_timeout: object, timeout: float | None) -> None:
+    if hard_timeout is None:
+        return
+    if (
+        isinstance(hard_timeout, bool)
+        or not isinstance(hard_timeout, int | float)
+        or not 0 < hard_timeout < float("inf")
+    ):
+        raise ConfigurationError(
+            f"hard_timeout must be a number of seconds above 0 or None, got {hard_timeout!r}"
+        )
+    if timeout is None or hard_timeout <= timeout:
+        raise ConfigurationError(
+            f"hard_timeout={hard_timeout!r} needs a soft timeout below it (timeout={timeout!r}): "
+            "the soft timeout cancels the handler first, the hard one ends the process; "
+            "e.g. @subscribe(..., timeout=10, hard_timeout=30)"
+        )
 
 
 def _check_pattern_argument(pattern: object) -> None:

@@ -5,8 +5,11 @@
   parallel; at shutdown it gives back what no handler started.
 - ``pipeline.Pipeline`` handles one delivery: decode, dedup, attempts, the handler with
   retries, the commit, the ack or the dead letter.
-- ``watchdog.Watchdog`` cancels handler calls that run past ``timeout``.
+- ``watchdog.Watchdog`` cancels handler calls that run past ``timeout``; the app's
+  ``stall.StallGuard`` (a thread) ends the process past ``hard_timeout``.
 - ``settlement.Settlement`` commits or rolls back a handler's ``ctx.transaction()``.
+- ``outcomes.decide`` says what follows a failed attempt (retry, ``RetryLater``, the
+  dead-letter queue) and ``letters.Letters`` files the dead letters.
 
 A run ends when the consumer is asked to stop or its subscription fails (``fetch``
 raises): it stops fetching, lets running handlers finish within the grace period (then
@@ -22,6 +25,7 @@ from ..subscribe import HandlerSpec, Signature
 from .dispatch import Dispatcher
 from .host import ConsumerHost
 from .pipeline import ConsumerStats, CrashLoopError, Pipeline
+from .stall import StallGuard
 from .watchdog import Watchdog
 
 __all__ = ["Consumer", "ConsumerStats", "CrashLoopError"]
@@ -39,6 +43,7 @@ class Consumer:
         *,
         grace_period: float,
         max_inflight: int | None = None,
+        guard: StallGuard | None = None,
     ) -> None:
         self.host = host
         self.spec = spec
@@ -46,6 +51,7 @@ class Consumer:
         self.signature = signature
         self.grace_period = grace_period
         self.max_inflight = max_inflight or max(64, spec.concurrency * 16)
+        self._guard = guard  # times the handler's hard_timeout, if it has one
         self._pipeline = Pipeline(host, spec, group, signature, self.name)
         self._sub: Subscription | None = None
         self._dispatcher: Dispatcher | None = None  # the current run's
@@ -101,6 +107,14 @@ class Consumer:
         if self._dispatcher is not None:
             self._dispatcher.stop()
 
+    def _watchdog(self) -> Watchdog | None:
+        spec = self.spec
+        if spec.timeout is None:
+            return None
+        return Watchdog(
+            spec.timeout, hard_timeout=spec.hard_timeout, guard=self._guard, name=spec.name
+        )
+
     async def run(self) -> None:
         """One run: fetch and handle until ``stop`` (return) or until the subscription fails
         (raise its error); either way drain within the grace period and close the
@@ -121,7 +135,7 @@ class Consumer:
             max_inflight=self.max_inflight,
             grace_period=self.grace_period,
             name=self.name,
-            watchdog=Watchdog(spec.timeout) if spec.timeout is not None else None,
+            watchdog=self._watchdog(),
         )
         if self._stop_requested:  # asked while subscribing
             dispatcher.stop()

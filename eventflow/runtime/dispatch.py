@@ -8,6 +8,11 @@ lane of their own): one key is handled in publish order, different keys concurre
 With one worker every delivery goes in one lane, so deliveries are handled in the order
 they were fetched (per-key lanes would only let one busy key hold back the others).
 
+A handling that gives its delivery back to the broker for a later attempt (``RetryLater``)
+returns True: the deliveries its lane holds behind it are given back too (``release``,
+uncounted), so that the broker, which holds back the later messages of that key until the
+delayed one is redelivered, keeps them in order; other lanes are not touched.
+
 A handling that raises is a failure around the handler (the caller's handler settles its
 own outcomes): the lane is given back, failed delivery first, to ``give_back`` (which
 releases them and pauses), and the worker goes on. Other lanes keep running meanwhile.
@@ -33,8 +38,10 @@ from .watchdog import Watch, Watchdog, unwatched
 
 __all__ = ["Dispatcher", "GiveBack", "Handle"]
 
-Handle = Callable[[Delivery, Watch], Awaitable[None]]
-"""Handles one delivery to its outcome, acking it; raises on a failure around the handler."""
+Handle = Callable[[Delivery, Watch], Awaitable[bool]]
+"""Handles one delivery to its outcome, acking it, or gives it back to the broker for later
+(returns True: what its lane holds behind it goes back too); raises on a failure around
+the handler."""
 GiveBack = Callable[[Sequence[Delivery], Exception], Awaitable[None]]
 """Gives deliveries back after a failure around the handler (release them, pause)."""
 
@@ -201,8 +208,9 @@ class Dispatcher:
             while lane and not self._stopping:
                 self._active += 1
                 failure: Exception | None = None
+                later = False
                 try:
-                    await self._handle(lane[0], watch)
+                    later = await self._handle(lane[0], watch)
                 except Exception as exc:
                     failure = exc
                 finally:
@@ -212,6 +220,8 @@ class Dispatcher:
                     continue
                 del lane[0]
                 self._inflight -= 1
+                if later and lane:
+                    await self._give_back_behind(lane)
                 if self._inflight <= refill and self._fetch_idle:
                     self._slot.set()
             if self._stopping:
@@ -232,6 +242,18 @@ class Dispatcher:
         self._pausing.add(key)
         await self._give_back(given, exc)
         self._pausing.discard(key)
+
+    async def _give_back_behind(self, lane: list[Delivery]) -> None:
+        """The lane's head went back to the broker with a delay: release what the lane held
+        behind it (no handler saw those), so that none overtakes it."""
+        given = list(lane)
+        lane.clear()
+        self._inflight -= len(given)
+        for delivery in given:
+            try:
+                await delivery.release()
+            except Exception as exc:  # the broker redelivers it anyway, counted
+                _log.warning("%s: could not release a delivery: %s", self._name, exc)
 
     async def _release_unstarted(self) -> None:
         """Give back fetched deliveries no handling saw, so they are not counted as attempts."""

@@ -5,7 +5,10 @@ skip if the dedup store has its id -> decode the typed event (upcast, validate) 
 compensation whose command the group has not handled cancels it instead (``compensation``)
 -> call the handler with a soft timeout, retrying with backoff -> settle its transaction,
 if it opened one -> send what it published -> mark the id handled -> ack. Bad input and
-exhausted retries go to the dead-letter store before the ack, so nothing is lost.
+exhausted retries go to the dead-letter store before the ack, so nothing is lost. What a
+failed attempt leads to is ``outcomes.decide``'s: a rejection (``Reject``, ``give_up_on``)
+is dead-lettered at once, a ``RetryLater`` is given back to the broker with its delay (the
+worker goes on), anything else is retried in place after the policy's backoff.
 
 Attempts count handler failures only. A failure is recorded in the store's ``attempts``
 before the next attempt, so a redelivery (after a crash) goes on from the right attempt;
@@ -22,14 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import traceback
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from .._logging import Throttled
 from ..context import Context
-from ..envelope import Envelope, _wire_fields, new_id
+from ..envelope import Envelope, _wire_fields
 from ..errors import (
     AlreadyHandled,
     DecodeError,
@@ -37,11 +38,13 @@ from ..errors import (
     MessageRefusedError,
     UnknownEventTypeError,
 )
-from ..headers import SEND_ID_HEADER, TARGET_GROUP_HEADER
-from ..ports import DeadLetter, Delivery
+from ..headers import TARGET_GROUP_HEADER
+from ..ports import Delivery
 from ..subscribe import HandlerSpec, Signature
 from .compensation import Compensations, compensated_command
 from .host import ConsumerHost
+from .letters import Letters
+from .outcomes import Verdict, decide
 from .settlement import Settlement
 from .stats import ConsumerStats
 from .watchdog import Watch
@@ -52,8 +55,6 @@ _log = logging.getLogger("eventflow.consumer")
 _FAILURE_BACKOFF = 0.05
 _FAILURE_BACKOFF_MAX = 5.0
 _RECORDED_MAX = 10_000  # ids with an attempt record this process knows of (bounded)
-# A replay's own headers, not kept in a new letter of its message (its replay sets its own).
-_REPLAY_HEADERS = frozenset((TARGET_GROUP_HEADER, SEND_ID_HEADER))
 
 
 class CrashLoopError(Exception):
@@ -77,6 +78,7 @@ class Pipeline:
         self.stats = ConsumerStats()
         self._log = Throttled(_log)
         self._settlement = Settlement(host.store, group, idempotent=spec.idempotent, name=name)
+        self._letters = Letters(host.store, group, name, self.stats, keep=spec.dead_letter)
         self._compensations = Compensations(
             host.store, group, idempotent=spec.idempotent, name=name
         )
@@ -87,6 +89,9 @@ class Pipeline:
         # Ids this consumer gave back after reading their record (bounded likewise): their
         # next delivery is not a crash's, so it counts no start.
         self._gave_back: dict[str, None] = {}
+        # Ids given back to the broker with a delay (RetryLater) -> how often (bounded): a
+        # broker's delivery count includes those redeliveries, which are no crash's.
+        self._deferred: dict[str, int] = {}
         self._failures = 0  # failures around the handler in a row (reset by a handled message)
         # envelope id -> the handling in progress, so a duplicate fetched while the original
         # runs waits for its outcome: None until a duplicate arrives and makes the future it
@@ -94,26 +99,28 @@ class Pipeline:
         self._handling: dict[str, asyncio.Future[None] | None] = {}
         self._guard_ids = spec.idempotent and spec.concurrency > 1
 
-    async def process(self, delivery: Delivery, watch: Watch) -> None:
+    async def process(self, delivery: Delivery, watch: Watch) -> bool:
         """Handle one delivery to its outcome (handled, duplicate, dead-lettered or dropped)
-        and ack it. Raises on a failure around the handler: the caller gives it back."""
+        and ack it, or give it back to the broker for a later attempt (``RetryLater``):
+        returns True then, and the caller gives back what it holds of the same key, which
+        must not overtake it. Raises on a failure around the handler: the caller gives it
+        back."""
         self.stats.received += 1
         headers = delivery.headers
         if headers:
             target = headers.get(TARGET_GROUP_HEADER)
             if target is not None and target != self.group:
                 await delivery.ack()  # a replay meant for another group
-                return
+                return False
         # The checked wire fields: a duplicate is dropped before the Envelope is built.
         try:
             fields = _wire_fields(delivery.payload)
         except DecodeError as exc:
-            await self._dead_letter(delivery, None, exc, attempts=0)
-            return
+            await self._letters.file(delivery, None, exc, attempts=0)
+            return False
         env_id: str = fields["id"]
         if not self._guard_ids:
-            await self._handle(delivery, fields, env_id, watch)
-            return
+            return await self._handle(delivery, fields, env_id, watch)
         # Two copies of one message in flight at once (a republish without a key): the
         # second waits for the first's outcome, then finds it in the dedup store.
         handling = self._handling
@@ -124,7 +131,7 @@ class Pipeline:
             await asyncio.shield(busy)
         handling[env_id] = None
         try:
-            await self._handle(delivery, fields, env_id, watch)
+            return await self._handle(delivery, fields, env_id, watch)
         finally:
             busy = handling.pop(env_id)
             if busy is not None and not busy.done():
@@ -132,7 +139,7 @@ class Pipeline:
 
     async def _handle(
         self, delivery: Delivery, fields: dict[str, Any], env_id: str, watch: Watch
-    ) -> None:
+    ) -> bool:
         spec, group, stats = self.spec, self.group, self.stats
         # True once the message has (or may have) an attempt record to forget at the end.
         tracked = delivery.delivery_count > 1 or env_id in self._recorded
@@ -141,26 +148,26 @@ class Pipeline:
             await delivery.ack()
             if tracked:
                 await self._forget(env_id)  # handled, then stopped before it forgot the record
-            return
+            return False
         try:
             env, arg = self._decode(fields)
             command = compensated_command(fields, env_id)
         except Exception as exc:  # DecodeError, or a validator raising something else
-            await self._dead_letter(delivery, env_id, exc, attempts=0)
-            return
+            await self._letters.file(delivery, env_id, exc, attempts=0)
+            return False
         if command is not None and await self._compensations.arrived(
             self.dedup, env_id, command, stats
         ):
             await delivery.ack()  # cancelled its command: nothing to undo
             if tracked:
                 await self._forget(env_id)
-            return
+            return False
         try:
             attempt = 0  # handler attempts that failed before this one
             if tracked:
                 failures = await self._failures_on_record(delivery, env_id)
                 if failures is None:
-                    return  # dead-lettered as a crash loop
+                    return False  # dead-lettered as a crash loop
                 attempt = failures
             policy = spec.retry
             while True:
@@ -179,14 +186,20 @@ class Pipeline:
                 if error is None:
                     await self._succeeded(delivery, ctx, env_id, attempt)
                     break
-                if attempt >= policy.max_attempts:
-                    await self._dead_letter(delivery, env_id, error, attempts=attempt)
+                decision = decide(error, attempt, spec)
+                if decision.verdict is Verdict.DEAD:
+                    await self._letters.file(
+                        delivery, env_id, error, attempts=attempt, reason=decision.reason
+                    )
                     break
                 stats.retries += 1
                 # Recorded before the next attempt: a redelivery after a crash goes on from
                 # here instead of starting over.
                 await self._record_failure(env_id, error)
                 tracked = True
+                if decision.verdict is Verdict.LATER:
+                    await self._retry_later(delivery, env_id, attempt, decision.delay)
+                    return True  # its record stays: the redelivery goes on from it
                 _log.info(
                     "%s: attempt %d of %s failed (%s: %s); retrying",
                     self.name,
@@ -204,6 +217,29 @@ class Pipeline:
             raise
         if tracked:
             await self._forget(env_id)
+        return False
+
+    async def _retry_later(
+        self, delivery: Delivery, env_id: str, attempt: int, delay: float
+    ) -> None:
+        """``RetryLater``: give the message back to the broker, which redelivers it after
+        ``delay`` (its key's later messages wait; other keys go on). Its redelivery is this
+        consumer's own give-back, not a crash's: it counts no start towards
+        ``max_deliveries`` (when it reaches this process again; another member that gets it
+        counts one, so keep ``max_deliveries`` above ``retry``)."""
+        _log.info(
+            "%s: attempt %d of %s asked to be retried no sooner than %.3gs from now",
+            self.name,
+            attempt,
+            env_id,
+            delay,
+        )
+        self._bounded_put(self._gave_back, env_id)
+        later = self._deferred
+        later[env_id] = later.pop(env_id, 0) + 1
+        if len(later) > _RECORDED_MAX:
+            del later[next(iter(later))]
+        await delivery.nack(delay)
 
     async def _failures_on_record(self, delivery: Delivery, env_id: str) -> int | None:
         """Not the first delivery (or given back after a recorded failure): the record tells
@@ -221,10 +257,14 @@ class Pipeline:
         else:
             record = await attempts.get(self.group, env_id)
         self._bounded_put(self._recorded, env_id)
-        unfinished = 1 + record.starts if attempts.durable else delivery.delivery_count - 1
+        unfinished = (
+            1 + record.starts
+            if attempts.durable
+            else delivery.delivery_count - 1 - self._deferred.get(env_id, 0)
+        )
         if unfinished < spec.max_deliveries:
             return record.failures
-        await self._dead_letter(
+        await self._letters.file(
             delivery,
             env_id,
             CrashLoopError(
@@ -266,7 +306,7 @@ class Pipeline:
             except MessageRefusedError as exc:
                 # Sending it again changes nothing: dead-letter the handled message (not
                 # marked handled, so a replay runs the handler again).
-                await self._dead_letter(delivery, env_id, exc, attempts=attempt)
+                await self._letters.file(delivery, env_id, exc, attempts=attempt)
                 return
         dedup = self.dedup
         # Recorded here unless the transaction committed the record; a dedup store apart
@@ -319,6 +359,7 @@ class Pipeline:
         """Drop the message's attempt record: it was handled or dead-lettered (best effort:
         a record left behind only ages out)."""
         self._recorded.pop(env_id, None)
+        self._deferred.pop(env_id, None)
         try:
             await self.host.store.attempts.clear(self.group, env_id)
         except Exception as exc:
@@ -353,50 +394,3 @@ class Pipeline:
                 else f": no Event class defines {env.type!r}; define it or narrow the pattern"
             )
         )
-
-    async def _dead_letter(
-        self, delivery: Delivery, envelope_id: str | None, error: BaseException, *, attempts: int
-    ) -> None:
-        """Store the delivery as a dead letter with its error (or drop it with a log line,
-        ``dead_letter=False``), then ack it."""
-        reason = getattr(error, "reason", "handler-failed")
-        text = f"{type(error).__name__}: {error}"
-        if not isinstance(error, DecodeError) and error.__traceback__ is not None:
-            tb = "".join(traceback.format_exception(error, limit=5))
-            text = f"{text}\n{tb}"
-        if not self.spec.dead_letter:
-            self.stats.dropped += 1
-            _log.error(
-                "%s: dropping message %s after %d attempts (dead_letter=False): %s",
-                self.name,
-                envelope_id or "?",
-                attempts,
-                text,
-            )
-            await delivery.ack()
-            return
-        letter = DeadLetter(
-            id=new_id(),
-            topic=delivery.topic,
-            group=self.group,
-            payload=bytes(delivery.payload),
-            error=text,
-            attempts=attempts,
-            failed_at=datetime.now(UTC),
-            reason=reason,
-            key=delivery.key,
-            headers={k: v for k, v in delivery.headers.items() if k not in _REPLAY_HEADERS},
-            envelope_id=envelope_id,
-            source=dict(delivery.metadata),
-        )
-        await self.host.store.dead_letters.add(letter)
-        self.stats.dead_lettered += 1
-        _log.warning(
-            "%s: dead-lettered %s (%s) after %d attempts: %s",
-            self.name,
-            envelope_id or "undecodable message",
-            reason,
-            attempts,
-            f"{type(error).__name__}: {error}",
-        )
-        await delivery.ack()

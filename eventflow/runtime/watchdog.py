@@ -13,9 +13,20 @@ task had when the watchdog cancelled it (``cancels_before``), not "at most one".
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Watch", "Watchdog"]
+__all__ = ["HardTimeouts", "Watch", "Watchdog"]
+
+
+class HardTimeouts(Protocol):
+    """What times the watchdogs' calls against their ``hard_timeout`` from outside the loop
+    (the app's ``stall.StallGuard``)."""
+
+    def add(self, watchdog: Watchdog) -> None:
+        """Time ``watchdog``'s calls from now on."""
+
+    def remove(self, watchdog: Watchdog) -> None:
+        """Stop timing ``watchdog``'s calls."""
 
 
 class Watch:
@@ -26,7 +37,16 @@ class Watch:
     watchdog times a call from the tick that first sees it.
     """
 
-    __slots__ = ("calls", "cancels_before", "expired", "seen", "seen_at", "task")
+    __slots__ = (
+        "calls",
+        "cancels_before",
+        "expired",
+        "hard_seen",
+        "hard_seen_at",
+        "seen",
+        "seen_at",
+        "task",
+    )
 
     def __init__(self, task: asyncio.Task[Any]) -> None:
         self.task = task
@@ -37,6 +57,8 @@ class Watch:
         self.cancels_before = 0
         self.seen = 0  # the call the watchdog is timing (0: none)
         self.seen_at = 0.0
+        self.hard_seen = 0  # the call the stall guard's thread is timing (hard_timeout)
+        self.hard_seen_at = 0.0
 
     def enter(self) -> None:
         """A handler call starts."""
@@ -69,11 +91,28 @@ class Watchdog:
     Checked every ``timeout / 20`` (5 ms to 1 s). A call is timed from the first tick that
     sees it, so it is never cancelled early, and while ticks come on time (nothing blocks
     the loop) at most two ticks late: a tenth of a timeout of 0.1 s or more.
+
+    With ``hard_timeout`` and a ``guard``, the guard's thread times the same calls against
+    the hard timeout while ``run`` runs (a loop that is blocked runs no tick of this one).
     """
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        hard_timeout: float | None = None,
+        guard: HardTimeouts | None = None,
+        name: str = "",
+    ) -> None:
         self.timeout = timeout
+        self.hard_timeout = hard_timeout
+        self.name = name
+        self._guard = guard if hard_timeout is not None else None
         self._watches: list[Watch] = []
+
+    def watches(self) -> list[Watch]:
+        """The watches of this watchdog's workers (a copy: safe to read from a thread)."""
+        return list(self._watches)
 
     def watch(self) -> Watch:
         """A watch over the current task (a worker), timed by this watchdog."""
@@ -82,7 +121,17 @@ class Watchdog:
         return watch
 
     async def run(self) -> None:
-        """Tick until cancelled."""
+        """Tick until cancelled (and meanwhile have the guard time the hard timeout)."""
+        guard = self._guard
+        if guard is not None:
+            guard.add(self)
+        try:
+            await self._tick()
+        finally:
+            if guard is not None:
+                guard.remove(self)
+
+    async def _tick(self) -> None:
         timeout = self.timeout
         tick = min(max(timeout / 20, 0.005), 1.0)
         clock = asyncio.get_running_loop().time  # a loop may keep its own time

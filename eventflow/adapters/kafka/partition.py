@@ -2,7 +2,10 @@
 
 A partition keeps the records fetched but not handed out (``queue``, in offset order) and
 those handed out but not settled (``inflight``); ``nack``/``release`` put a record back at
-the head of its queue. It counts the deliveries of its records itself (Kafka has no such
+the head of its queue. A record nacked with a delay waits there, holding back the later
+records of its key only: the partition's other keys are handed out past it (its offset is
+not committed until it is finished, so a new owner gets it again).
+It counts the deliveries of its records itself (Kafka has no such
 count) and knows what to commit: its first unfinished offset and the companion value below.
 What its member needs to hear (records buffered, a commit due, a fetch to wake) goes
 through the :class:`MemberState` the member gives it; a partition knows nothing else of
@@ -161,10 +164,9 @@ class Partition:
 
     def take(self, out: list[KafkaDelivery], limit: int, clock: Callable[[], float]) -> None:
         """Hand out queued records into ``out`` until it holds ``limit``, counting each
-        delivery; a nacked record still waiting out its delay stops the partition there."""
+        delivery. A nacked record still waiting out its delay holds back the later records
+        of its key (:meth:`_take_around`); the partition's other keys go on."""
         queue = self.queue
-        inflight = self.inflight
-        prior_hi = self.prior_hi
         taken = 0
         now = 0.0
         while queue and len(out) < limit:
@@ -172,22 +174,49 @@ class Partition:
             if item.not_before:
                 now = now or clock()
                 if item.not_before > now:
-                    break  # a nacked record waits out its delay; its partition waits too
+                    taken += self._take_around(out, limit, now)
+                    break
                 item.not_before = 0.0
             queue.popleft()
             taken += 1
-            offset = item.offset
-            if offset < prior_hi or offset == self.prior_head:
-                item.delivery_count = max(item.delivery_count, self.prior(offset))
-            item.delivery_count += 1
-            inflight[offset] = item
-            out.append(item)
-            if offset >= self.handed_hi:
-                self.handed_hi = offset + 1
+            self._hand_out(item, out)
         if taken:
             member = self.member
             member.buffered -= taken
             member.dirty = True
+
+    def _hand_out(self, item: KafkaDelivery, out: list[KafkaDelivery]) -> None:
+        offset = item.offset
+        if offset < self.prior_hi or offset == self.prior_head:
+            item.delivery_count = max(item.delivery_count, self.prior(offset))
+        item.delivery_count += 1
+        self.inflight[offset] = item
+        out.append(item)
+        if offset >= self.handed_hi:
+            self.handed_hi = offset + 1
+
+    def _take_around(self, out: list[KafkaDelivery], limit: int, now: float) -> int:
+        """Hand out queued records past those waiting out a nack's delay: a waiting record
+        holds back the later records of its key (a keyless one holds back nothing); the
+        rest go in offset order. The commit position stays at the first record not
+        finished, so a waiting record is redelivered to the next owner if the partition
+        moves. Returns how many were handed out."""
+        held: set[str] = set()
+        kept: deque[KafkaDelivery] = deque()
+        taken = 0
+        for item in self.queue:
+            key = item.key
+            waiting = item.not_before > now
+            if len(out) >= limit or waiting or (key is not None and key in held):
+                if waiting and key is not None:
+                    held.add(key)
+                kept.append(item)
+                continue
+            item.not_before = 0.0
+            taken += 1
+            self._hand_out(item, out)
+        self.queue = kept
+        return taken
 
     def give_back(self, item: KafkaDelivery) -> None:
         """Queue ``item`` again in offset order (normally at the head)."""
@@ -345,7 +374,7 @@ class KafkaDelivery:
             part.member.dirty = True
 
     async def nack(self, delay: float = 0.0) -> None:
-        """Redeliver after ``delay`` seconds; the partition's later records wait for it."""
+        """Redeliver after ``delay`` seconds; the later records of its key wait for it."""
         if self._give_back(0, delay):
             member = self._part.member
             if delay > 0:

@@ -30,7 +30,8 @@ from ...patterns import matches, validate_pattern, validate_topic
 from ...ports import Lag, StartPosition
 from ...urls import count_option, seconds_option, url_options
 from .config import MemoryBrokerConfig
-from .groups import Group, Hub, MemorySubscription, hubs
+from .groups import Group, MemorySubscription
+from .hub import Hub, hubs
 
 if TYPE_CHECKING:
     from ...supervision import Supervisor

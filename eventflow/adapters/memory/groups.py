@@ -1,4 +1,4 @@
-"""The memory broker's consumer groups: hubs, groups, partitions, members and deliveries.
+"""The memory broker's consumer groups: groups, partitions, members and deliveries.
 
 A *hub* holds the groups of every broker opened with one ``memory://NAME``. A group spreads
 its messages over partitions (by key hash; keyless messages round-robin); each partition is
@@ -17,20 +17,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import BrokerError
-from ...patterns import matches
-from .config import MemoryBrokerConfig
 
 __all__ = [
     "Group",
-    "Hub",
     "MemoryDelivery",
     "MemorySubscription",
     "Partition",
     "Record",
-    "hubs",
 ]
 
-_MAX_ROUTES = 4096  # topics whose target groups a hub remembers (then it starts over)
 _EMPTY: Mapping[str, str] = {}
 _alloc = object.__new__
 
@@ -153,47 +148,6 @@ class Group:
                 part.assigned.wakeup.set()
 
 
-class Hub:
-    """The groups of every broker opened on one ``memory://NAME``, the topic routes and the
-    newest messages published (``retain``)."""
-
-    def __init__(self, config: MemoryBrokerConfig) -> None:
-        self.config = config
-        self.groups: dict[tuple[str, str], Group] = {}
-        # The newest messages published on the hub (``retain``, at most ``retain_bytes``
-        # of payload): where a group created with start="earliest" begins.
-        self.retained: deque[Record] = deque()
-        self.retained_bytes = 0
-        self.routes: dict[str, list[Group]] = {}
-        self.refs = 0
-
-    def retain(self, record: Record) -> None:
-        """Keep ``record`` among the newest messages, dropping the oldest past ``retain``
-        messages or ``retain_bytes`` of payload."""
-        config, kept = self.config, self.retained
-        if not config.retain:
-            return
-        kept.append(record)
-        self.retained_bytes += len(record[1])
-        while len(kept) > config.retain or self.retained_bytes > config.retain_bytes:
-            self.retained_bytes -= len(kept.popleft()[1])
-
-    def route(self, topic: str) -> list[Group]:
-        """The groups whose pattern matches ``topic`` (remembered for the next publish)."""
-        routes = self.routes
-        groups = routes.get(topic)
-        if groups is None:
-            groups = [g for g in self.groups.values() if matches(g.pattern, topic)]
-            if len(routes) >= _MAX_ROUTES:
-                routes.clear()  # topics made per id must not grow the hub without end
-            routes[topic] = groups
-        return groups
-
-
-hubs: dict[str, Hub] = {}
-"""The live hubs of this process by name: a hub goes with the last broker using it."""
-
-
 class MemoryDelivery:
     """One delivery of a message: made when a member takes the record (a plain tuple until
     then), and while queued for redelivery the record itself.
@@ -265,7 +219,8 @@ class MemoryDelivery:
                 part.assigned.wakeup.set()
 
     async def nack(self, delay: float = 0.0) -> None:
-        """Redeliver after ``delay`` seconds; the partition's later messages wait for it."""
+        """Redeliver after ``delay`` seconds; the later messages of its key wait for it (the
+        partition's other keys do not)."""
         if delay > 0:
             loop = asyncio.get_running_loop()
             if self._give_back(self.delivery_count, loop.time() + delay):
@@ -283,7 +238,7 @@ class MemoryDelivery:
 
     def _give_back(self, delivery_count: int, not_before: float) -> bool:
         """Return the message to the head of its partition (offset order), ahead of later
-        messages of its key, which therefore wait for it."""
+        messages of its key, which therefore wait for it (``_take_around``)."""
         part = self._part
         if part.inflight.get(self.offset) is not self:
             return False
@@ -377,14 +332,23 @@ class MemorySubscription:
                     continue  # the previous owner is still settling this partition
                 part.owner = self
             inflight = part.inflight
+            waiting = False
             while retry and len(out) < limit:
                 delivery = retry[0]
                 if delivery.not_before and delivery.not_before > self._now():
-                    break  # a nacked record waits out its delay; its partition waits too
+                    waiting = True
+                    break
                 retry.popleft()
                 delivery.delivery_count += 1
                 inflight[delivery.offset] = delivery
                 out.append(delivery)
+            if waiting:
+                # A nacked record waits out its delay, and so do the later records of its
+                # key; the partition's other keys go on.
+                self._take_around(part, out, limit)
+                if len(out) >= limit:
+                    break
+                continue
             if retry:
                 if len(out) >= limit:
                     break
@@ -402,6 +366,45 @@ class MemorySubscription:
             if len(out) >= limit:
                 break
         return out
+
+    def _take_around(self, part: Partition, out: list[MemoryDelivery], limit: int) -> None:
+        """Take from ``part`` into ``out`` (up to ``limit``) past records that wait out a
+        nack's delay: a waiting record holds back the later records of its key (a keyless
+        one holds back nothing), every other record is taken in offset order. Pending
+        records of a held-back key move to the retry queue (given their offsets, in order),
+        so the next take skips them at the cost of a look, not of a rescan of the backlog."""
+        now = self._now()
+        held: set[str] = set()
+        kept: deque[MemoryDelivery] = deque()
+        retry, inflight = part.retry, part.inflight
+        while retry:
+            delivery = retry.popleft()
+            key = delivery.key
+            waiting = delivery.not_before and delivery.not_before > now
+            if len(out) >= limit or waiting or (key is not None and key in held):
+                if waiting and key is not None:
+                    held.add(key)
+                kept.append(delivery)
+                continue
+            delivery.delivery_count += 1
+            inflight[delivery.offset] = delivery
+            out.append(delivery)
+        pending, group = part.pending, self._group
+        offset = part.next_offset
+        while pending and len(out) < limit:
+            topic, payload, key, headers, published = pending.popleft()
+            record = new_delivery(
+                group, part, offset, topic, payload, key, headers or _EMPTY, 0, 0.0, published
+            )
+            offset += 1
+            if key is not None and key in held:
+                kept.append(record)  # offsets grow: the retry queue stays in offset order
+                continue
+            record.delivery_count = 1
+            inflight[record.offset] = record
+            out.append(record)
+        part.next_offset = offset
+        part.retry = kept
 
     async def close(self) -> None:
         """Leave the group: unacked messages are redelivered to the other members."""

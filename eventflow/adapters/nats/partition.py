@@ -3,8 +3,9 @@ the settlement of its deliveries.
 
 Received messages wait in a buffer sorted by stream sequence. A message given back
 (``nack``/``release``) goes to the head of the buffer at its place in sequence order, and a
-nack'd message blocks the partition until its redelivery comes back, so later messages of
-its key do not overtake it. Each partition has at most one pull request outstanding: its
+nack'd message holds back the later messages of its key until its redelivery comes back,
+so they do not overtake it; the partition's other keys are handed out meanwhile.
+Each partition has at most one pull request outstanding: its
 end (batch filled, or a status) tells exactly when nothing more can arrive, which is what
 a member waits for before it gives the partition up. One that expired is replaced at once
 (the member's waiting fetch is woken), so an idle partition is never without one.
@@ -126,7 +127,8 @@ class Partition:
         self.draining = False
         self.buffer: deque[NatsDelivery] = deque()  # received, not handed out; by seq
         self.out: dict[int, NatsDelivery] = {}  # handed out, not settled
-        self.awaiting: dict[int, float] = {}  # seq given back -> give up waiting at
+        # seq given back -> (give up waiting at, its key): later messages of the key wait
+        self.awaiting: dict[int, tuple[float, str | None]] = {}
         self.delayed: dict[int, tuple[float, NatsDelivery]] = {}  # nack(delay): due, delivery
         # A new owner hands out nothing until the consumer's redelivery queue is drained (a
         # first delivery or an ended pull shows it is): what earlier owners gave back may sit
@@ -222,10 +224,11 @@ class Partition:
                 return
             need = want
         elif self.awaiting:
-            if self.delayed or len(self.buffer) >= _MAX_BLOCKED_BUFFER:
-                return  # nothing can be handed out before the delayed nack is due
-            # Blocked until a given-back message returns: the server handles the nak
-            # asynchronously, so a later message may have come first; pull on regardless.
+            if len(self.buffer) >= _MAX_BLOCKED_BUFFER:
+                return
+            # Keys held back until a given-back message returns: the server handles the nak
+            # asynchronously, so a later message may have come first; pull on regardless
+            # (other keys are handed out meanwhile).
             need = want
         else:
             need = want - len(self.buffer)
@@ -242,24 +245,49 @@ class Partition:
 
     def take(self, out: list[NatsDelivery], limit: int, now: float) -> None:
         """Hand out buffered messages into ``out`` (up to ``limit`` in all), in sequence
-        order, stopping at one behind a message given back and not yet redelivered."""
+        order, past those of a key whose earlier message was given back and not yet
+        redelivered (:meth:`_take_around`)."""
         buf = self.buffer
         if self.draining or self.settling or not buf or now >= self.lease_until:
             return
-        awaiting, held = self.awaiting, self.out
+        if self.awaiting:
+            self._take_around(out, limit, now)
+            return
+        held = self.out
         while buf and len(out) < limit:
-            d = buf[0]
-            if awaiting:
-                low = min(awaiting)
-                if d.seq > low:
-                    if awaiting[low] < now:
-                        del awaiting[low]  # never came back (max_deliver?): stop waiting
-                        continue
-                    break  # an earlier message of the partition is to be redelivered
-                awaiting.pop(d.seq, None)
-            buf.popleft()
+            d = buf.popleft()
             held[d.seq] = d
             out.append(d)
+
+    def _take_around(self, out: list[NatsDelivery], limit: int, now: float) -> None:
+        """``take`` while messages given back are awaited: a buffered message waits while
+        an earlier message of its key is awaited (a keyless one holds back nothing); one
+        awaited too long (the server dropped it: max_deliver) is no longer waited for."""
+        awaiting, held = self.awaiting, self.out
+        for seq in [seq for seq, (until, _) in awaiting.items() if until < now]:
+            del awaiting[seq]  # never came back: stop waiting
+        low: dict[str, int] = {}  # key -> its lowest sequence awaited
+        for seq, (_, key) in awaiting.items():
+            if key is not None and seq < low.get(key, seq + 1):
+                low[key] = seq
+        kept: deque[NatsDelivery] = deque()
+        for d in self.buffer:
+            key = d.key
+            first = low.get(key) if key is not None else None
+            if len(out) >= limit or (first is not None and d.seq > first):
+                kept.append(d)
+                continue
+            if awaiting.pop(d.seq, None) is not None and key is not None and first == d.seq:
+                # Its redelivery: the key's later messages may follow, unless another of
+                # its messages is awaited too.
+                rest = [s for s, (_, k) in awaiting.items() if k == key]
+                if rest:
+                    low[key] = min(rest)
+                else:
+                    del low[key]
+            held[d.seq] = d
+            out.append(d)
+        self.buffer = kept
 
     def held(self) -> list[NatsDelivery]:
         """Every message this member holds for the partition, by stream sequence."""
@@ -278,12 +306,13 @@ class Partition:
             await self._releases.forget(self.consumer, d.seq)
 
     async def nack(self, d: NatsDelivery, delay: float) -> None:
-        """Give ``d`` back for redelivery after ``delay``; the partition waits for it."""
+        """Give ``d`` back for redelivery after ``delay``; the later messages of its key
+        wait for it."""
         member = self._member
         if member.closed or self.out.pop(d.seq, None) is None:
             return  # given back already, when the member left or lost the partition
         now = member.now()
-        self.awaiting[d.seq] = now + delay + self._await_guard
+        self.awaiting[d.seq] = (now + delay + self._await_guard, d.key)
         if delay > 0:
             # Held here (and kept alive) rather than nak'd with a server-side delay: the
             # server would meanwhile deliver the key's later messages.
@@ -319,11 +348,11 @@ class Partition:
             await self._nc.publish(d.reply, IN_PROGRESS)
 
     async def nak_due(self, now: float) -> None:
-        """Nak the delayed nacks that are due (the partition waits for their redelivery)."""
+        """Nak the delayed nacks that are due (their keys wait for their redelivery)."""
         for seq, (due, d) in list(self.delayed.items()):
             if due <= now:
                 del self.delayed[seq]
-                self.awaiting[seq] = now + self._await_guard
+                self.awaiting[seq] = (now + self._await_guard, d.key)
                 await self._nc.publish(d.reply, NAK)
 
     async def keep_alive(self) -> None:

@@ -127,6 +127,27 @@ class RedeliveryContract(BrokerContractBase):
         assert _texts(got) == ["m0", "m1", "m2"]
         assert [d.delivery_count for d in got] == [2, 1, 1]
 
+    async def test_nack_with_delay_holds_back_only_its_key(
+        self, broker_factory: BrokerFactory
+    ) -> None:
+        """While a message waits out its ``nack(delay)``, the messages of other keys keep
+        coming, those of its partition included; its key's later message still waits."""
+        broker = await broker_factory()
+        topic, group = f"{unique_name()}.otherkeys", unique_name("g")
+        sub = await broker.subscribe(topic, group=group)
+        await broker.publish(topic, b"a0", key="a")
+        await broker.publish(topic, b"a1", key="a")
+        [first] = await collect(sub, 1, timeout=self.timeout, ack=False, max_messages=1)
+        assert first.payload == b"a0"
+        await first.nack(600.0)  # far longer than the test: it never comes back meanwhile
+        # Enough keys that some share the partition of "a" on any partitioning.
+        others = {f"o{i}".encode() for i in range(200)}
+        for i in range(200):
+            await broker.publish(topic, f"o{i}".encode(), key=f"key-{i}")
+        got = await collect(sub, len(others), timeout=self.timeout, max_messages=50)
+        assert {d.payload for d in got} == others
+        assert await drain(sub, self.quiet_period) == []  # a1 waits behind a0
+
     async def test_pending_nack_of_a_closed_member_does_not_duplicate(
         self, broker_factory: BrokerFactory
     ) -> None:
