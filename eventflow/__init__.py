@@ -28,6 +28,7 @@ from .errors import (
     UpcastError,
 )
 from .events import Event, EventRegistry, upcaster
+from .limits import Breaker, CircuitOpenError, Limit, LimitTimeoutError
 from .ports import DeadLetter, Lag, RecordedEvent, Transaction
 from .projections import Projection, ProjectionContext
 from .runtime.retry import RetryPolicy
@@ -45,7 +46,9 @@ __all__ = (
     "AlreadyHandled",
     "App",
     "BackpressureError",
+    "Breaker",
     "BrokerError",
+    "CircuitOpenError",
     "ComponentFailedError",
     "ConcurrencyError",
     "ConfigurationError",
@@ -63,6 +66,8 @@ __all__ = (
     "HandlerTimeoutError",
     "Lag",
     "LeaseLostError",
+    "Limit",
+    "LimitTimeoutError",
     "MalformedMessageError",
     "MessageRefusedError",
     "MissingDependencyError",

@@ -38,6 +38,7 @@ from ..errors import (
     UnknownEventTypeError,
 )
 from ..headers import SEND_ID_HEADER, TARGET_GROUP_HEADER
+from ..limits.errors import GivenBack
 from ..ports import DeadLetter, Delivery
 from ..subscribe import HandlerSpec, Signature
 from .compensation import Compensations, compensated_command
@@ -176,6 +177,8 @@ class Pipeline:
                         )
                         await delivery.ack()
                         break
+                if isinstance(error, GivenBack):
+                    raise error  # a limit refused it: given back, no attempt (limits.pause)
                 if error is None:
                     await self._succeeded(delivery, ctx, env_id, attempt)
                     break
