@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from .breaker import Admission, BreakerState, admit, failed, finished_probe
+from .breaker import Admission, BreakerState, Phase, admit, failed, finished_probe
 from .errors import LimitTimeoutError
 from .spec import Breaker, Limit
 
@@ -171,7 +171,7 @@ class SharedCell:
     async def admit(self) -> tuple[Admission, BreakerState]:
         """Decide an entry now (a probe is taken by compare-and-set: one process wins)."""
         state = await self.current()
-        if state.phase is not state.phase.CLOSED:
+        if state.phase is not Phase.CLOSED:
             await self._load()  # deciding a probe on a stale record would run two
         decided: list[Admission] = []
 
@@ -182,7 +182,7 @@ class SharedCell:
 
         new = await self._change(rule)
         admission = decided[-1]
-        if admission is Admission.PROBE and new.phase is not new.phase.HALF_OPEN:
+        if admission is Admission.PROBE and new.phase is not Phase.HALF_OPEN:
             admission = Admission.REFUSE  # lost the probe to another process
         return admission, new
 

@@ -6,7 +6,8 @@ moment ``tat`` and the breaker's record with its version) and ``ef_limit_slots``
 per held slot, with its expiry on the store's clock). An acquire is one transaction that
 first upserts the limit's row, which serialises the acquires of one limit (PostgreSQL
 locks the row until the commit; SQLite's write transactions are serial anyway), then
-counts the live slots and inserts one. Every call runs in a context of its own, so a
+inserts the slot if fewer than ``concurrency`` are live (one statement) and moves the
+rate's next free moment. Every call runs in a context of its own, so a
 handler inside ``ctx.transaction()`` can take a limit: its slot commits at once, apart from
 the handler's transaction.
 """
@@ -94,36 +95,36 @@ class SqlLimitBackend:
         async def work(tx: Transaction) -> Acquired:
             rows = await tx.fetch(self._lock_row, limit.name)
             tat, now = float(rows[0][0]), float(rows[0][1])
-            if limit.concurrency is not None:
-                live = await tx.fetch(
-                    "SELECT count(*) FROM ef_limit_slots WHERE name = $1 AND expires > $2",
-                    limit.name,
-                    now,
-                )
-                if int(live[0][0]) >= limit.concurrency:
-                    await tx.execute(
-                        "DELETE FROM ef_limit_slots WHERE name = $1 AND expires <= $2",
-                        limit.name,
-                        now,
-                    )
-                    return Acquired(False)
             wait = 0.0
             if limit.rate is not None:
                 start = max(tat, now)
                 wait = start - now - (limit.burst - 1) * limit.emission
                 if wait > max_wait:
                     return Acquired(False, wait)
-                await tx.execute(
-                    "UPDATE ef_limits SET tat = $2 WHERE name = $1",
-                    limit.name,
-                    start + limit.emission,
-                )
             if limit.concurrency is not None:
-                await tx.execute(
-                    "INSERT INTO ef_limit_slots (name, slot, expires) VALUES ($1, $2, $3)",
+                # One statement: the slot is inserted only while fewer are live.
+                taken = await tx.execute(
+                    "INSERT INTO ef_limit_slots (name, slot, expires) SELECT $1, $2, $3 "
+                    "WHERE (SELECT count(*) FROM ef_limit_slots "
+                    "WHERE name = $1 AND expires > $4) < $5",
                     limit.name,
                     slot,
                     now + limit.ttl,
+                    now,
+                    limit.concurrency,
+                )
+                if not taken:
+                    await tx.execute(
+                        "DELETE FROM ef_limit_slots WHERE name = $1 AND expires <= $2",
+                        limit.name,
+                        now,
+                    )
+                    return Acquired(False)
+            if limit.rate is not None:
+                await tx.execute(
+                    "UPDATE ef_limits SET tat = $2 WHERE name = $1",
+                    limit.name,
+                    max(tat, now) + limit.emission,
                 )
             return Acquired(True, max(wait, 0.0))
 
