@@ -30,6 +30,7 @@ from .errors import (
     UpcastError,
 )
 from .events import Event, EventRegistry, upcaster
+from .limits import Breaker, CircuitOpenError, Limit, LimitTimeoutError
 from .ports import DeadLetter, Lag, RecordedEvent, Transaction
 from .projections import Projection, ProjectionContext
 from .runtime.retry import RetryPolicy
@@ -47,7 +48,9 @@ __all__ = (
     "AlreadyHandled",
     "App",
     "BackpressureError",
+    "Breaker",
     "BrokerError",
+    "CircuitOpenError",
     "ComponentFailedError",
     "ConcurrencyError",
     "ConfigurationError",
@@ -65,6 +68,8 @@ __all__ = (
     "HandlerTimeoutError",
     "Lag",
     "LeaseLostError",
+    "Limit",
+    "LimitTimeoutError",
     "MalformedMessageError",
     "MessageRefusedError",
     "MissingDependencyError",

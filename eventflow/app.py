@@ -25,6 +25,7 @@ from .errors import BrokerError, ComponentFailedError, ConfigurationError, Messa
 from .events import Event, EventRegistry, default_registry, envelope_for, to_envelope
 from .groups import GroupSpec
 from .headers import MESSAGE_ID_HEADER
+from .limits import Limits
 from .patterns import overlap, validate_topic
 from .ports import Broker, DedupStore, Store, declared
 from .projections import Projection, ProjectionRunner
@@ -71,6 +72,8 @@ class App:
     ``loop_block_warning`` (seconds, 1.0 by default; None: off): a watchdog thread logs the
     stack of whatever blocks the event loop for that long; the same thread enforces the
     handlers' ``hard_timeout`` (see ``docs/downstream.md``).
+    ``limits`` lists ``Limit`` declarations that handlers take with ``ctx.limit(name)``
+    (concurrency, rate and a circuit breaker per dependency; see ``docs/downstream.md``).
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class App:
         restart_policy: RestartPolicy | None = None,
         catch_up_limit: float = DEFAULT_CATCH_UP_LIMIT,
         loop_block_warning: float | None = DEFAULT_LOOP_BLOCK_WARNING,
+        limits: Iterable[object] = (),
     ) -> None:
         if not name or any(c in name for c in " \t\n"):
             raise ConfigurationError(f"app name {name!r} must be non-empty without spaces")
@@ -107,6 +111,8 @@ class App:
         self.broker: Broker = open_broker(broker)
         self.store: Store = store_for(store)
         self.registry = registry or default_registry
+        self.limits = Limits(limits, app=name)
+        """The declared limits, which handlers take with ``ctx.limit(name)``."""
         self.grace_period = grace_period
         self.heartbeat_interval = heartbeat_interval
         self.instance = f"{name}@{socket.gethostname()}:{os.getpid()}:{new_id()[-12:]}"
@@ -228,8 +234,14 @@ class App:
         return tuple(self._consumers)
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """Counters per consumer (``group:pattern``): received, handled, duplicates, ..."""
-        return {c.name: c.stats.as_dict() for c in self._consumers}
+        """Counters per consumer (``group:pattern``): received, handled, duplicates, ...;
+        and per declared limit (``limit:<name>``): entered, timed_out, refused, counted,
+        in_use, and with a breaker ``breaker_open`` (0 closed, 1 open, 2 half-open),
+        ``opened``, ``closed``."""
+        found = {c.name: c.stats.as_dict() for c in self._consumers}
+        for name, row in self.limits.stats().items():
+            found[f"limit:{name}"] = row
+        return found
 
     async def publish(
         self,
@@ -319,7 +331,11 @@ class App:
         supervisor = self._supervisor
         if supervisor is None:
             return Health("stopped")
-        return supervisor.health()
+        health = supervisor.health()
+        breakers = self.limits.problems()  # an open breaker pauses subscriptions
+        if breakers and health.ok:
+            return Health("degraded", breakers)
+        return Health(health.status, health.problems + breakers) if breakers else health
 
     @property
     def failure(self) -> ComponentFailedError | None:
@@ -349,6 +365,7 @@ class App:
                 await self.store.open(supervisor)
                 if self._dedup_override is not None:
                     await self._dedup_override.open()
+                await self.limits.open(self.store)
                 # Every subscription joins at once: on Kafka each join into a group is a
                 # rebalance of about a second, so an app with a saga (a handler per event
                 # type in one group) took that long per handler when they joined in turn.
@@ -386,6 +403,8 @@ class App:
                         f"saga timers {saga_cls.definition.name}",
                         functools.partial(self._saga_runtime.run_timers, saga_cls),
                     )
+                if self.limits.clustered:
+                    supervisor.spawn("limit slot renewals", self.limits.renew)
                 outbox = OutboxRelay(self.store, self.broker)
                 self._relays.append(outbox)
                 supervisor.spawn("outbox relay", outbox.run)
@@ -474,6 +493,7 @@ class App:
                 await self._leave_heartbeat(supervisor)
             finally:
                 try:
+                    await self.limits.close()
                     if self._dedup_override is not None:
                         await self._dedup_override.close()
                     await self.store.close()
@@ -488,7 +508,7 @@ class App:
             return
         try:
             if self._failure is not None and supervisor is not None:
-                await hb.beat(supervisor.health())
+                await hb.beat(supervisor.health())  # (the limits are closed by then)
             else:
                 await self.store.heartbeats.remove(self.instance)
         except Exception as exc:  # the store is down: the record goes stale by itself

@@ -10,6 +10,7 @@ from typing import Any
 from .envelope import Envelope, derived_id
 from .events import Event, envelope_for, to_envelope
 from .headers import COMPENSATES_HEADER, TRACEPARENT_HEADER
+from .limits.limiter import Taken
 from .patterns import validate_topic
 from .ports import EventStore, Transaction
 from .runtime.host import ConsumerHost
@@ -204,6 +205,18 @@ class Context:
             self._outbox = []
         self._outbox.append((topic or env.type, env))
         return env
+
+    def limit(self, name: str, *, timeout: float | None = None) -> Taken:
+        """``async with ctx.limit("payments-api"):`` takes a slot (and a rate token) of the
+        app's limit ``name`` for the block, and passes its circuit breaker.
+
+        Waiting is bounded by the limit's ``timeout`` (or ``timeout`` here); past it, or
+        while the breaker is open, it raises an error that gives the message back without
+        spending an attempt (``LimitTimeoutError``, ``CircuitOpenError``: let it leave the
+        handler). The breaker counts the exceptions of its ``on`` types that leave the block;
+        one it counts spends the attempt only while the breaker stays closed. A name the
+        app does not declare raises ``ConfigurationError``."""
+        return self._app.limits.take(name, timeout)
 
     def _take_outbox(self) -> list[tuple[str, Envelope]]:
         out, self._outbox = self._outbox or [], None

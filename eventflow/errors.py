@@ -20,6 +20,9 @@
     │   ├── MessageRefusedError     the broker refused a message for good (too large, ...)
     │   └── PublishUnconfirmedError a publish not confirmed: maybe sent (a retry is safe)
     ├── ComponentFailedError        a background component failed and could not recover
+    ├── GivenBack                   (eventflow.limits) a limit gave the message back, no attempt
+    │   ├── CircuitOpenError        the limit's circuit breaker is open
+    │   └── LimitTimeoutError       no slot or rate token came free within the limit's timeout
     ├── ProjectionError             a projection cannot run, reset or rebuild
     │   ├── ProjectionHandlerError  a handler raised on an event: the batch rolled back
     │   └── ProjectionLockedError   another instance holds the projection's lease

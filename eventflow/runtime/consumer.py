@@ -20,7 +20,11 @@ starts a new run on a new subscription.
 
 from __future__ import annotations
 
-from ..ports import Broker, DedupStore, Lag, Subscription, declared
+from collections.abc import Sequence
+
+from ..limits.errors import GivenBack
+from ..limits.pause import Pause
+from ..ports import Broker, DedupStore, Delivery, Lag, Subscription, declared
 from ..subscribe import HandlerSpec, Signature
 from .dispatch import Dispatcher
 from .host import ConsumerHost
@@ -53,6 +57,7 @@ class Consumer:
         self.max_inflight = max_inflight or max(64, spec.concurrency * 16)
         self._guard = guard  # times the handler's hard_timeout, if it has one
         self._pipeline = Pipeline(host, spec, group, signature, self.name)
+        self._pause = Pause(host.limits, self.name, self._pipeline.stats)
         self._sub: Subscription | None = None
         self._dispatcher: Dispatcher | None = None  # the current run's
         self._stop_requested = False
@@ -115,6 +120,14 @@ class Consumer:
             spec.timeout, hard_timeout=spec.hard_timeout, guard=self._guard, name=spec.name
         )
 
+    async def _give_back(self, deliveries: Sequence[Delivery], exc: Exception) -> None:
+        """A limit refused the message (``GivenBack``): released, no attempt spent, the
+        gate held while its breaker is open; anything else is a failure around the handler."""
+        if isinstance(exc, GivenBack):
+            await self._pause.given_back(deliveries, exc)
+        else:
+            await self._pipeline.give_back(deliveries, exc)
+
     async def run(self) -> None:
         """One run: fetch and handle until ``stop`` (return) or until the subscription fails
         (raise its error); either way drain within the grace period and close the
@@ -130,12 +143,13 @@ class Consumer:
         dispatcher = self._dispatcher = Dispatcher(
             sub,
             pipeline.process,
-            pipeline.give_back,
+            self._give_back,
             concurrency=spec.concurrency,
             max_inflight=self.max_inflight,
             grace_period=self.grace_period,
             name=self.name,
             watchdog=self._watchdog(),
+            gate=self._pause,
         )
         if self._stop_requested:  # asked while subscribing
             dispatcher.stop()

@@ -32,6 +32,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 from ..ports import Delivery, Subscription
 from .watchdog import Watch, Watchdog, unwatched
@@ -44,6 +45,18 @@ Handle = Callable[[Delivery, Watch], Awaitable[bool]]
 the handler."""
 GiveBack = Callable[[Sequence[Delivery], Exception], Awaitable[None]]
 """Gives deliveries back after a failure around the handler (release them, pause)."""
+
+
+class Gate(Protocol):
+    """Holds fetching while closed (a breaker the handlers met is open: limits.pause)."""
+
+    @property
+    def open(self) -> bool:
+        """False while fetching must wait."""
+
+    async def wait(self) -> None:
+        """Return once fetching may go on."""
+
 
 _log = logging.getLogger("eventflow.consumer")
 _DRAIN_POLL = 0.01
@@ -66,6 +79,7 @@ class Dispatcher:
         grace_period: float,
         name: str,
         watchdog: Watchdog | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._sub = subscription
         self._handle = handle
@@ -75,6 +89,7 @@ class Dispatcher:
         self._grace_period = grace_period
         self._name = name
         self._watchdog = watchdog
+        self._gate = gate
         # A lane is a list, not a deque: most hold a message or two (a deque allocates a
         # 64-slot block for each), and none holds more than the fetch window.
         self._lanes: dict[object, list[Delivery]] = {}
@@ -154,6 +169,10 @@ class Dispatcher:
                     await slot.wait()
                 finally:
                     self._fetch_idle = False
+                continue
+            gate = self._gate
+            if gate is not None and not gate.open:
+                await gate.wait()  # a breaker is open: the messages wait in the broker
                 continue
             began = time.time()
             try:

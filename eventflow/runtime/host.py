@@ -12,6 +12,7 @@ from typing import Protocol
 
 from ..envelope import Envelope
 from ..events import EventRegistry
+from ..limits.registry import Limits
 from ..ports import Broker, DedupStore, Store
 
 __all__ = ["ConsumerHost"]
@@ -40,6 +41,10 @@ class ConsumerHost(Protocol):
     @property
     def registry(self) -> EventRegistry:
         """The event types (and upcasters) messages are decoded with."""
+
+    @property
+    def limits(self) -> Limits:
+        """The app's declared limits (``ctx.limit(name)``)."""
 
     async def send_outgoing(self, messages: Sequence[tuple[str, Envelope]]) -> None:
         """Send ``(topic, envelope)`` pairs a handler published, in order, retrying what may

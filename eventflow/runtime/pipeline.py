@@ -39,6 +39,7 @@ from ..errors import (
     UnknownEventTypeError,
 )
 from ..headers import TARGET_GROUP_HEADER
+from ..limits.errors import GivenBack
 from ..ports import Delivery
 from ..subscribe import HandlerSpec, Signature
 from .compensation import Compensations, compensated_command
@@ -183,6 +184,8 @@ class Pipeline:
                         )
                         await delivery.ack()
                         break
+                if isinstance(error, GivenBack):
+                    raise error  # a limit refused it: given back, no attempt (limits.pause)
                 if error is None:
                     await self._succeeded(delivery, ctx, env_id, attempt)
                     break

@@ -36,6 +36,10 @@ class ConsumerStats:
     store) while a compensation cancelled them: they took effect and their compensation was
     not handled. Each is logged as an error: it needs a person."""
 
+    limited: int = 0
+    """Messages given back untouched by a limit (its breaker open, or no slot in time): no
+    attempt spent; they are handled later."""
+
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict."""
         return asdict(self)
