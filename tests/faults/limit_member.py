@@ -5,8 +5,9 @@
 CONFIG is a JSON object: ``topic``, ``group``, ``concurrency`` (the handler's), ``limit``
 (keyword arguments of ``Limit("api", ...)``, ``scope="cluster"`` implied) and ``path``
 (``/call`` or ``/hang``). The handler, for each message, takes ``ctx.limit("api")`` and
-GETs SERVICE + path with the message's ``n``; a non-2xx answer raises. Prints ``ready``
-once the app is live; runs until SIGTERM (or SIGKILL).
+GETs SERVICE + path with the message's ``n`` and the wall time the request began
+(``began``); a non-2xx answer raises. Prints ``ready`` once the app is live; runs until
+SIGTERM (or SIGKILL).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 
 import httpx
 
@@ -33,7 +35,10 @@ async def main(broker: str, store: str, service: str, raw: str) -> None:
         async def call(env: Envelope, ctx: Context) -> None:
             assert isinstance(env.data, dict)
             async with ctx.limit("api"):
-                answer = await client.get(path, params={"n": str(env.data["n"])})
+                # when the request began, on this machine's wall clock (the service, in a
+                # process a loaded machine may pause, would see it some time later)
+                began = repr(time.time())
+                answer = await client.get(path, params={"n": str(env.data["n"]), "began": began})
                 answer.raise_for_status()
 
         limit = Limit("api", scope="cluster", **config["limit"])

@@ -140,13 +140,10 @@ async def test_cluster_rate_holds_across_processes(
             )
         finally:
             await _end(procs)
-    # The service sees a request some scheduling delay after its slot was granted: on a
-    # loaded machine a member paused for 0.3 s sends six requests at once, so a one-second
-    # window can hold more than the rate though the grants kept it. Over the whole run
-    # (about 4 s) those delays average out; unlimited, the 80 requests take well under 1 s.
-    mean, most = service.mean_rate(), service.most_in_any_second()
-    detail = f"mean {mean:.1f}/s, busiest second {most} requests"
-    assert 10.0 <= mean <= 20.0 * 1.15, f"the rate limit of 20/s did not hold: {detail}"
+    # Begin times as the members took them (one wall clock: every process is on this
+    # machine), so a test process paused by a loaded machine does not bunch them up.
+    most = service.most_in_any_second()
+    assert 15 <= most <= 20 + PROCESSES, f"requests begun in the busiest second: {most}"
 
 
 @pytest.mark.service("nats")
