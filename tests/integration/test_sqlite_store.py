@@ -322,8 +322,9 @@ class _FaultyConnection:
 
 
 async def _open_and_leave(db: SqliteDatabase) -> None:
-    async with db.transaction():
-        pass
+    """A transaction of one statement: its BEGIN travels with the statement."""
+    async with db.transaction() as tx:
+        await tx.fetch("SELECT 1")
 
 
 async def _locked(db: SqliteDatabase, waiter: Wait) -> None:
@@ -333,26 +334,42 @@ async def _locked(db: SqliteDatabase, waiter: Wait) -> None:
         await asyncio.sleep(0)  # the BEGIN is queued on the thread a loop turn later
 
 
-async def test_a_begin_that_fails_after_its_caller_was_cancelled_is_logged(
-    tmp_path: Path, waiter: Wait, caplog: pytest.LogCaptureFixture
+async def test_a_begin_that_fails_after_its_caller_was_cancelled_leaves_nothing_open(
+    tmp_path: Path, waiter: Wait
 ) -> None:
     path = str(tmp_path / "busy.db")
     db, other = SqliteDatabase(path, busy_timeout=0.3), SqliteDatabase(path)
     await db.open()
     await other.open()
     try:
-        with caplog.at_level(logging.WARNING, logger="eventflow.sqlite"):
-            async with other.transaction():  # holds the write lock past db's busy timeout
-                task = asyncio.create_task(_open_and_leave(db))
-                await _locked(db, waiter)
-                task.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await task  # after the BEGIN gave up waiting: cancelled, not its error
-        [record] = [r for r in caplog.records if "BEGIN IMMEDIATE" in r.getMessage()]
-        assert record.levelno == logging.WARNING
-        assert "locked" in record.getMessage()
-        assert "no transaction is left open" in record.getMessage()
+        async with other.transaction() as held:  # the write lock, past db's busy timeout
+            await held.fetch("SELECT 1")
+            task = asyncio.create_task(_open_and_leave(db))
+            await _locked(db, waiter)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task  # after the BEGIN gave up waiting: cancelled, not its error
+        assert db._conn is not None and not db._conn.in_transaction
         await _open_and_leave(db)  # usable
+    finally:
+        await db.close()
+        await other.close()
+
+
+async def test_a_transaction_without_statements_goes_nowhere(tmp_path: Path) -> None:
+    """A block that ran no statement neither begins nor commits: it does not wait for
+    another process's write lock (the positive control: one with a statement does)."""
+    path = str(tmp_path / "busy.db")
+    db, other = SqliteDatabase(path, busy_timeout=0.2), SqliteDatabase(path)
+    await db.open()
+    await other.open()
+    try:
+        async with other.transaction() as held:
+            await held.fetch("SELECT 1")
+            async with db.transaction():
+                pass
+            with pytest.raises(StoreError, match="locked"):
+                await _open_and_leave(db)
     finally:
         await db.close()
         await other.close()
@@ -366,7 +383,8 @@ async def test_a_transaction_cancelled_twice_while_beginning_is_still_rolled_bac
     await db.open()
     await other.open()
     try:
-        async with other.transaction():
+        async with other.transaction() as held:
+            await held.fetch("SELECT 1")
             task = asyncio.create_task(_open_and_leave(db))
             await _locked(db, waiter)
             task.cancel()
@@ -432,5 +450,55 @@ async def test_a_failed_commit_does_not_leave_the_connection_in_its_transaction(
         async with db.transaction() as tx:  # not "within a transaction": it was rolled back
             await tx.execute("INSERT INTO t VALUES ($1)", 2)
             assert await tx.fetch("SELECT x FROM t") == [(2,)]
+    finally:
+        await db.close()
+
+
+def _insert_into(conn: sqlite3.Connection, table: str, x: int) -> None:
+    conn.execute(f"INSERT INTO {table} VALUES (?)", (x,))
+
+
+async def test_queued_writes_commit_with_their_transaction(tmp_path: Path) -> None:
+    """A queued write runs with the transaction's next statement or its commit: it
+    commits with it, and a rollback drops it."""
+    db = SqliteDatabase(str(tmp_path / "q.db"))
+    await db.open("CREATE TABLE t (x INTEGER);")
+    try:
+        async with db.transaction() as tx:
+            await db.queue(tx, _insert_into, "t", 1)
+            assert await tx.fetch("SELECT x FROM t") == [(1,)]  # carried by this statement
+            await db.queue(tx, _insert_into, "t", 2)  # carried by the commit
+        assert await db.query("SELECT x FROM t ORDER BY x") == [(1,), (2,)]
+        with pytest.raises(ValueError):
+            async with db.transaction() as tx:
+                await db.queue(tx, _insert_into, "t", 3)
+                raise ValueError("roll back")
+        await db.queue(None, _insert_into, "t", 4)  # no transaction: now, in one of its own
+        assert await db.query("SELECT x FROM t ORDER BY x") == [(1,), (2,), (4,)]
+    finally:
+        await db.close()
+
+
+async def test_a_queued_write_that_fails_refuses_its_transaction(tmp_path: Path) -> None:
+    """A queued write that fails rolls its whole transaction back, even when the statement
+    that carried it was caught: its error is raised where the block ends."""
+    db = SqliteDatabase(str(tmp_path / "q.db"))
+    await db.open("CREATE TABLE t (x INTEGER);")
+    try:
+        with pytest.raises(StoreError, match="no such table"):
+            async with db.transaction() as tx:
+                await tx.execute("INSERT INTO t VALUES ($1)", 1)
+                await db.queue(tx, _insert_into, "missing", 1)  # carried by the commit
+        with pytest.raises(StoreError, match="no such table"):
+            async with db.transaction() as tx:
+                await tx.execute("INSERT INTO t VALUES ($1)", 2)
+                await db.queue(tx, _insert_into, "missing", 2)
+                with pytest.raises(StoreError, match="no such table"):
+                    await tx.fetch("SELECT 1")  # the statement that carried it
+        assert await db.query("SELECT x FROM t") == []
+        async with db.transaction() as tx:  # the positive control: the same, queued right
+            await tx.execute("INSERT INTO t VALUES ($1)", 3)
+            await db.queue(tx, _insert_into, "t", 4)
+        assert await db.query("SELECT x FROM t ORDER BY x") == [(3,), (4,)]
     finally:
         await db.close()

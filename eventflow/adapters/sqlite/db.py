@@ -8,6 +8,13 @@ lets other processes (the CLI) read while the app writes.
 ``ContextVar``): store calls made inside it, also from tasks created inside it, run in it
 (the thread runs them one at a time); the others wait for it to end. User SQL takes
 ``$1, $2, ...`` (``params.py``).
+
+A trip to the thread and back costs more than a small statement (about 50 us against a few
+on a 2-core machine), so a transaction makes as few as it can: its ``BEGIN IMMEDIATE``
+travels with its first statement, the writes whose outcome nobody waits for (``queue``:
+the outbox rows of a handling) travel with the next statement or the ``COMMIT``, and a
+block that ran no statement makes no trip at all. What runs, and in which order, is the
+same as with one trip per statement.
 """
 
 from __future__ import annotations
@@ -40,13 +47,24 @@ class _Shared:
     """One open ``transaction()`` as the contexts that joined it see it: ``open`` turns
     False when the block exits, so a task created inside the block that outlives it stops
     joining it (its store calls then take the lock like any other); ``doomed``: the error
-    its commit is refused with (a fence refused it), if any."""
+    its commit is refused with (a fence refused it, or a queued write failed), if any;
+    ``begun``: its ``BEGIN`` went to the thread; ``queued``: writes waiting for the next
+    trip (see the module docstring)."""
 
-    __slots__ = ("doomed", "open")
+    __slots__ = ("begun", "doomed", "open", "queued")
 
     def __init__(self) -> None:
         self.open = True
         self.doomed: BaseException | None = None
+        self.begun = False
+        self.queued: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
+
+    def trip(self) -> tuple[bool, list[tuple[Callable[..., object], tuple[Any, ...]]]]:
+        """What the next trip to the thread carries before its own statement: the
+        ``BEGIN`` (the first trip only) and the queued writes, taken off the queue."""
+        begin, self.begun = not self.begun, True
+        queued, self.queued = self.queued, []
+        return begin, queued
 
 
 def _forget(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:
@@ -151,7 +169,7 @@ class SqliteDatabase:
         the calling context has a ``transaction()`` open, inside that one."""
         joined = self._joined.get()
         if joined is not None and joined.open:
-            return await self._submit(self._guarded, fn, args)
+            return await self._run_in(joined, fn, *args)
         async with self._lock:
             return await self._submit(self._in_tx, fn, args)
 
@@ -178,22 +196,73 @@ class SqliteDatabase:
         if shared.doomed is None:
             shared.doomed = error
 
+    async def queue(self, tx: object, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(conn, *args)`` in ``tx`` (or the context's open transaction) with its
+        next statement or its ``COMMIT``, in the same trip to the thread; without a
+        transaction, now, in one of its own. For writes whose outcome the caller does not
+        wait for: if one fails, the transaction is refused (rolled back, raising its error
+        where it ends) and the statement that carried it raises that error too."""
+        shared = self._shared_of(tx) if tx is not None else self._joined.get()
+        if shared is None or (tx is None and not shared.open):
+            await self.run(fn, *args)
+            return
+        if not shared.open:
+            raise StoreError(_ENDED)
+        shared.queued.append((fn, args))
+
     async def _run_in(self, shared: _Shared, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in the transaction ``shared`` (a ``SqliteTransaction``'s)."""
         if not shared.open:
             raise StoreError(_ENDED)
         # No await between the check and the submission: the statement is queued on the
         # thread before the COMMIT or ROLLBACK that closes the transaction.
-        return await self._submit(self._guarded, fn, args)
+        begin, queued = shared.trip()
+        return await self._submit(self._step, shared, begin, queued, fn, args)
 
-    def _guarded(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        conn = self._conn
-        if conn is None:
-            raise StoreError(f"SQLite database {self.path!r} was closed")
+    def _step(
+        self,
+        shared: _Shared,
+        begin: bool,
+        queued: list[tuple[Callable[..., object], tuple[Any, ...]]],
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+    ) -> T:
+        """On the thread: one trip of a transaction (``BEGIN``, queued writes, ``fn``)."""
+        conn = self._live()
         try:
+            if begin:
+                conn.execute("BEGIN IMMEDIATE")
+            self._flush(conn, shared, queued)
             return fn(conn, *args)
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
+
+    def _flush(
+        self,
+        conn: sqlite3.Connection,
+        shared: _Shared,
+        queued: list[tuple[Callable[..., object], tuple[Any, ...]]],
+    ) -> None:
+        """On the thread: the queued writes; one that fails refuses the transaction."""
+        try:
+            for fn, args in queued:
+                fn(conn, *args)
+        except sqlite3.Error as exc:
+            error = StoreError(f"SQLite error on {self.path!r}: {exc}")
+            error.__cause__ = exc
+            if shared.doomed is None:
+                shared.doomed = error
+            raise error from exc
+        except BaseException as exc:
+            if shared.doomed is None:
+                shared.doomed = exc
+            raise
+
+    def _live(self) -> sqlite3.Connection:
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"SQLite database {self.path!r} was closed")
+        return conn
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[SqliteTransaction]:
@@ -211,10 +280,6 @@ class SqliteDatabase:
                 "statements in the open one"
             )
         async with self._lock:
-            # The statements run on the database thread whatever happens to this task: if
-            # it is cancelled while BEGIN waits (another process holds the write lock), the
-            # BEGIN still completes, so roll it back before releasing the lock.
-            await self._settled(self._exec, "BEGIN IMMEDIATE", undo="ROLLBACK")
             shared = _Shared()
             token = self._joined.set(shared)
             try:
@@ -223,7 +288,7 @@ class SqliteDatabase:
                 except BaseException as exc:
                     shared.open = False
                     try:
-                        await self._settled(self._exec, "ROLLBACK")
+                        await self._roll_back(shared)
                     except Exception as rollback_error:
                         # The block's error (a cancellation, say) is what the caller must
                         # see; the failed ROLLBACK is logged with what it left behind.
@@ -237,23 +302,32 @@ class SqliteDatabase:
                     raise
                 shared.open = False
                 if shared.doomed is not None:
-                    await self._settled(self._exec, "ROLLBACK")
+                    await self._roll_back(shared)
                     raise shared.doomed.with_traceback(None)
-                await self._settled(self._end, "COMMIT")
+                if shared.begun or shared.queued:
+                    begin, queued = shared.trip()
+                    await self._settled("COMMIT", self._end, shared, begin, queued)
             finally:
                 shared.open = False
                 _forget(self._joined, token)
 
-    async def _settled(
-        self, fn: Callable[[str], None], sql: str, *, undo: str | None = None
-    ) -> None:
-        """Run ``fn(sql)`` on the thread and wait for it even if cancelled (then run ``undo``
-        too, and let the cancellation through): the connection never stays mid-transaction."""
-        job = asyncio.ensure_future(self._submit(fn, sql))
+    async def _roll_back(self, shared: _Shared) -> None:
+        """End ``shared`` without committing: a ``ROLLBACK`` if its ``BEGIN`` went to the
+        thread (the thread runs it after any trip of the transaction still under way),
+        nothing otherwise (its queued writes are dropped)."""
+        shared.queued = []
+        if shared.begun:
+            await self._settled("ROLLBACK", self._undo)
+
+    async def _settled(self, what: str, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` (the ``what``: COMMIT or ROLLBACK) on the thread and wait for
+        it even if cancelled (then let the cancellation through): the connection never
+        stays mid-transaction."""
+        job = asyncio.ensure_future(self._submit(fn, *args))
         try:
             await asyncio.shield(job)
         except asyncio.CancelledError:
-            cleanup = asyncio.ensure_future(self._after_cancel(job, sql, undo))
+            cleanup = asyncio.ensure_future(self._after_cancel(job, what))
             while not cleanup.done():
                 try:
                     await asyncio.shield(cleanup)
@@ -261,30 +335,16 @@ class SqliteDatabase:
                     continue  # cancelled again: the first cancellation is raised below
             raise
 
-    async def _after_cancel(self, job: asyncio.Future[None], sql: str, undo: str | None) -> None:
-        """Wait for ``sql`` (the cancelled caller no longer does), then run ``undo``. Their
-        errors reach nobody else, so they are logged with what they mean."""
+    async def _after_cancel(self, job: asyncio.Future[None], what: str) -> None:
+        """Wait for ``what`` (the cancelled caller no longer does); its error reaches nobody
+        else, so it is logged with what it means."""
         try:
             await job
         except Exception as exc:
             _log.warning(
                 "SQLite %s on %r failed after its caller was cancelled: %s; %s",
-                sql,
+                what,
                 self.path,
-                exc,
-                await self._left_in(),
-            )
-            return
-        if undo is None:
-            return
-        try:
-            await self._submit(self._exec, undo)
-        except Exception as exc:
-            _log.warning(
-                "SQLite %s on %r (undoing %s after its caller was cancelled) failed: %s; %s",
-                undo,
-                self.path,
-                sql,
                 exc,
                 await self._left_in(),
             )
@@ -306,30 +366,45 @@ class SqliteDatabase:
     def _in_transaction(self) -> bool:
         return self._conn is not None and self._conn.in_transaction
 
-    def _exec(self, sql: str) -> None:
-        conn = self._conn
-        if conn is None:
-            raise StoreError(f"SQLite database {self.path!r} was closed")
+    def _end(
+        self,
+        shared: _Shared,
+        begin: bool,
+        queued: list[tuple[Callable[..., object], tuple[Any, ...]]],
+    ) -> None:
+        """On the thread: the last trip of ``transaction()``: the ``BEGIN`` and the queued
+        writes if still to run, then ``COMMIT`` (``_commit``), or ``ROLLBACK`` if a queued
+        write failed (raising its error)."""
+        conn = self._live()
         try:
-            conn.execute(sql)
+            try:
+                if begin:
+                    conn.execute("BEGIN IMMEDIATE")
+                self._flush(conn, shared, queued)
+                if shared.doomed is not None:  # a queued write an earlier trip carried failed
+                    raise shared.doomed.with_traceback(None)
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            self._commit(conn)
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
 
-    def _end(self, sql: str) -> None:
-        """``sql`` (COMMIT) for ``transaction()``, as ``_commit`` runs it."""
-        conn = self._conn
-        if conn is None:
-            raise StoreError(f"SQLite database {self.path!r} was closed")
+    def _undo(self) -> None:
+        """On the thread: ``ROLLBACK`` the transaction, if one is open."""
+        conn = self._live()
         try:
-            self._commit(conn, sql)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
 
-    def _commit(self, conn: sqlite3.Connection, sql: str = "COMMIT") -> None:
+    def _commit(self, conn: sqlite3.Connection) -> None:
         """COMMIT; if that fails and leaves the transaction open (SQLite keeps it open after
         some errors), roll it back: the next transaction must not find the connection in it."""
         try:
-            conn.execute(sql)
+            conn.execute("COMMIT")
         except sqlite3.Error:
             if conn.in_transaction:
                 try:
@@ -364,7 +439,7 @@ class SqliteDatabase:
         any)."""
         joined = self._joined.get()
         if joined is not None and joined.open:
-            return await self._submit(self._query, sql, params)
+            return await self._run_in(joined, _rows, sql, params)
         async with self._lock:
             return await self._submit(self._query, sql, params)
 

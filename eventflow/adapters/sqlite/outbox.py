@@ -126,6 +126,12 @@ class _Added(asyncio.Event):
         return True
 
 
+def _insert(conn: sqlite3.Connection, rows: list[tuple[str, str | None, bytes, str]]) -> None:
+    conn.executemany(
+        "INSERT INTO ef_outbox (topic, msg_key, payload, message_id) VALUES (?, ?, ?, ?)", rows
+    )
+
+
 class SqliteOutbox:
     """Outgoing messages in ``ef_outbox``."""
 
@@ -141,15 +147,10 @@ class SqliteOutbox:
     async def add(
         self, messages: Sequence[tuple[str, Envelope]], *, tx: Transaction | None = None
     ) -> None:
-        """Queue messages; inside ``tx`` they commit with it."""
+        """Queue messages; inside ``tx`` (or the context's open transaction) they are written
+        with its next statement or its commit, and commit with it."""
         rows = [(topic, env.key, env.to_bytes(), env.id) for topic, env in messages]
-        await self._db.run_in(
-            tx,
-            lambda conn: conn.executemany(
-                "INSERT INTO ef_outbox (topic, msg_key, payload, message_id) VALUES (?, ?, ?, ?)",
-                rows,
-            ),
-        )
+        await self._db.queue(tx, _insert, rows)
         self.added.set()
 
     async def pending(self, limit: int = 100) -> list[OutboxMessage]:
