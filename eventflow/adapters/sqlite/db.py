@@ -23,14 +23,15 @@ import asyncio
 import contextvars
 import logging
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
 from ...errors import ConfigurationError, StoreError
+from .connect import connect
 from .params import to_sqlite
+from .transaction import Queued, TxState, changed, rows
+from .worker import Worker
 
 __all__ = ["SqliteDatabase", "SqliteTransaction"]
 
@@ -41,30 +42,6 @@ _ENDED = (
     "this SQLite transaction has ended (committed or rolled back): run its statements "
     "inside its `async with` block (a task that outlives the block uses the store directly)"
 )
-
-
-class _Shared:
-    """One open ``transaction()`` as the contexts that joined it see it: ``open`` turns
-    False when the block exits, so a task created inside the block that outlives it stops
-    joining it (its store calls then take the lock like any other); ``doomed``: the error
-    its commit is refused with (a fence refused it, or a queued write failed), if any;
-    ``begun``: its ``BEGIN`` went to the thread; ``queued``: writes waiting for the next
-    trip (see the module docstring)."""
-
-    __slots__ = ("begun", "doomed", "open", "queued")
-
-    def __init__(self) -> None:
-        self.open = True
-        self.doomed: BaseException | None = None
-        self.begun = False
-        self.queued: list[tuple[Callable[..., object], tuple[Any, ...]]] = []
-
-    def trip(self) -> tuple[bool, list[tuple[Callable[..., object], tuple[Any, ...]]]]:
-        """What the next trip to the thread carries before its own statement: the
-        ``BEGIN`` (the first trip only) and the queued writes, taken off the queue."""
-        begin, self.begun = not self.begun, True
-        queued, self.queued = self.queued, []
-        return begin, queued
 
 
 def _forget(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:
@@ -81,13 +58,13 @@ class SqliteDatabase:
     def __init__(self, path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
         self.path = path
         self.busy_timeout = busy_timeout
-        self._executor: ThreadPoolExecutor | None = None
+        self._worker: Worker | None = None
         self._conn: sqlite3.Connection | None = None
         # One transaction at a time on the one connection. An explicit transaction() is
         # bound to the context that opened it (and so to the tasks created inside it): their
         # store calls run inside it, the others wait for the lock.
         self._lock = asyncio.Lock()
-        self._joined: contextvars.ContextVar[_Shared | None] = contextvars.ContextVar(
+        self._joined: contextvars.ContextVar[TxState | None] = contextvars.ContextVar(
             f"eventflow-sqlite-{id(self)}", default=None
         )
 
@@ -100,69 +77,31 @@ class SqliteDatabase:
         """Open the file (creating it) and run ``schema``. Idempotent."""
         if self._conn is not None:
             return
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="eventflow-sqlite")
+        self._worker = Worker("eventflow-sqlite")
         try:
-            self._conn = await self._submit(self._connect, schema)
+            self._conn = await self._submit(connect, self.path, self.busy_timeout, schema)
         except BaseException:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+            worker, self._worker = self._worker, None
+            worker.stop()
             raise
-
-    def _connect(self, schema: str) -> sqlite3.Connection:
-        # Several processes (or stores) opening a new file at once race to switch it to WAL
-        # and create the tables; SQLite then answers "database is locked" at once rather
-        # than waiting, so retry for up to the busy timeout.
-        deadline = time.monotonic() + self.busy_timeout
-        while True:
-            try:
-                return self._connect_once(schema)
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise StoreError(
-                        f"cannot open SQLite database {self.path!r}: {exc}; check the path, "
-                        "that its directory is writable and that no other process holds it"
-                    ) from exc
-                time.sleep(0.02)
-            except sqlite3.Error as exc:
-                raise StoreError(
-                    f"cannot open SQLite database {self.path!r}: {exc}; check the path and "
-                    "that its directory is writable"
-                ) from exc
-
-    def _connect_once(self, schema: str) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path,
-            timeout=self.busy_timeout,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            if schema:
-                conn.executescript(schema)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
 
     async def close(self) -> None:
         """Close the connection and stop the thread. Idempotent."""
-        if self._executor is None:
+        if self._worker is None:
             return
         conn, self._conn = self._conn, None
         if conn is not None:
             await self._submit(conn.close)
-        self._executor.shutdown(wait=True)
-        self._executor = None
+        worker, self._worker = self._worker, None
+        worker.stop()
 
     async def _submit(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._executor is None:
+        if self._worker is None:
             raise StoreError(
                 f"SQLite database {self.path!r} is not open: open the store first "
                 "(`await store.open()` or `async with app`)"
             )
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await self._worker.submit(fn, *args)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` on the database thread in a transaction of its own, or, when
@@ -181,7 +120,7 @@ class SqliteDatabase:
             return await self.run(fn, *args)
         return await self._run_in(self._shared_of(tx), fn, *args)
 
-    def _shared_of(self, tx: object) -> _Shared:
+    def _shared_of(self, tx: object) -> TxState:
         if not isinstance(tx, SqliteTransaction) or tx.db is not self:
             raise ConfigurationError(
                 f"a write to SQLite database {self.path!r} was given another store's "
@@ -210,7 +149,7 @@ class SqliteDatabase:
             raise StoreError(_ENDED)
         shared.queued.append((fn, args))
 
-    async def _run_in(self, shared: _Shared, fn: Callable[..., T], *args: Any) -> T:
+    async def _run_in(self, shared: TxState, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in the transaction ``shared`` (a ``SqliteTransaction``'s)."""
         if not shared.open:
             raise StoreError(_ENDED)
@@ -221,9 +160,9 @@ class SqliteDatabase:
 
     def _step(
         self,
-        shared: _Shared,
+        shared: TxState,
         begin: bool,
-        queued: list[tuple[Callable[..., object], tuple[Any, ...]]],
+        queued: Queued,
         fn: Callable[..., T],
         args: tuple[Any, ...],
     ) -> T:
@@ -240,8 +179,8 @@ class SqliteDatabase:
     def _flush(
         self,
         conn: sqlite3.Connection,
-        shared: _Shared,
-        queued: list[tuple[Callable[..., object], tuple[Any, ...]]],
+        shared: TxState,
+        queued: Queued,
     ) -> None:
         """On the thread: the queued writes; one that fails refuses the transaction."""
         try:
@@ -280,7 +219,7 @@ class SqliteDatabase:
                 "statements in the open one"
             )
         async with self._lock:
-            shared = _Shared()
+            shared = TxState()
             token = self._joined.set(shared)
             try:
                 try:
@@ -311,7 +250,7 @@ class SqliteDatabase:
                 shared.open = False
                 _forget(self._joined, token)
 
-    async def _roll_back(self, shared: _Shared) -> None:
+    async def _roll_back(self, shared: TxState) -> None:
         """End ``shared`` without committing: a ``ROLLBACK`` if its ``BEGIN`` went to the
         thread (the thread runs it after any trip of the transaction still under way),
         nothing otherwise (its queued writes are dropped)."""
@@ -368,9 +307,9 @@ class SqliteDatabase:
 
     def _end(
         self,
-        shared: _Shared,
+        shared: TxState,
         begin: bool,
-        queued: list[tuple[Callable[..., object], tuple[Any, ...]]],
+        queued: Queued,
     ) -> None:
         """On the thread: the last trip of ``transaction()``: the ``BEGIN`` and the queued
         writes if still to run, then ``COMMIT`` (``_commit``), or ``ROLLBACK`` if a queued
@@ -439,7 +378,7 @@ class SqliteDatabase:
         any)."""
         joined = self._joined.get()
         if joined is not None and joined.open:
-            return await self._run_in(joined, _rows, sql, params)
+            return await self._run_in(joined, rows, sql, params)
         async with self._lock:
             return await self._submit(self._query, sql, params)
 
@@ -458,24 +397,14 @@ class SqliteTransaction:
     every eventflow SQL store does (see ``params.py``), and run in this transaction from any
     task; once it has ended they raise ``StoreError``."""
 
-    def __init__(self, db: SqliteDatabase, shared: _Shared) -> None:
+    def __init__(self, db: SqliteDatabase, shared: TxState) -> None:
         self.db = db
         self._shared = shared
 
     async def execute(self, sql: str, *args: Any) -> int:
         """Run one statement in the transaction; return the number of rows it changed."""
-        return await self.db._run_in(self._shared, _changed, to_sqlite(sql), args)
+        return await self.db._run_in(self._shared, changed, to_sqlite(sql), args)
 
     async def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         """Run a query in the transaction; return all rows."""
-        return await self.db._run_in(self._shared, _rows, to_sqlite(sql), args)
-
-
-def _changed(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> int:
-    cursor = conn.execute(sql, args)
-    cursor.fetchall()  # rowcount counts the rows of INSERT ... RETURNING once they are read
-    return max(cursor.rowcount, 0)  # -1: not an INSERT, UPDATE or DELETE
-
-
-def _rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-    return conn.execute(sql, args).fetchall()
+        return await self.db._run_in(self._shared, rows, to_sqlite(sql), args)
