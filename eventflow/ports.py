@@ -785,10 +785,12 @@ class Store(EventStore, Protocol):
         self, group: str, message_id: str, tx: Transaction, *, cancelled_by: str | None = None
     ) -> None:
         """Record a dedup entry inside ``tx`` (the transactional inbox), visible once ``tx``
-        commits; raise ``AlreadyHandled`` if the pair is recorded. Two transactions recording
-        one pair never both commit: the later one waits for the first to end (SQL) and
-        raises if it committed. ``cancelled_by``:
-        the message is recorded as cancelled by that compensation (``dedup.cancelled_by``)."""
+        commits; raise ``AlreadyHandled`` if the pair is recorded, here or, in a store that
+        sends a transaction's writes with its commit (SQLite), where ``tx`` ends (it rolls
+        back then). Two transactions recording one pair never both commit: the later one
+        waits for the first to end (PostgreSQL; SQLite: the later to commit) and raises if
+        it committed. ``cancelled_by``: the message is recorded as cancelled by that
+        compensation (``dedup.cancelled_by``)."""
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
         """Connect (within the adapter's connect timeout, else a ``StoreError`` naming the
