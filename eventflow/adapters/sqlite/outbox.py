@@ -12,11 +12,12 @@ entries and lease renewals leave the mark where it is and wake nobody.
 
 A thread of the outbox, started by the first wait on ``added`` and ended when the store
 closes, checks the mark while a task (the relay) waits on ``added``, and sets ``added`` in
-the event loop when the mark passed ``known``. It checks as the wait begins, then every
-``CHECK_FIRST`` for ``CHECK_HOT`` seconds after the relay last found work; after that the
-interval doubles with every check that finds nothing, up to ``CHECK_MAX``. A relay that is
-busy, or was a moment ago (hops of one message at a time), finds another process's row a
-fraction of a millisecond after its commit; an idle one checks ``1 / CHECK_MAX`` times a
+the event loop when the mark passed ``known``. For ``CHECK_HOT`` seconds after a check
+found such a row it checks as each wait begins and every ``CHECK_FIRST``; after that the
+interval doubles with every check that finds nothing, up to ``CHECK_MAX``. A relay that
+sends other processes' rows, or did a moment ago (hops of one message at a time), finds
+the next a fraction of a millisecond after its commit; an idle one, or one that sends only
+its own process's rows (which wake it in-process), checks ``1 / CHECK_MAX`` times a
 second. A thread and not the event loop's timers: those fire a millisecond late or more
 (``epoll`` waits whole milliseconds) and each check would cost a loop iteration, while the
 thread sleeps between checks holding nothing and wakes the loop only when there is
@@ -45,10 +46,10 @@ from .events import SqliteLeases
 __all__ = ["CHECK_FIRST", "CHECK_HOT", "CHECK_MAX", "SqliteOutbox"]
 
 CHECK_FIRST = 0.0002
-"""Seconds between checks for other processes' adds while the relay is busy."""
+"""Seconds between checks for other processes' adds while they keep coming."""
 CHECK_HOT = 0.02
-"""Seconds after the relay last had something to do during which it checks every
-``CHECK_FIRST``."""
+"""Seconds after a check last found another process's add during which checks are
+``CHECK_FIRST`` apart."""
 CHECK_MAX = 0.025
 """The longest interval between two checks while the relay stays idle."""
 
@@ -63,6 +64,7 @@ class _Watch:
         self._loop = loop
         self._waiting = threading.Event()  # set while the relay waits on ``added``
         self._nudge = threading.Event()  # a wait began (or the end came): check now
+        self._hot_until = 0.0  # checks are CHECK_FIRST apart until then (time.monotonic)
         self._stop = False
         self._thread = threading.Thread(
             target=self._run, name="eventflow-sqlite-outbox-watch", daemon=True
@@ -70,10 +72,12 @@ class _Watch:
         self._thread.start()
 
     def waiting(self, yes: bool) -> None:
-        """The relay starts (True: checks begin at once) or stops waiting on ``added``."""
+        """The relay starts (True) or stops waiting on ``added``; while checks are frequent,
+        the first comes at once."""
         if yes:
             self._waiting.set()
-            self._nudge.set()
+            if time.monotonic() < self._hot_until:
+                self._nudge.set()
         else:
             self._waiting.clear()
 
@@ -93,10 +97,8 @@ class _Watch:
                 waiting.wait()
                 if self._stop:
                     return
-                if time.monotonic() - added.busy_at > CHECK_HOT:
-                    pause = min(pause * 2, CHECK_MAX)
-                else:
-                    pause = CHECK_FIRST
+                now = time.monotonic()
+                pause = CHECK_FIRST if now < self._hot_until else min(pause * 2, CHECK_MAX)
                 try:
                     if conn is None:
                         conn = sqlite3.connect(self._path, timeout=0, isolation_level=None)
@@ -108,6 +110,7 @@ class _Watch:
                         conn = None
                 if mark is not None and mark > added.known and waiting.is_set():
                     waiting.clear()  # one wake-up: the relay waits again after its look
+                    self._hot_until = now + CHECK_HOT
                     self._loop.call_soon_threadsafe(added.set)
                 nudge.wait(pause)
                 nudge.clear()
@@ -125,8 +128,6 @@ class _Added(asyncio.Event):
         self._db = db
         self.known = 0
         """The highest ``seq`` the relay has seen (``pending`` returned)."""
-        self.busy_at = 0.0
-        """When the relay last found work (``time.monotonic``)."""
         self._watch: _Watch | None = None
         self._watched: asyncio.AbstractEventLoop | None = None  # the loop it wakes
 
@@ -150,10 +151,9 @@ class _Added(asyncio.Event):
             watch.stop()
 
     def seen(self, seqs: Sequence[int]) -> None:
-        """``pending`` returned rows up to ``max(seqs)``: the relay has work."""
+        """``pending`` returned rows up to ``max(seqs)``."""
         if seqs:
             self.known = max(self.known, seqs[-1])
-            self.busy_at = time.monotonic()
 
     async def wait(self) -> Literal[True]:
         """Return once set: by an add of this store, or by the watch finding rows above
