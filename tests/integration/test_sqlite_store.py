@@ -1,6 +1,7 @@
 """The SQLite store: dedup, dead letters and heartbeats persist in one file across reopen."""
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -500,5 +501,44 @@ async def test_a_queued_write_that_fails_refuses_its_transaction(tmp_path: Path)
             await tx.execute("INSERT INTO t VALUES ($1)", 3)
             await db.queue(tx, _insert_into, "t", 4)
         assert await db.query("SELECT x FROM t ORDER BY x") == [(3,), (4,)]
+    finally:
+        await db.close()
+
+
+async def test_calls_outside_an_open_block_wait_for_it_and_never_run_inside_it(
+    tmp_path: Path,
+) -> None:
+    """A read or a write of another context, made while a ``transaction()`` block holds the
+    connection, runs after the block ended, not inside its transaction (on the one
+    connection it would see, or commit with, the block's uncommitted writes); once no
+    block is open it runs at once."""
+    db = SqliteDatabase(str(tmp_path / "q.db"))
+    await db.open("CREATE TABLE t (x INTEGER);")
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    async def block(commit: bool) -> None:
+        with contextlib.suppress(ValueError):
+            async with db.transaction() as tx:
+                await tx.execute("INSERT INTO t VALUES ($1)", 1)
+                inside.set()
+                await release.wait()
+                if not commit:
+                    raise ValueError("roll back")
+
+    try:
+        for commit in (False, True):
+            inside.clear()
+            release.clear()
+            holder = asyncio.create_task(block(commit))
+            await inside.wait()
+            read = asyncio.create_task(db.query("SELECT count(*) FROM t WHERE x = 1"))
+            write = asyncio.create_task(db.run(_insert_into, "t", 2))
+            await asyncio.sleep(0.05)
+            assert not read.done() and not write.done()  # they wait for the block
+            release.set()
+            await holder
+            assert await read == [(1 if commit else 0,)]  # never the uncommitted row
+            await write
+        assert await db.query("SELECT x FROM t ORDER BY x") == [(1,), (2,), (2,)]
     finally:
         await db.close()
