@@ -28,7 +28,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
 from ...errors import ConfigurationError, StoreError
-from .connect import connect
+from .connect import begin_immediate, connect
 from .params import to_sqlite
 from .transaction import Queued, TxState, changed, rows
 from .worker import Worker
@@ -170,7 +170,7 @@ class SqliteDatabase:
         conn = self._live()
         try:
             if begin:
-                conn.execute("BEGIN IMMEDIATE")
+                begin_immediate(conn, self.busy_timeout)
             self._flush(conn, shared, queued)
             return fn(conn, *args)
         except sqlite3.Error as exc:
@@ -318,7 +318,7 @@ class SqliteDatabase:
         try:
             try:
                 if begin:
-                    conn.execute("BEGIN IMMEDIATE")
+                    begin_immediate(conn, self.busy_timeout)
                 self._flush(conn, shared, queued)
                 if shared.doomed is not None:  # a queued write an earlier trip carried failed
                     raise shared.doomed.with_traceback(None)
@@ -362,7 +362,7 @@ class SqliteDatabase:
         if conn is None:
             raise StoreError(f"SQLite database {self.path!r} was closed")
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            begin_immediate(conn, self.busy_timeout)
             try:
                 result = fn(conn, *args)
             except BaseException:
