@@ -6,7 +6,7 @@
   without the notification. A notifying commit takes a lock every notifying commit of the
   server takes, and holds it while its commit record is flushed.
 - ``idle`` (SQLite): the CPU an idle app uses (no messages at all), with its outbox relay
-  checking the file for other processes' adds (``PRAGMA data_version``, every
+  checking the file for other processes' adds (the outbox's high-water mark, every
   ``CHECK_MAX`` seconds when idle) against the same app with the checks off (the relay
   then only looks every second), and against a bare event loop that wakes as often as the
   checks do.

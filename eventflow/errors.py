@@ -222,8 +222,9 @@ class StoreError(EventflowError):
 
 class AlreadyHandled(StoreError):
     """The (group, message id) dedup entry already exists: another copy of the message was
-    handled and committed first. Raised by ``Store.mark_handled`` inside a transaction,
-    which the consumer then rolls back and acks as a duplicate."""
+    handled and committed first. Raised by ``Store.mark_handled`` inside a transaction
+    (or, on SQLite, where that transaction ends, rolled back), which the consumer then
+    rolls back and acks as a duplicate."""
 
     def __init__(self, group: str, message_id: str) -> None:
         super().__init__(

@@ -607,18 +607,19 @@ class Outbox(Protocol):
     @property
     def added(self) -> asyncio.Event:
         """Set once messages may have been added: the relay clears it before each look at
-        ``pending`` and, when idle, waits on it to send new messages at once.
+        ``pending`` and, unless the look filled its batch, waits on it before looking again
+        (so a wake-up it could not give delays a message until the relay's poll).
 
         Every ``add`` made through this outbox sets it (once its transaction committed, or
         earlier). Adds that other processes, or other store objects on the same store,
         commit set it too where the store can tell, within milliseconds of their commit:
         PostgreSQL's adds notify at commit and the store's listener connection hears them;
-        SQLite's waiting checks whether another connection wrote to the file, every few
-        milliseconds. A wake-up may be spurious (the relay then finds nothing), and one
-        may be lost (a listener reconnecting sets it once it is back), so the relay also
-        looks every second. The memory store is one process: only its own adds set it.
-        An outbox that cannot tell returns an event that is never set (the relay then
-        only polls)."""
+        SQLite's waiting relay checks whether the outbox's highest ``seq`` passed the
+        highest it saw, a fraction of a millisecond apart while it is busy. A wake-up may
+        be spurious (the relay then finds nothing), and one may be lost (a listener
+        reconnecting sets it once it is back), so the relay also looks every second. The
+        memory store is one process: only its own adds set it. An outbox that cannot tell
+        returns an event that is never set (the relay then only polls)."""
 
     def relaying(self) -> AbstractAsyncContextManager[None]:
         """Entered by the outbox relay for as long as it holds the relay lease through this
@@ -784,10 +785,12 @@ class Store(EventStore, Protocol):
         self, group: str, message_id: str, tx: Transaction, *, cancelled_by: str | None = None
     ) -> None:
         """Record a dedup entry inside ``tx`` (the transactional inbox), visible once ``tx``
-        commits; raise ``AlreadyHandled`` if the pair is recorded. Two transactions recording
-        one pair never both commit: the later one waits for the first to end (SQL) and
-        raises if it committed. ``cancelled_by``:
-        the message is recorded as cancelled by that compensation (``dedup.cancelled_by``)."""
+        commits; raise ``AlreadyHandled`` if the pair is recorded, here or, in a store that
+        sends a transaction's writes with its commit (SQLite), where ``tx`` ends (it rolls
+        back then). Two transactions recording one pair never both commit: the later one
+        waits for the first to end (PostgreSQL; SQLite: the later to commit) and raises if
+        it committed. ``cancelled_by``: the message is recorded as cancelled by that
+        compensation (``dedup.cancelled_by``)."""
 
     async def open(self, supervisor: Supervisor | None = None) -> None:
         """Connect (within the adapter's connect timeout, else a ``StoreError`` naming the

@@ -13,7 +13,9 @@ processes; the others wait and take over if it dies. The outbox relay is woken b
 ``outbox.added``, which the store sets for adds committed by any process sharing it
 (PostgreSQL: a notification; SQLite: a check of the file), so a message another instance
 wrote leaves within milliseconds; it also looks every ``_IDLE_POLL`` seconds, as a safety
-net. Its writes (the outbox removal, the event relay's checkpoint) carry the lease, so a
+net. It clears ``added`` before each look at the outbox, so after a look that did not fill
+its batch it waits for ``added`` instead of looking again: a look per message sent one at a
+time, not two. Its writes (the outbox removal, the event relay's checkpoint) carry the lease, so a
 relay that lost its lease (paused, cut off) cannot delete or move anything after another
 took over. A lost lease ends ``run()`` with ``LeaseLostError``; the owner's supervisor
 starts it again, and it waits for the lease. A send that fails is retried with backoff;
@@ -189,8 +191,10 @@ class OutboxRelay:
                     delay = min(delay * 2, _MAX_BACKOFF)
                     continue
                 delay = _RETRY
-                if batch:
-                    continue
+                if len(batch) >= _BATCH:
+                    continue  # more may wait behind it
+                # It sent all there was when it looked; what was added since has set
+                # ``added`` (cleared before the look).
                 try:
                     async with asyncio.timeout(_IDLE_POLL):
                         await added.wait()  # set by adds in every process the store can tell

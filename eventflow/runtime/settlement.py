@@ -71,7 +71,10 @@ class Settlement:
                 # cancelled this message meanwhile: its effects rolled back with it.
                 return exc
             raise
-        await ctx._finish_transaction(None)
+        try:
+            await ctx._finish_transaction(None)
+        except AlreadyHandled as exc:
+            return exc  # found at the commit (SQLite sends its writes then): rolled back
         ctx._committed = True
         return None
 

@@ -1,6 +1,7 @@
 """The SQLite store: dedup, dead letters and heartbeats persist in one file across reopen."""
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -22,6 +23,7 @@ from eventflow import (
     subscribe,
 )
 from eventflow.adapters.sqlite import SqliteStore
+from eventflow.adapters.sqlite.connect import begin_immediate, connect
 from eventflow.adapters.sqlite.db import SqliteDatabase
 from eventflow.ports import Heartbeat
 
@@ -322,8 +324,9 @@ class _FaultyConnection:
 
 
 async def _open_and_leave(db: SqliteDatabase) -> None:
-    async with db.transaction():
-        pass
+    """A transaction of one statement: its BEGIN travels with the statement."""
+    async with db.transaction() as tx:
+        await tx.fetch("SELECT 1")
 
 
 async def _locked(db: SqliteDatabase, waiter: Wait) -> None:
@@ -333,26 +336,42 @@ async def _locked(db: SqliteDatabase, waiter: Wait) -> None:
         await asyncio.sleep(0)  # the BEGIN is queued on the thread a loop turn later
 
 
-async def test_a_begin_that_fails_after_its_caller_was_cancelled_is_logged(
-    tmp_path: Path, waiter: Wait, caplog: pytest.LogCaptureFixture
+async def test_a_begin_that_fails_after_its_caller_was_cancelled_leaves_nothing_open(
+    tmp_path: Path, waiter: Wait
 ) -> None:
     path = str(tmp_path / "busy.db")
     db, other = SqliteDatabase(path, busy_timeout=0.3), SqliteDatabase(path)
     await db.open()
     await other.open()
     try:
-        with caplog.at_level(logging.WARNING, logger="eventflow.sqlite"):
-            async with other.transaction():  # holds the write lock past db's busy timeout
-                task = asyncio.create_task(_open_and_leave(db))
-                await _locked(db, waiter)
-                task.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await task  # after the BEGIN gave up waiting: cancelled, not its error
-        [record] = [r for r in caplog.records if "BEGIN IMMEDIATE" in r.getMessage()]
-        assert record.levelno == logging.WARNING
-        assert "locked" in record.getMessage()
-        assert "no transaction is left open" in record.getMessage()
+        async with other.transaction() as held:  # the write lock, past db's busy timeout
+            await held.fetch("SELECT 1")
+            task = asyncio.create_task(_open_and_leave(db))
+            await _locked(db, waiter)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task  # after the BEGIN gave up waiting: cancelled, not its error
+        assert db._conn is not None and not db._conn.in_transaction
         await _open_and_leave(db)  # usable
+    finally:
+        await db.close()
+        await other.close()
+
+
+async def test_a_transaction_without_statements_goes_nowhere(tmp_path: Path) -> None:
+    """A block that ran no statement neither begins nor commits: it does not wait for
+    another process's write lock (the positive control: one with a statement does)."""
+    path = str(tmp_path / "busy.db")
+    db, other = SqliteDatabase(path, busy_timeout=0.2), SqliteDatabase(path)
+    await db.open()
+    await other.open()
+    try:
+        async with other.transaction() as held:
+            await held.fetch("SELECT 1")
+            async with db.transaction():
+                pass
+            with pytest.raises(StoreError, match="locked"):
+                await _open_and_leave(db)
     finally:
         await db.close()
         await other.close()
@@ -366,7 +385,8 @@ async def test_a_transaction_cancelled_twice_while_beginning_is_still_rolled_bac
     await db.open()
     await other.open()
     try:
-        async with other.transaction():
+        async with other.transaction() as held:
+            await held.fetch("SELECT 1")
             task = asyncio.create_task(_open_and_leave(db))
             await _locked(db, waiter)
             task.cancel()
@@ -434,3 +454,118 @@ async def test_a_failed_commit_does_not_leave_the_connection_in_its_transaction(
             assert await tx.fetch("SELECT x FROM t") == [(2,)]
     finally:
         await db.close()
+
+
+def _insert_into(conn: sqlite3.Connection, table: str, x: int) -> None:
+    conn.execute(f"INSERT INTO {table} VALUES (?)", (x,))
+
+
+async def test_queued_writes_commit_with_their_transaction(tmp_path: Path) -> None:
+    """A queued write runs with the transaction's next statement or its commit: it
+    commits with it, and a rollback drops it."""
+    db = SqliteDatabase(str(tmp_path / "q.db"))
+    await db.open("CREATE TABLE t (x INTEGER);")
+    try:
+        async with db.transaction() as tx:
+            await db.queue(tx, _insert_into, "t", 1)
+            assert await tx.fetch("SELECT x FROM t") == [(1,)]  # carried by this statement
+            await db.queue(tx, _insert_into, "t", 2)  # carried by the commit
+        assert await db.query("SELECT x FROM t ORDER BY x") == [(1,), (2,)]
+        with pytest.raises(ValueError):
+            async with db.transaction() as tx:
+                await db.queue(tx, _insert_into, "t", 3)
+                raise ValueError("roll back")
+        await db.queue(None, _insert_into, "t", 4)  # no transaction: now, in one of its own
+        assert await db.query("SELECT x FROM t ORDER BY x") == [(1,), (2,), (4,)]
+    finally:
+        await db.close()
+
+
+async def test_a_queued_write_that_fails_refuses_its_transaction(tmp_path: Path) -> None:
+    """A queued write that fails rolls its whole transaction back, even when the statement
+    that carried it was caught: its error is raised where the block ends."""
+    db = SqliteDatabase(str(tmp_path / "q.db"))
+    await db.open("CREATE TABLE t (x INTEGER);")
+    try:
+        with pytest.raises(StoreError, match="no such table"):
+            async with db.transaction() as tx:
+                await tx.execute("INSERT INTO t VALUES ($1)", 1)
+                await db.queue(tx, _insert_into, "missing", 1)  # carried by the commit
+        with pytest.raises(StoreError, match="no such table"):
+            async with db.transaction() as tx:
+                await tx.execute("INSERT INTO t VALUES ($1)", 2)
+                await db.queue(tx, _insert_into, "missing", 2)
+                with pytest.raises(StoreError, match="no such table"):
+                    await tx.fetch("SELECT 1")  # the statement that carried it
+        assert await db.query("SELECT x FROM t") == []
+        async with db.transaction() as tx:  # the positive control: the same, queued right
+            await tx.execute("INSERT INTO t VALUES ($1)", 3)
+            await db.queue(tx, _insert_into, "t", 4)
+        assert await db.query("SELECT x FROM t ORDER BY x") == [(3,), (4,)]
+    finally:
+        await db.close()
+
+
+async def test_calls_outside_an_open_block_wait_for_it_and_never_run_inside_it(
+    tmp_path: Path,
+) -> None:
+    """A read or a write of another context, made while a ``transaction()`` block holds the
+    connection, runs after the block ended, not inside its transaction (on the one
+    connection it would see, or commit with, the block's uncommitted writes); once no
+    block is open it runs at once."""
+    db = SqliteDatabase(str(tmp_path / "q.db"))
+    await db.open("CREATE TABLE t (x INTEGER);")
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    async def block(commit: bool) -> None:
+        with contextlib.suppress(ValueError):
+            async with db.transaction() as tx:
+                await tx.execute("INSERT INTO t VALUES ($1)", 1)
+                inside.set()
+                await release.wait()
+                if not commit:
+                    raise ValueError("roll back")
+
+    try:
+        for commit in (False, True):
+            inside.clear()
+            release.clear()
+            holder = asyncio.create_task(block(commit))
+            await inside.wait()
+            read = asyncio.create_task(db.query("SELECT count(*) FROM t WHERE x = 1"))
+            write = asyncio.create_task(db.run(_insert_into, "t", 2))
+            await asyncio.sleep(0.05)
+            assert not read.done() and not write.done()  # they wait for the block
+            release.set()
+            await holder
+            assert await read == [(1 if commit else 0,)]  # never the uncommitted row
+            await write
+        assert await db.query("SELECT x FROM t ORDER BY x") == [(1,), (2,), (2,)]
+    finally:
+        await db.close()
+
+
+def test_begin_immediate_waits_for_another_writer_and_keeps_the_busy_timeout(
+    tmp_path: Path,
+) -> None:
+    """``begin_immediate`` gets the write lock once another connection releases it, fails
+    with "locked" once the busy timeout passed, and leaves the connection's busy timeout
+    as configured (its own short waits set it to 0 for a moment)."""
+    path = str(tmp_path / "b.db")
+    holder = connect(path, 5.0, "CREATE TABLE t (x INTEGER);")
+    waiter = connect(path, 0.05, "")
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            begin_immediate(waiter, 0.05)  # never released: short waits, then SQLite's
+        assert waiter.execute("PRAGMA busy_timeout").fetchone() == (50,)
+        release = threading.Timer(0.01, lambda: holder.execute("COMMIT"))
+        release.start()
+        begin_immediate(waiter, 5.0)  # the positive control: released meanwhile
+        release.join()
+        waiter.execute("INSERT INTO t VALUES (1)")
+        waiter.execute("COMMIT")
+        assert waiter.execute("PRAGMA busy_timeout").fetchone() == (5000,)
+    finally:
+        holder.close()
+        waiter.close()

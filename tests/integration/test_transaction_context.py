@@ -365,6 +365,46 @@ async def test_a_handler_transaction_opened_in_a_child_task_commits_its_dedup_en
         assert await _rows(store) == [(7, "child")]
 
 
+async def test_a_copy_recorded_elsewhere_before_the_commit_rolls_the_handling_back(
+    store: Store, broker_url: str, waiter: Wait
+) -> None:
+    """Another instance records the message's dedup entry while the handler runs (its copy
+    committed first): the handler's transaction rolls back with its writes and outgoing
+    messages, and the message is acked as a duplicate, not given back. On SQLite the
+    duplicate is found at the commit (its writes travel with it), on PostgreSQL at the
+    dedup insert. The positive control: the next message, undisturbed, commits."""
+    booked: list[int] = []
+    other = store_for(store.url)  # type: ignore[attr-defined]
+
+    @subscribe("it.ctx.deposit", group="ledger")
+    async def book(event: CtxDeposit, ctx: Context) -> None:
+        if event.n == 1:  # the other instance's copy commits first
+            async with other.transaction() as tx:
+                await other.mark_handled("ledger", ctx.envelope.id, tx)
+        async with ctx.transaction() as tx:
+            await tx.execute(INSERT, event.n, "handled")
+            await ctx.publish(CtxBooked(n=event.n))
+
+    @subscribe("it.ctx.booked", group="books")
+    async def count(event: CtxBooked) -> None:
+        booked.append(event.n)
+
+    app = App("it-ctx-copy", broker=broker_url, store=store, handlers=[book, count])
+    await other.open()
+    try:
+        async with app:
+            async with store.transaction() as tx:
+                await tx.execute(LEDGER)
+            await app.publish(CtxDeposit(n=1), key="k")
+            await app.publish(CtxDeposit(n=2), key="k")
+            await waiter(lambda: booked == [2], timeout=BOUND, what="the second booking")
+            stats = app.stats()["ledger:it.ctx.deposit"]
+            assert (stats["duplicates"], stats["handled"], stats["given_back"]) == (1, 1, 0)
+            assert await _rows(store) == [(2, "handled")]
+    finally:
+        await other.close()
+
+
 @pytest.mark.service("postgres")
 async def test_a_failed_commit_of_a_child_task_transaction_keeps_its_message(
     broker_url: str, waiter: Wait

@@ -8,6 +8,13 @@ lets other processes (the CLI) read while the app writes.
 ``ContextVar``): store calls made inside it, also from tasks created inside it, run in it
 (the thread runs them one at a time); the others wait for it to end. User SQL takes
 ``$1, $2, ...`` (``params.py``).
+
+A trip to the thread and back costs more than a small statement (about 50 us against a few
+on a 2-core machine), so a transaction makes as few as it can: its ``BEGIN IMMEDIATE``
+travels with its first statement, the writes whose outcome nobody waits for (``queue``:
+the outbox rows of a handling) travel with the next statement or the ``COMMIT``, and a
+block that ran no statement makes no trip at all. What runs, and in which order, is the
+same as with one trip per statement.
 """
 
 from __future__ import annotations
@@ -16,14 +23,15 @@ import asyncio
 import contextvars
 import logging
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
 from ...errors import ConfigurationError, StoreError
+from .connect import begin_immediate, connect
 from .params import to_sqlite
+from .transaction import Queued, TxState, changed, rows
+from .worker import Worker
 
 __all__ = ["SqliteDatabase", "SqliteTransaction"]
 
@@ -34,19 +42,6 @@ _ENDED = (
     "this SQLite transaction has ended (committed or rolled back): run its statements "
     "inside its `async with` block (a task that outlives the block uses the store directly)"
 )
-
-
-class _Shared:
-    """One open ``transaction()`` as the contexts that joined it see it: ``open`` turns
-    False when the block exits, so a task created inside the block that outlives it stops
-    joining it (its store calls then take the lock like any other); ``doomed``: the error
-    its commit is refused with (a fence refused it), if any."""
-
-    __slots__ = ("doomed", "open")
-
-    def __init__(self) -> None:
-        self.open = True
-        self.doomed: BaseException | None = None
 
 
 def _forget(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:
@@ -63,13 +58,13 @@ class SqliteDatabase:
     def __init__(self, path: str, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> None:
         self.path = path
         self.busy_timeout = busy_timeout
-        self._executor: ThreadPoolExecutor | None = None
+        self._worker: Worker | None = None
         self._conn: sqlite3.Connection | None = None
         # One transaction at a time on the one connection. An explicit transaction() is
         # bound to the context that opened it (and so to the tasks created inside it): their
         # store calls run inside it, the others wait for the lock.
         self._lock = asyncio.Lock()
-        self._joined: contextvars.ContextVar[_Shared | None] = contextvars.ContextVar(
+        self._joined: contextvars.ContextVar[TxState | None] = contextvars.ContextVar(
             f"eventflow-sqlite-{id(self)}", default=None
         )
 
@@ -82,76 +77,38 @@ class SqliteDatabase:
         """Open the file (creating it) and run ``schema``. Idempotent."""
         if self._conn is not None:
             return
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="eventflow-sqlite")
+        self._worker = Worker("eventflow-sqlite")
         try:
-            self._conn = await self._submit(self._connect, schema)
+            self._conn = await self._submit(connect, self.path, self.busy_timeout, schema)
         except BaseException:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+            worker, self._worker = self._worker, None
+            worker.stop()
             raise
-
-    def _connect(self, schema: str) -> sqlite3.Connection:
-        # Several processes (or stores) opening a new file at once race to switch it to WAL
-        # and create the tables; SQLite then answers "database is locked" at once rather
-        # than waiting, so retry for up to the busy timeout.
-        deadline = time.monotonic() + self.busy_timeout
-        while True:
-            try:
-                return self._connect_once(schema)
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise StoreError(
-                        f"cannot open SQLite database {self.path!r}: {exc}; check the path, "
-                        "that its directory is writable and that no other process holds it"
-                    ) from exc
-                time.sleep(0.02)
-            except sqlite3.Error as exc:
-                raise StoreError(
-                    f"cannot open SQLite database {self.path!r}: {exc}; check the path and "
-                    "that its directory is writable"
-                ) from exc
-
-    def _connect_once(self, schema: str) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path,
-            timeout=self.busy_timeout,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            if schema:
-                conn.executescript(schema)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
 
     async def close(self) -> None:
         """Close the connection and stop the thread. Idempotent."""
-        if self._executor is None:
+        if self._worker is None:
             return
         conn, self._conn = self._conn, None
         if conn is not None:
             await self._submit(conn.close)
-        self._executor.shutdown(wait=True)
-        self._executor = None
+        worker, self._worker = self._worker, None
+        worker.stop()
 
     async def _submit(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._executor is None:
+        if self._worker is None:
             raise StoreError(
                 f"SQLite database {self.path!r} is not open: open the store first "
                 "(`await store.open()` or `async with app`)"
             )
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await self._worker.submit(fn, *args)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` on the database thread in a transaction of its own, or, when
         the calling context has a ``transaction()`` open, inside that one."""
         joined = self._joined.get()
         if joined is not None and joined.open:
-            return await self._submit(self._guarded, fn, args)
+            return await self._run_in(joined, fn, *args)
         async with self._lock:
             return await self._submit(self._in_tx, fn, args)
 
@@ -163,7 +120,7 @@ class SqliteDatabase:
             return await self.run(fn, *args)
         return await self._run_in(self._shared_of(tx), fn, *args)
 
-    def _shared_of(self, tx: object) -> _Shared:
+    def _shared_of(self, tx: object) -> TxState:
         if not isinstance(tx, SqliteTransaction) or tx.db is not self:
             raise ConfigurationError(
                 f"a write to SQLite database {self.path!r} was given another store's "
@@ -178,22 +135,73 @@ class SqliteDatabase:
         if shared.doomed is None:
             shared.doomed = error
 
-    async def _run_in(self, shared: _Shared, fn: Callable[..., T], *args: Any) -> T:
+    async def queue(self, tx: object, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(conn, *args)`` in ``tx`` (or the context's open transaction) with its
+        next statement or its ``COMMIT``, in the same trip to the thread; without a
+        transaction, now, in one of its own. For writes whose outcome the caller does not
+        wait for: if one fails, the transaction is refused (rolled back, raising its error
+        where it ends) and the statement that carried it raises that error too."""
+        shared = self._shared_of(tx) if tx is not None else self._joined.get()
+        if shared is None or (tx is None and not shared.open):
+            await self.run(fn, *args)
+            return
+        if not shared.open:
+            raise StoreError(_ENDED)
+        shared.queued.append((fn, args))
+
+    async def _run_in(self, shared: TxState, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in the transaction ``shared`` (a ``SqliteTransaction``'s)."""
         if not shared.open:
             raise StoreError(_ENDED)
         # No await between the check and the submission: the statement is queued on the
         # thread before the COMMIT or ROLLBACK that closes the transaction.
-        return await self._submit(self._guarded, fn, args)
+        begin, queued = shared.trip()
+        return await self._submit(self._step, shared, begin, queued, fn, args)
 
-    def _guarded(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-        conn = self._conn
-        if conn is None:
-            raise StoreError(f"SQLite database {self.path!r} was closed")
+    def _step(
+        self,
+        shared: TxState,
+        begin: bool,
+        queued: Queued,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+    ) -> T:
+        """On the thread: one trip of a transaction (``BEGIN``, queued writes, ``fn``)."""
+        conn = self._live()
         try:
+            if begin:
+                begin_immediate(conn, self.busy_timeout)
+            self._flush(conn, shared, queued)
             return fn(conn, *args)
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
+
+    def _flush(
+        self,
+        conn: sqlite3.Connection,
+        shared: TxState,
+        queued: Queued,
+    ) -> None:
+        """On the thread: the queued writes; one that fails refuses the transaction."""
+        try:
+            for fn, args in queued:
+                fn(conn, *args)
+        except sqlite3.Error as exc:
+            error = StoreError(f"SQLite error on {self.path!r}: {exc}")
+            error.__cause__ = exc
+            if shared.doomed is None:
+                shared.doomed = error
+            raise error from exc
+        except BaseException as exc:
+            if shared.doomed is None:
+                shared.doomed = exc
+            raise
+
+    def _live(self) -> sqlite3.Connection:
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"SQLite database {self.path!r} was closed")
+        return conn
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[SqliteTransaction]:
@@ -211,11 +219,7 @@ class SqliteDatabase:
                 "statements in the open one"
             )
         async with self._lock:
-            # The statements run on the database thread whatever happens to this task: if
-            # it is cancelled while BEGIN waits (another process holds the write lock), the
-            # BEGIN still completes, so roll it back before releasing the lock.
-            await self._settled(self._exec, "BEGIN IMMEDIATE", undo="ROLLBACK")
-            shared = _Shared()
+            shared = TxState()
             token = self._joined.set(shared)
             try:
                 try:
@@ -223,7 +227,7 @@ class SqliteDatabase:
                 except BaseException as exc:
                     shared.open = False
                     try:
-                        await self._settled(self._exec, "ROLLBACK")
+                        await self._roll_back(shared)
                     except Exception as rollback_error:
                         # The block's error (a cancellation, say) is what the caller must
                         # see; the failed ROLLBACK is logged with what it left behind.
@@ -237,23 +241,32 @@ class SqliteDatabase:
                     raise
                 shared.open = False
                 if shared.doomed is not None:
-                    await self._settled(self._exec, "ROLLBACK")
+                    await self._roll_back(shared)
                     raise shared.doomed.with_traceback(None)
-                await self._settled(self._end, "COMMIT")
+                if shared.begun or shared.queued:
+                    begin, queued = shared.trip()
+                    await self._settled("COMMIT", self._end, shared, begin, queued)
             finally:
                 shared.open = False
                 _forget(self._joined, token)
 
-    async def _settled(
-        self, fn: Callable[[str], None], sql: str, *, undo: str | None = None
-    ) -> None:
-        """Run ``fn(sql)`` on the thread and wait for it even if cancelled (then run ``undo``
-        too, and let the cancellation through): the connection never stays mid-transaction."""
-        job = asyncio.ensure_future(self._submit(fn, sql))
+    async def _roll_back(self, shared: TxState) -> None:
+        """End ``shared`` without committing: a ``ROLLBACK`` if its ``BEGIN`` went to the
+        thread (the thread runs it after any trip of the transaction still under way),
+        nothing otherwise (its queued writes are dropped)."""
+        shared.queued = []
+        if shared.begun:
+            await self._settled("ROLLBACK", self._undo)
+
+    async def _settled(self, what: str, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` (the ``what``: COMMIT or ROLLBACK) on the thread and wait for
+        it even if cancelled (then let the cancellation through): the connection never
+        stays mid-transaction."""
+        job = asyncio.ensure_future(self._submit(fn, *args))
         try:
             await asyncio.shield(job)
         except asyncio.CancelledError:
-            cleanup = asyncio.ensure_future(self._after_cancel(job, sql, undo))
+            cleanup = asyncio.ensure_future(self._after_cancel(job, what))
             while not cleanup.done():
                 try:
                     await asyncio.shield(cleanup)
@@ -261,30 +274,16 @@ class SqliteDatabase:
                     continue  # cancelled again: the first cancellation is raised below
             raise
 
-    async def _after_cancel(self, job: asyncio.Future[None], sql: str, undo: str | None) -> None:
-        """Wait for ``sql`` (the cancelled caller no longer does), then run ``undo``. Their
-        errors reach nobody else, so they are logged with what they mean."""
+    async def _after_cancel(self, job: asyncio.Future[None], what: str) -> None:
+        """Wait for ``what`` (the cancelled caller no longer does); its error reaches nobody
+        else, so it is logged with what it means."""
         try:
             await job
         except Exception as exc:
             _log.warning(
                 "SQLite %s on %r failed after its caller was cancelled: %s; %s",
-                sql,
+                what,
                 self.path,
-                exc,
-                await self._left_in(),
-            )
-            return
-        if undo is None:
-            return
-        try:
-            await self._submit(self._exec, undo)
-        except Exception as exc:
-            _log.warning(
-                "SQLite %s on %r (undoing %s after its caller was cancelled) failed: %s; %s",
-                undo,
-                self.path,
-                sql,
                 exc,
                 await self._left_in(),
             )
@@ -306,30 +305,45 @@ class SqliteDatabase:
     def _in_transaction(self) -> bool:
         return self._conn is not None and self._conn.in_transaction
 
-    def _exec(self, sql: str) -> None:
-        conn = self._conn
-        if conn is None:
-            raise StoreError(f"SQLite database {self.path!r} was closed")
+    def _end(
+        self,
+        shared: TxState,
+        begin: bool,
+        queued: Queued,
+    ) -> None:
+        """On the thread: the last trip of ``transaction()``: the ``BEGIN`` and the queued
+        writes if still to run, then ``COMMIT`` (``_commit``), or ``ROLLBACK`` if a queued
+        write failed (raising its error)."""
+        conn = self._live()
         try:
-            conn.execute(sql)
+            try:
+                if begin:
+                    begin_immediate(conn, self.busy_timeout)
+                self._flush(conn, shared, queued)
+                if shared.doomed is not None:  # a queued write an earlier trip carried failed
+                    raise shared.doomed.with_traceback(None)
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            self._commit(conn)
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
 
-    def _end(self, sql: str) -> None:
-        """``sql`` (COMMIT) for ``transaction()``, as ``_commit`` runs it."""
-        conn = self._conn
-        if conn is None:
-            raise StoreError(f"SQLite database {self.path!r} was closed")
+    def _undo(self) -> None:
+        """On the thread: ``ROLLBACK`` the transaction, if one is open."""
+        conn = self._live()
         try:
-            self._commit(conn, sql)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
 
-    def _commit(self, conn: sqlite3.Connection, sql: str = "COMMIT") -> None:
+    def _commit(self, conn: sqlite3.Connection) -> None:
         """COMMIT; if that fails and leaves the transaction open (SQLite keeps it open after
         some errors), roll it back: the next transaction must not find the connection in it."""
         try:
-            conn.execute(sql)
+            conn.execute("COMMIT")
         except sqlite3.Error:
             if conn.in_transaction:
                 try:
@@ -348,7 +362,7 @@ class SqliteDatabase:
         if conn is None:
             raise StoreError(f"SQLite database {self.path!r} was closed")
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            begin_immediate(conn, self.busy_timeout)
             try:
                 result = fn(conn, *args)
             except BaseException:
@@ -364,7 +378,7 @@ class SqliteDatabase:
         any)."""
         joined = self._joined.get()
         if joined is not None and joined.open:
-            return await self._submit(self._query, sql, params)
+            return await self._run_in(joined, rows, sql, params)
         async with self._lock:
             return await self._submit(self._query, sql, params)
 
@@ -383,24 +397,14 @@ class SqliteTransaction:
     every eventflow SQL store does (see ``params.py``), and run in this transaction from any
     task; once it has ended they raise ``StoreError``."""
 
-    def __init__(self, db: SqliteDatabase, shared: _Shared) -> None:
+    def __init__(self, db: SqliteDatabase, shared: TxState) -> None:
         self.db = db
         self._shared = shared
 
     async def execute(self, sql: str, *args: Any) -> int:
         """Run one statement in the transaction; return the number of rows it changed."""
-        return await self.db._run_in(self._shared, _changed, to_sqlite(sql), args)
+        return await self.db._run_in(self._shared, changed, to_sqlite(sql), args)
 
     async def fetch(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         """Run a query in the transaction; return all rows."""
-        return await self.db._run_in(self._shared, _rows, to_sqlite(sql), args)
-
-
-def _changed(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> int:
-    cursor = conn.execute(sql, args)
-    cursor.fetchall()  # rowcount counts the rows of INSERT ... RETURNING once they are read
-    return max(cursor.rowcount, 0)  # -1: not an INSERT, UPDATE or DELETE
-
-
-def _rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-    return conn.execute(sql, args).fetchall()
+        return await self.db._run_in(self._shared, rows, to_sqlite(sql), args)

@@ -1,32 +1,37 @@
 """The SQLite store's outbox, and how its relay hears adds made by other processes.
 
-SQLite cannot notify another process, but it can say cheaply whether anyone else wrote:
-``PRAGMA data_version`` on a connection changes whenever another connection (another
-process, or another store object on the same file) commits. The outbox keeps a second
-connection to the file for that one question, asked in the event loop's thread: it takes
-microseconds, holds no lock another connection waits for, and with a busy timeout of 0 it
-never waits either (a check that cannot read the version wakes nobody; the next one, or the
-relay's own look every second, will). Asked on the store's thread instead, each check cost
-about twice the CPU (a thread wake-up each way).
+SQLite cannot notify another process, but another connection can read cheaply whether the
+outbox grew: its high-water mark, ``max(seq)``, a look at the end of its primary key
+(microseconds; it holds no lock a writer waits for, and with a busy timeout of 0 it never
+waits either: a check that cannot read wakes nobody, the next one will). Sequence numbers
+only grow (``AUTOINCREMENT``) and writes to one file commit one after the other, so a row
+committed after the relay's last look has a ``seq`` above every row that look saw: the
+mark rises past ``known``, the highest ``seq`` the relay has seen, exactly when the outbox
+holds something the relay has not seen. Deletes (the relay's own), heartbeats, dedup
+entries and lease renewals leave the mark where it is and wake nobody.
 
-``pending`` reads the version just before it reads the rows; ``added.wait`` (the relay's
-wait when idle) reads it again at short intervals, and a change sets ``added``, so the relay
-looks. Adds made through this store set ``added`` at once. The relay checks every
-``CHECK_FIRST`` for ``CHECK_HOT`` seconds after it last had something to do, then the
-interval doubles with every check that finds nothing, up to ``CHECK_MAX``: a relay that is
-busy, or was a moment ago (hops of one message at a time), finds a new row within about a
-millisecond, and an idle one checks ``1 / CHECK_MAX`` times a second.
+A thread of the outbox, started by the first wait on ``added`` and ended when the store
+closes, checks the mark while a task (the relay) waits on ``added``, and sets ``added`` in
+the event loop when the mark passed ``known``. For ``CHECK_HOT`` seconds after a check
+found such a row it checks as each wait begins and every ``CHECK_FIRST``; after that the
+interval doubles with every check that finds nothing, up to ``CHECK_MAX``. A relay that
+sends other processes' rows, or did a moment ago (hops of one message at a time), finds
+the next a fraction of a millisecond after its commit; an idle one, or one that sends only
+its own process's rows (which wake it in-process), checks ``1 / CHECK_MAX`` times a
+second. A thread and not the event loop's timers: those fire a millisecond late or more
+(``epoll`` waits whole milliseconds) and each check would cost a loop iteration, while the
+thread sleeps between checks holding nothing and wakes the loop only when there is
+something to send.
 
-Every commit of another connection counts, not only outbox adds (heartbeats, lease
-renewals, other instances' dedup entries, this store's own writes): each costs the relay
-one look at an empty outbox. A database in memory has no other connection: nothing is
-checked.
+Adds made through this store set ``added`` themselves. A database in memory has no other
+connection: nothing is checked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -40,90 +45,133 @@ from .events import SqliteLeases
 
 __all__ = ["CHECK_FIRST", "CHECK_HOT", "CHECK_MAX", "SqliteOutbox"]
 
-CHECK_FIRST = 0.001
-"""Seconds between checks for other processes' adds while the relay is busy."""
+CHECK_FIRST = 0.0002
+"""Seconds between checks for other processes' adds while they keep coming."""
 CHECK_HOT = 0.02
-"""Seconds after the relay last had something to do during which it checks every
-``CHECK_FIRST``."""
+"""Seconds after a check last found another process's add during which checks are
+``CHECK_FIRST`` apart."""
 CHECK_MAX = 0.025
 """The longest interval between two checks while the relay stays idle."""
 
 
-class _Probe:
-    """The connection that reads ``PRAGMA data_version`` (see the module docstring): opened
-    when first needed while the store is open, closed with it."""
+class _Watch:
+    """The thread that checks the outbox's high-water mark while the relay waits (see the
+    module docstring), with the connection it reads it on."""
 
-    def __init__(self, db: SqliteDatabase) -> None:
-        self._db = db
-        self._conn: sqlite3.Connection | None = None
+    def __init__(self, path: str, added: _Added, loop: asyncio.AbstractEventLoop) -> None:
+        self._path = path
+        self._added = added
+        self._loop = loop
+        self._waiting = threading.Event()  # set while the relay waits on ``added``
+        self._nudge = threading.Event()  # a wait began (or the end came): check now
+        self._hot_until = 0.0  # checks are CHECK_FIRST apart until then (time.monotonic)
+        self._stop = False
+        self._thread = threading.Thread(
+            target=self._run, name="eventflow-sqlite-outbox-watch", daemon=True
+        )
+        self._thread.start()
 
-    def version(self) -> int | None:
-        """The file's data version, or None when it cannot be compared with the last one
-        (the store is closed, the file busy or gone, the connection new: versions of two
-        connections are unrelated)."""
-        if not self._db.is_open or self._db.path == ":memory:":
-            return None
+    def waiting(self, yes: bool) -> None:
+        """The relay starts (True) or stops waiting on ``added``; while checks are frequent,
+        the first comes at once."""
+        if yes:
+            self._waiting.set()
+            if time.monotonic() < self._hot_until:
+                self._nudge.set()
+        else:
+            self._waiting.clear()
+
+    def stop(self) -> None:
+        """End the thread (it returns within one check). Idempotent."""
+        self._stop = True
+        self._waiting.set()
+        self._nudge.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        conn: sqlite3.Connection | None = None
+        added, waiting, nudge = self._added, self._waiting, self._nudge
+        pause = CHECK_FIRST
         try:
-            if self._conn is None:
-                self._conn = sqlite3.connect(
-                    self._db.path, timeout=0, isolation_level=None, check_same_thread=False
-                )
-                self._conn.execute("PRAGMA data_version").fetchone()
-                return None
-            return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
-        except sqlite3.Error:
-            self.close()
-            return None
-
-    def close(self) -> None:
-        """Close the connection (opened again when next needed). Idempotent."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+            while True:
+                waiting.wait()
+                if self._stop:
+                    return
+                now = time.monotonic()
+                pause = CHECK_FIRST if now < self._hot_until else min(pause * 2, CHECK_MAX)
+                try:
+                    if conn is None:
+                        conn = sqlite3.connect(self._path, timeout=0, isolation_level=None)
+                    mark = conn.execute("SELECT max(seq) FROM ef_outbox").fetchone()[0]
+                except sqlite3.Error:
+                    mark = None  # busy, or the file gone: the next check, or the poll, will
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                if mark is not None and mark > added.known and waiting.is_set():
+                    waiting.clear()  # one wake-up: the relay waits again after its look
+                    self._hot_until = now + CHECK_HOT
+                    self._loop.call_soon_threadsafe(added.set)
+                nudge.wait(pause)
+                nudge.clear()
+        finally:
+            if conn is not None:
+                conn.close()
 
 
 class _Added(asyncio.Event):
-    """``outbox.added``: set by this store's adds, and, while a task waits on it, by
-    commits of other connections to the file (see the module docstring)."""
+    """``outbox.added``: set by this store's adds and, while the relay waits on it, when
+    the outbox's high-water mark passes ``known`` (see the module docstring)."""
 
     def __init__(self, db: SqliteDatabase) -> None:
         super().__init__()
-        self._watched = db.path != ":memory:"
-        self.probe = _Probe(db)
-        self.seen: int | None = None
-        """The data version read just before ``pending`` last read the rows."""
-        self.pause = CHECK_FIRST
-        self._busy_at = 0.0
+        self._db = db
+        self.known = 0
+        """The highest ``seq`` the relay has seen (``pending`` returned)."""
+        self._watch: _Watch | None = None
+        self._watched: asyncio.AbstractEventLoop | None = None  # the loop it wakes
 
-    def looking(self) -> None:
-        """``pending`` is about to read the rows: what is committed after this is a change."""
-        self.seen = self.probe.version()
+    def _watching(self) -> _Watch | None:
+        """The watch (started now if needed, for the running loop), or None when there is
+        nothing to watch (a database in memory, or the store is closed)."""
+        db = self._db
+        if db.path == ":memory:" or not db.is_open:
+            return None
+        loop = asyncio.get_running_loop()
+        if self._watch is not None and self._watched is not loop:
+            self.stop()  # the store is used from another event loop now
+        if self._watch is None:
+            self._watch, self._watched = _Watch(db.path, self, loop), loop
+        return self._watch
 
-    def busy(self) -> None:
-        """The relay found work: check often again."""
-        self.pause = CHECK_FIRST
-        self._busy_at = time.monotonic()
+    def stop(self) -> None:
+        """End the watch, if it runs (the store closes). Idempotent."""
+        watch, self._watch, self._watched = self._watch, None, None
+        if watch is not None:
+            watch.stop()
+
+    def seen(self, seqs: Sequence[int]) -> None:
+        """``pending`` returned rows up to ``max(seqs)``."""
+        if seqs:
+            self.known = max(self.known, seqs[-1])
 
     async def wait(self) -> Literal[True]:
-        """Return once set: by an add of this store, or by a commit of another connection
-        found by a check."""
-        if not self._watched:
+        """Return once set: by an add of this store, or by the watch finding rows above
+        ``known``."""
+        watch = None if self.is_set() else self._watching()
+        if watch is None:
             return await super().wait()
-        while not self.is_set():
-            try:
-                async with asyncio.timeout(self.pause):
-                    return await super().wait()
-            except TimeoutError:
-                pass
-            if time.monotonic() - self._busy_at > CHECK_HOT:
-                self.pause = min(self.pause * 2, CHECK_MAX)
-            version = self.probe.version()
-            # None: it cannot tell now (the file busy, the check's connection new); the next
-            # check, or the relay's own look every second, will.
-            if version is not None and version != self.seen:
-                self.busy()
-                self.set()
-        return True
+        watch.waiting(True)
+        try:
+            return await super().wait()
+        finally:
+            watch.waiting(False)
+
+
+def _insert(conn: sqlite3.Connection, rows: list[tuple[str, str | None, bytes, str]]) -> None:
+    conn.executemany(
+        "INSERT INTO ef_outbox (topic, msg_key, payload, message_id) VALUES (?, ?, ?, ?)", rows
+    )
 
 
 class SqliteOutbox:
@@ -141,26 +189,19 @@ class SqliteOutbox:
     async def add(
         self, messages: Sequence[tuple[str, Envelope]], *, tx: Transaction | None = None
     ) -> None:
-        """Queue messages; inside ``tx`` they commit with it."""
+        """Queue messages; inside ``tx`` (or the context's open transaction) they are written
+        with its next statement or its commit, and commit with it."""
         rows = [(topic, env.key, env.to_bytes(), env.id) for topic, env in messages]
-        await self._db.run_in(
-            tx,
-            lambda conn: conn.executemany(
-                "INSERT INTO ef_outbox (topic, msg_key, payload, message_id) VALUES (?, ?, ?, ?)",
-                rows,
-            ),
-        )
+        await self._db.queue(tx, _insert, rows)
         self.added.set()
 
     async def pending(self, limit: int = 100) -> list[OutboxMessage]:
         """Oldest first."""
-        self.added.looking()
         rows = await self._db.query(
             "SELECT seq, topic, msg_key, payload, message_id FROM ef_outbox ORDER BY seq LIMIT ?",
             (limit,),
         )
-        if rows:
-            self.added.busy()
+        self.added.seen([int(row[0]) for row in rows])
         return [
             OutboxMessage(int(s), str(t), None if k is None else str(k), bytes(p), str(m))
             for s, t, k, p, m in rows
@@ -178,5 +219,6 @@ class SqliteOutbox:
         await self._db.run(write)
 
     def close(self) -> None:
-        """Close the connection the checks use (the store closes). Idempotent."""
-        self.added.probe.close()
+        """End the thread that checks for other processes' adds (the store closes; a later
+        wait starts it again). Idempotent."""
+        self.added.stop()

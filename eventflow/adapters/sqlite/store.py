@@ -288,12 +288,12 @@ class SqliteStore(SqliteEventLog):
     async def mark_handled(
         self, group: str, message_id: str, tx: Transaction, *, cancelled_by: str | None = None
     ) -> None:
-        """Record a dedup entry inside ``tx`` (visible on commit); raise ``AlreadyHandled``
-        if a copy committed one first (transactions on one file are serialized: a second
-        one begins only after the first ended)."""
-        inserted = await self.db.run_in(tx, record, group, message_id, cancelled_by, time.time())
-        if not inserted:
-            raise AlreadyHandled(group, message_id)
+        """Record a dedup entry inside ``tx`` (visible on commit). The insert is queued: it
+        travels to the database thread with the transaction's next statement or its commit
+        (``db.queue``), so ``AlreadyHandled``, if a copy committed one first, is raised
+        there and ``tx`` rolls back. Transactions on one file are serialized: whichever of
+        two recording one pair commits first records it, and the other raises."""
+        await self.db.queue(tx, _record_new, group, message_id, cancelled_by, time.time())
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:
@@ -319,6 +319,14 @@ class SqliteStore(SqliteEventLog):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _record_new(
+    conn: sqlite3.Connection, group: str, message_id: str, cancelled_by: str | None, now: float
+) -> None:
+    """``record`` the pair, raising ``AlreadyHandled`` if it was there."""
+    if not record(conn, group, message_id, cancelled_by, now):
+        raise AlreadyHandled(group, message_id)
 
 
 def _url_path(url: str) -> str:

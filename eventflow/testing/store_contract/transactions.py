@@ -214,29 +214,39 @@ class TransactionContract(StoreContractBase):
     async def test_mark_handled_records_a_cancellation(self, store_factory: StoreFactory) -> None:
         """``mark_handled(cancelled_by=...)`` records who cancelled the pair, visible to
         every store of the backend once committed; a plain entry has none; a recorded pair
-        raises ``AlreadyHandled`` (in the same transaction too)."""
+        raises ``AlreadyHandled``, at the call or where its transaction ends (SQLite sends
+        a transaction's writes with its commit), and nothing of that transaction commits
+        (a pair recorded twice in one transaction too)."""
         store, other = await store_factory(), await store_factory()
         group, command, compensation = unique_name("g"), new_id(), new_id()
         async with store.transaction() as tx:
             await store.mark_handled(group, command, tx, cancelled_by=compensation)
             await store.mark_handled(group, compensation, tx)
-            with pytest.raises(AlreadyHandled):
-                await store.mark_handled(group, command, tx)
         assert await other.dedup.seen(group, command)
         assert await other.dedup.cancelled_by(group, command) == compensation
         assert await other.dedup.cancelled_by(group, compensation) is None
+        fresh, twice = new_id(), new_id()
+        with pytest.raises(AlreadyHandled) as raised:
+            async with store.transaction() as tx:
+                await store.mark_handled(group, fresh, tx)
+                await store.mark_handled(group, command, tx)
+        assert raised.value.message_id == command
         with pytest.raises(AlreadyHandled):
             async with other.transaction() as tx:
-                await other.mark_handled(group, command, tx)
+                await other.mark_handled(group, twice, tx)
+                await other.mark_handled(group, twice, tx)
+        assert not await other.dedup.seen(group, fresh)  # rolled back with the duplicate
+        assert not await store.dedup.seen(group, twice)
         assert await store.dedup.cancelled_by(group, command) == compensation
 
     async def test_of_two_transactions_recording_one_pair_only_one_commits(
         self, store_factory: StoreFactory
     ) -> None:
-        """A transaction recording a pair that another open transaction recorded waits for
-        it to end: it raises ``AlreadyHandled`` when that one commits, and records the pair
-        when that one rolls back (how a command handled at the same time as the
-        compensation that cancels it loses, or wins)."""
+        """Of two open transactions recording one pair, one commits it and the other raises
+        ``AlreadyHandled`` (PostgreSQL: the later waits for the first to end; SQLite: the
+        later to commit raises), and when one rolls back the other records the pair: how a
+        command handled at the same time as the compensation that cancels it loses, or
+        wins."""
         store, other = await store_factory(), await store_factory()
         await self._race(store, other, first_commits=True)
         await self._race(store, other, first_commits=False)
@@ -249,35 +259,37 @@ class TransactionContract(StoreContractBase):
         class Boom(Exception):
             pass
 
-        async def first() -> None:
+        async def first() -> str:
             async with store.transaction() as tx:
                 await store.mark_handled(group, message, tx, cancelled_by="first")
                 marked.set()
                 await release.wait()
                 if not first_commits:
                     raise Boom
+            return "first"
 
-        async def second() -> None:
+        async def second() -> str:
             await marked.wait()
             async with other.transaction() as tx:
                 await other.mark_handled(group, message, tx, cancelled_by="second")
+            return "second"
 
         holder = asyncio.create_task(first())
         contender = asyncio.create_task(second())
         try:
             await marked.wait()
-            await asyncio.sleep(0.2)  # the contender is waiting meanwhile, not done
-            assert not contender.done(), "a second transaction recorded a pair held by another"
+            await asyncio.sleep(0.05)  # the contender runs (or waits) meanwhile
             release.set()
+            outcomes = await asyncio.gather(holder, contender, return_exceptions=True)
             if first_commits:
-                await holder
-                with pytest.raises(AlreadyHandled):
-                    await contender
-                assert await other.dedup.cancelled_by(group, message) == "first"
+                won = [o for o in outcomes if isinstance(o, str)]
+                lost = [o for o in outcomes if isinstance(o, AlreadyHandled)]
+                assert len(won) == 1 and len(lost) == 1, outcomes
+                assert await other.dedup.cancelled_by(group, message) == won[0]
+                assert await store.dedup.cancelled_by(group, message) == won[0]
             else:
-                with pytest.raises(Boom):
-                    await holder
-                await contender
+                assert isinstance(outcomes[0], Boom), outcomes
+                assert outcomes[1] == "second", outcomes
                 assert await store.dedup.cancelled_by(group, message) == "second"
         finally:
             release.set()
