@@ -8,7 +8,9 @@ here on a free port), on NATS, with Redis and with PostgreSQL as the limit's bac
   after the kill);
 - a cluster breaker: the service answers 503 for a while; the breaker opens, no message is
   dead-lettered and no attempt is spent while it is open, the group's lag grows, and every
-  message is handled once after the service recovers.
+  message is handled once after the service recovers; and the same over an outage of 10 s
+  on both backends, with the consumer's spent attempts unchanged from the opening to the
+  recovery and the service seeing nothing but the probes meanwhile.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import json
 import signal
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 
 import httpx
@@ -241,11 +243,9 @@ async def test_an_open_cluster_breaker_stops_fetching_then_closes_after_a_probe(
         async with app:
             for n in range(100):
                 await app.publish(Job(n=n), key=f"k{n}", topic=topic)
-            limiter = app.limits.limiter("api")
-            assert limiter.cell is not None
-            await eventually(
-                lambda: limiter.cell.state.opened >= 3, timeout=30, message="re-opened"
-            )  # type: ignore[union-attr]
+            cell = app.limits.limiter("api").cell
+            assert cell is not None
+            await eventually(lambda: cell.state.opened >= 3, timeout=30, message="re-opened")
             consumer = app.consumers[0]
             lag = await consumer.lag()
             assert lag.messages >= 80, f"the messages wait in the broker: {lag}"
@@ -259,3 +259,91 @@ async def test_an_open_cluster_breaker_stops_fetching_then_closes_after_a_probe(
     assert after.messages == 0
     assert sorted(handled) == list(range(100))  # each once
     assert max(attempts) <= 2  # retry=3: a third spent attempt would be the last
+
+
+OUTAGE = 10.0
+"""How long the service answers 503 in the outage test (the issue's "503 for 10 s")."""
+
+
+@pytest.mark.service("nats")
+async def test_a_ten_second_503_outage_spends_no_attempt_while_the_breaker_is_open(
+    nats_url: str, backend: tuple[str, dict[str, str]]
+) -> None:
+    """The service answers 503 for 10 s. The cluster breaker (Redis, or the PostgreSQL
+    store) opens on its third counted failure; from then until the service recovers no
+    attempt is spent (the consumer's retries stay put while probes keep failing), the
+    service sees only the probes, nothing is dead-lettered, the group's lag grows by every
+    message published meanwhile, and after the recovery each message is handled once."""
+    store, extra = backend
+    topic, group = f"{unique_name()}.jobs", unique_name("g")
+    handled: list[int] = []
+    attempts: dict[int, list[int]] = {}
+    failures, reset = 3, 1.0
+    async with Service(delay=0.005) as service, httpx.AsyncClient(base_url=service.url) as http:
+        service.failing = True
+
+        @subscribe(
+            topic,
+            group=group,
+            concurrency=4,
+            retry=RetryPolicy(max_attempts=3, initial_delay=0.01, max_delay=0.05),
+        )
+        async def call(env: Envelope, ctx: Context) -> None:
+            assert isinstance(env.data, dict)
+            attempts.setdefault(env.data["n"], []).append(ctx.attempt)
+            async with ctx.limit("api"):
+                answer = await http.get("/call", params={"n": str(env.data["n"])})
+                if answer.status_code >= 500:
+                    raise Outage(f"HTTP {answer.status_code}")
+            handled.append(env.data["n"])
+
+        breaker = Breaker(failures=failures, window=60.0, reset=reset, on=(Outage,))
+        limit = Limit("api", concurrency=4, breaker=breaker, scope="cluster", **extra)  # type: ignore[arg-type]
+        app = App("limits-outage", broker=nats_url, store=store, handlers=[call], limits=[limit])
+        async with app:
+            loop = asyncio.get_running_loop()
+            for n in range(60):
+                await app.publish(Job(n=n), key=f"k{n}", topic=topic)
+            await eventually(lambda: service.refused >= 1, timeout=30, message="a first 503")
+            outage_began = loop.time()
+            limiter = app.limits.limiter("api")
+            cell = limiter.cell
+            assert cell is not None
+            consumer = app.consumers[0]
+            # Opened, and a probe has failed since: every call of the closed period is over.
+            await eventually(lambda: cell.state.opened >= 2, timeout=30, message="re-opened")
+            spent, opened, refused = consumer.stats.retries, cell.state.opened, service.refused
+            assert 1 <= spent <= failures - 1, f"attempts spent while closed: {spent}"
+
+            async def lag() -> int:
+                return (await consumer.lag()).messages
+
+            await eventually(lambda: _equals(lag(), 60), timeout=10, message="lag of all 60")
+            for n in range(60, 100):  # published during the outage: they wait in the broker
+                await app.publish(Job(n=n), key=f"k{n}", topic=topic)
+            await eventually(lambda: _equals(lag(), 100), timeout=10, message="lag grew by 40")
+
+            await asyncio.sleep(max(0.0, outage_began + OUTAGE - loop.time()))
+            # Still open (or probing) at the end of the outage; probes failed meanwhile
+            # (the positive control: something was tried while open), each refused without
+            # spending an attempt, and they were all the service saw.
+            probes = cell.state.opened - opened
+            assert probes >= 1, "no probe failed during the outage"
+            assert consumer.stats.retries == spent, "an attempt was spent while open"
+            assert service.refused - refused <= probes + 1, "the service saw more than probes"
+            assert consumer.stats.dead_lettered == 0
+            assert await app.dead_letters.list() == []
+            service.failing = False
+            await eventually(lambda: len(handled) >= 100, timeout=90, message="all handled")
+            letters = await app.dead_letters.list()
+            await eventually(lambda: _equals(lag(), 0), timeout=10, message="no lag left")
+            retries_after = consumer.stats.retries
+    assert letters == []
+    assert sorted(handled) == list(range(100))  # each once
+    assert sorted(service.ok, key=int) == [str(n) for n in range(100)]  # one 200 each
+    assert retries_after == spent  # nothing spent after the recovery either
+    assert all(max(seen) <= 2 for seen in attempts.values())  # retry=3: none at its last
+
+
+async def _equals(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected

@@ -5,12 +5,14 @@ cancels every call it gathered."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 
 import pytest
 
 from eventflow import (
     App,
+    Breaker,
     CircuitOpenError,
     ConfigurationError,
     Context,
@@ -53,7 +55,7 @@ async def test_limit_name_bounds_the_calls_by_the_declared_limit(
     @subscribe("it.gather.order", group="gather-lim", concurrency=1, retry=once())
     async def handle(event: Order, ctx: Context) -> None:
         outcomes[event.n] = await ctx.gather(
-            [lambda line=line: reserve(line) for line in range(event.lines)],
+            [functools.partial(reserve, line) for line in range(event.lines)],
             limit=10,
             limit_name="stock-api",
         )
@@ -103,8 +105,6 @@ async def test_an_undeclared_limit_name_is_refused_before_any_call(
 async def test_an_open_breaker_comes_back_per_call_and_gives_the_message_back(
     broker_url: str, waiter: Wait
 ) -> None:
-    from eventflow import Breaker
-
     attempts: list[int] = []
     refused: list[int] = []
     healthy = asyncio.Event()
@@ -121,7 +121,7 @@ async def test_an_open_breaker_comes_back_per_call_and_gives_the_message_back(
     async def handle(event: Order, ctx: Context) -> None:
         attempts.append(ctx.attempt)
         got = await ctx.gather(
-            [lambda line=line: charge(line) for line in range(event.lines)],
+            [functools.partial(charge, line) for line in range(event.lines)],
             limit=1,
             limit_name="pay",
         )

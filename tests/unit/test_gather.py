@@ -177,6 +177,6 @@ async def test_bad_arguments_are_refused_and_close_the_coroutines() -> None:
     assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
     coro = call()
     with pytest.raises(TypeError, match="call 1 is int"):
-        await gather([coro, 3], limit=2)  # type: ignore[list-item]
+        await gather([coro, 3], limit=2)  # type: ignore[arg-type]
     assert inspect.getcoroutinestate(coro) == inspect.CORO_CLOSED
     assert len(await gather([], limit=3)) == 0
