@@ -5,7 +5,7 @@ here on a free port), on NATS, with Redis and with PostgreSQL as the limit's bac
   once over 500 messages (and sees at least 4: the limit binds, it is not merely unused);
 - rate 20 across three processes: at most 20 (+1 per process) requests begin in any second;
 - a SIGKILLed holder's slots come back after the limit's ttl (and not before it: full right
-  after the kill);
+  after the kill, and every lease on the backend's clock ends within the ttl of it);
 - a cluster breaker: the service answers 503 for a while; the breaker opens, no message is
   dead-lettered and no attempt is spent while it is open, the group's lag grows, and every
   message is handled once after the service recovers; and the same over an outage of 10 s
@@ -182,6 +182,12 @@ async def test_a_killed_holders_slots_come_back_after_the_ttl(
                 procs[0].send_signal(signal.SIGKILL)
                 await procs[0].wait()
                 assert not await _can_take(slots), "full right after the kill"
+                # Within the ttl: each slot's lease, on the backend's clock, ends no later
+                # than ttl after now (its last renewal was before the kill), and has not
+                # ended yet (the positive control: they are the dead holder's, still held).
+                expiries, now = await _leases(probe, extra.get("backend"))
+                assert len(expiries) == 3, f"the dead holder's three slots: {expiries}"
+                assert all(now < end <= now + ttl for end in expiries), (expiries, now)
                 await eventually(
                     lambda: _can_take(slots), timeout=ttl + 5, message="slots back after the ttl"
                 )
@@ -190,6 +196,25 @@ async def test_a_killed_holders_slots_come_back_after_the_ttl(
                     await slots.give(slot)
         finally:
             await _end(procs)
+
+
+async def _leases(app: App, backend: str | None) -> tuple[list[float], float]:
+    """The expiries of limit ``api``'s slots and the backend's clock now (Redis, or the
+    app's SQL store)."""
+    if backend is not None:
+        import redis.asyncio as aioredis
+
+        prefix = backend.split("prefix=", 1)[1]
+        client = aioredis.from_url(backend.split("?", 1)[0])
+        try:
+            members = await client.zrange(f"{prefix}:api:slots", 0, -1, withscores=True)
+            seconds, micros = await client.time()
+        finally:
+            await client.aclose()
+        return [float(member[1]) for member in members], seconds + micros / 1_000_000
+    async with app.store.transaction() as tx:
+        rows = await tx.fetch("SELECT expires FROM ef_limit_slots WHERE name = $1", "api")
+    return [float(r[0]) for r in rows], await app.store.clock.now()
 
 
 async def _can_take(slots: SharedSlots) -> bool:
