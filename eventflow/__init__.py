@@ -30,6 +30,7 @@ from .errors import (
     UpcastError,
 )
 from .events import Event, EventRegistry, upcaster
+from .fanout import Gathered, GatherResult
 from .limits import Breaker, CircuitOpenError, Limit, LimitTimeoutError
 from .ports import DeadLetter, Lag, RecordedEvent, Transaction
 from .projections import Projection, ProjectionContext
@@ -65,6 +66,8 @@ __all__ = (
     "EventValidationError",
     "EventflowError",
     "FutureVersionError",
+    "GatherResult",
+    "Gathered",
     "HandlerTimeoutError",
     "Lag",
     "LeaseLostError",

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from .envelope import Envelope, derived_id
 from .events import Event, envelope_for, to_envelope
+from .fanout import Call, Gathered, gather
 from .headers import COMPENSATES_HEADER, TRACEPARENT_HEADER
 from .limits.limiter import Taken
 from .patterns import validate_topic
@@ -16,6 +17,8 @@ from .ports import EventStore, Transaction
 from .runtime.host import ConsumerHost
 
 __all__ = ["IDEMPOTENCY_NAMESPACE", "Context", "idempotency_key"]
+
+T = TypeVar("T")
 
 IDEMPOTENCY_NAMESPACE = uuid.UUID("5b0d7e4e-2f0a-5c1e-9a57-0e7e9f1d2a61")
 """The namespace of :func:`idempotency_key`'s name-based UUIDs (fixed for good: changing it
@@ -217,6 +220,30 @@ class Context:
         one it counts spends the attempt only while the breaker stays closed. A name the
         app does not declare raises ``ConfigurationError``."""
         return self._app.limits.take(name, timeout)
+
+    async def gather(
+        self,
+        calls: Iterable[Call[T]],
+        limit: int = 10,
+        *,
+        limit_name: str | None = None,
+        limit_timeout: float | None = None,
+    ) -> Gathered[T]:
+        """``await ctx.gather(calls, limit=10)`` runs the calls (coroutines, or functions of
+        no arguments) with at most ``limit`` at once and returns one result per call, in
+        order: ``.ok``, ``.value``, ``.error``. A failing call does not stop the others;
+        ``results.raise_if_failed()`` returns the values or raises one of the failures.
+        Cancelling the handler (its soft ``timeout``) cancels every call still running.
+
+        ``limit_name="payments-api"`` enters ``ctx.limit("payments-api",
+        timeout=limit_timeout)`` around each call, so the declared limit (cluster-wide, with
+        its breaker) bounds them too; a call refused by it gets ``CircuitOpenError`` or
+        ``LimitTimeoutError`` as its result. A name the app does not declare raises
+        ``ConfigurationError`` before any call begins."""
+        if limit_name is None:
+            return await gather(calls, limit)
+        name, limits = limit_name, self._app.limits
+        return await gather(calls, limit, take=lambda: limits.take(name, limit_timeout))
 
     def _take_outbox(self) -> list[tuple[str, Envelope]]:
         out, self._outbox = self._outbox or [], None

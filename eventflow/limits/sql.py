@@ -5,11 +5,11 @@ Two tables, created on first use: ``ef_limits`` (one row per limit: the rate's n
 moment ``tat`` and the breaker's record with its version) and ``ef_limit_slots`` (one row
 per held slot, with its expiry on the store's clock). An acquire is one transaction that
 first upserts the limit's row, which serialises the acquires of one limit (PostgreSQL
-locks the row until the commit; SQLite's write transactions are serial anyway), then
-inserts the slot if fewer than ``concurrency`` are live (one statement) and moves the
-rate's next free moment. Every call runs in a context of its own, so a
-handler inside ``ctx.transaction()`` can take a limit: its slot commits at once, apart from
-the handler's transaction.
+locks the row until the commit; SQLite's write transactions are serial anyway), reads the
+store's clock once it holds the row (not while it waited for it), then inserts the slot if
+fewer than ``concurrency`` are live (one statement) and moves the rate's next free moment.
+Every call runs in a context of its own, so a handler inside ``ctx.transaction()`` can take
+a limit: its slot commits at once, apart from the handler's transaction.
 """
 
 from __future__ import annotations
@@ -48,8 +48,12 @@ class SqlLimitBackend:
         self._now = clock
         self._lock_row = (
             "INSERT INTO ef_limits (name) VALUES ($1) ON CONFLICT (name) DO UPDATE "
-            f"SET tat = ef_limits.tat RETURNING tat, {clock}"
+            "SET tat = ef_limits.tat RETURNING tat"
         )
+        # Read in a statement of its own once the row is locked: the lock statement's clock
+        # is when it began, before waiting for the row, and a token reserved from then
+        # would lie in the past and bunch with the next entry's.
+        self._clock_row = f"SELECT {clock}"
 
     @classmethod
     def for_store(cls, store: Store, limit: str) -> SqlLimitBackend:
@@ -94,7 +98,8 @@ class SqlLimitBackend:
 
         async def work(tx: Transaction) -> Acquired:
             rows = await tx.fetch(self._lock_row, limit.name)
-            tat, now = float(rows[0][0]), float(rows[0][1])
+            tat = float(rows[0][0])
+            now = float((await tx.fetch(self._clock_row))[0][0])
             wait = 0.0
             if limit.rate is not None:
                 start = max(tat, now)

@@ -5,10 +5,12 @@ here on a free port), on NATS, with Redis and with PostgreSQL as the limit's bac
   once over 500 messages (and sees at least 4: the limit binds, it is not merely unused);
 - rate 20 across three processes: at most 20 (+1 per process) requests begin in any second;
 - a SIGKILLed holder's slots come back after the limit's ttl (and not before it: full right
-  after the kill);
+  after the kill, and every lease on the backend's clock ends within the ttl of it);
 - a cluster breaker: the service answers 503 for a while; the breaker opens, no message is
   dead-lettered and no attempt is spent while it is open, the group's lag grows, and every
-  message is handled once after the service recovers.
+  message is handled once after the service recovers; and the same over an outage of 10 s
+  on both backends, with the consumer's spent attempts unchanged from the opening to the
+  recovery and the service seeing nothing but the probes meanwhile.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import json
 import signal
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 
 import httpx
@@ -180,6 +182,12 @@ async def test_a_killed_holders_slots_come_back_after_the_ttl(
                 procs[0].send_signal(signal.SIGKILL)
                 await procs[0].wait()
                 assert not await _can_take(slots), "full right after the kill"
+                # Within the ttl: each slot's lease, on the backend's clock, ends no later
+                # than ttl after now (its last renewal was before the kill), and has not
+                # ended yet (the positive control: they are the dead holder's, still held).
+                expiries, now = await _leases(probe, extra.get("backend"))
+                assert len(expiries) == 3, f"the dead holder's three slots: {expiries}"
+                assert all(now < end <= now + ttl for end in expiries), (expiries, now)
                 await eventually(
                     lambda: _can_take(slots), timeout=ttl + 5, message="slots back after the ttl"
                 )
@@ -188,6 +196,25 @@ async def test_a_killed_holders_slots_come_back_after_the_ttl(
                     await slots.give(slot)
         finally:
             await _end(procs)
+
+
+async def _leases(app: App, backend: str | None) -> tuple[list[float], float]:
+    """The expiries of limit ``api``'s slots and the backend's clock now (Redis, or the
+    app's SQL store)."""
+    if backend is not None:
+        import redis.asyncio as aioredis
+
+        prefix = backend.split("prefix=", 1)[1]
+        client = aioredis.from_url(backend.split("?", 1)[0])
+        try:
+            members = await client.zrange(f"{prefix}:api:slots", 0, -1, withscores=True)
+            seconds, micros = await client.time()
+        finally:
+            await client.aclose()
+        return [float(member[1]) for member in members], seconds + micros / 1_000_000
+    async with app.store.transaction() as tx:
+        rows = await tx.fetch("SELECT expires FROM ef_limit_slots WHERE name = $1", "api")
+    return [float(r[0]) for r in rows], await app.store.clock.now()
 
 
 async def _can_take(slots: SharedSlots) -> bool:
@@ -241,11 +268,9 @@ async def test_an_open_cluster_breaker_stops_fetching_then_closes_after_a_probe(
         async with app:
             for n in range(100):
                 await app.publish(Job(n=n), key=f"k{n}", topic=topic)
-            limiter = app.limits.limiter("api")
-            assert limiter.cell is not None
-            await eventually(
-                lambda: limiter.cell.state.opened >= 3, timeout=30, message="re-opened"
-            )  # type: ignore[union-attr]
+            cell = app.limits.limiter("api").cell
+            assert cell is not None
+            await eventually(lambda: cell.state.opened >= 3, timeout=30, message="re-opened")
             consumer = app.consumers[0]
             lag = await consumer.lag()
             assert lag.messages >= 80, f"the messages wait in the broker: {lag}"
@@ -259,3 +284,91 @@ async def test_an_open_cluster_breaker_stops_fetching_then_closes_after_a_probe(
     assert after.messages == 0
     assert sorted(handled) == list(range(100))  # each once
     assert max(attempts) <= 2  # retry=3: a third spent attempt would be the last
+
+
+OUTAGE = 10.0
+"""How long the service answers 503 in the outage test (the issue's "503 for 10 s")."""
+
+
+@pytest.mark.service("nats")
+async def test_a_ten_second_503_outage_spends_no_attempt_while_the_breaker_is_open(
+    nats_url: str, backend: tuple[str, dict[str, str]]
+) -> None:
+    """The service answers 503 for 10 s. The cluster breaker (Redis, or the PostgreSQL
+    store) opens on its third counted failure; from then until the service recovers no
+    attempt is spent (the consumer's retries stay put while probes keep failing), the
+    service sees only the probes, nothing is dead-lettered, the group's lag grows by every
+    message published meanwhile, and after the recovery each message is handled once."""
+    store, extra = backend
+    topic, group = f"{unique_name()}.jobs", unique_name("g")
+    handled: list[int] = []
+    attempts: dict[int, list[int]] = {}
+    failures, reset = 3, 1.0
+    async with Service(delay=0.005) as service, httpx.AsyncClient(base_url=service.url) as http:
+        service.failing = True
+
+        @subscribe(
+            topic,
+            group=group,
+            concurrency=4,
+            retry=RetryPolicy(max_attempts=3, initial_delay=0.01, max_delay=0.05),
+        )
+        async def call(env: Envelope, ctx: Context) -> None:
+            assert isinstance(env.data, dict)
+            attempts.setdefault(env.data["n"], []).append(ctx.attempt)
+            async with ctx.limit("api"):
+                answer = await http.get("/call", params={"n": str(env.data["n"])})
+                if answer.status_code >= 500:
+                    raise Outage(f"HTTP {answer.status_code}")
+            handled.append(env.data["n"])
+
+        breaker = Breaker(failures=failures, window=60.0, reset=reset, on=(Outage,))
+        limit = Limit("api", concurrency=4, breaker=breaker, scope="cluster", **extra)  # type: ignore[arg-type]
+        app = App("limits-outage", broker=nats_url, store=store, handlers=[call], limits=[limit])
+        async with app:
+            loop = asyncio.get_running_loop()
+            for n in range(60):
+                await app.publish(Job(n=n), key=f"k{n}", topic=topic)
+            await eventually(lambda: service.refused >= 1, timeout=30, message="a first 503")
+            outage_began = loop.time()
+            limiter = app.limits.limiter("api")
+            cell = limiter.cell
+            assert cell is not None
+            consumer = app.consumers[0]
+            # Opened, and a probe has failed since: every call of the closed period is over.
+            await eventually(lambda: cell.state.opened >= 2, timeout=30, message="re-opened")
+            spent, opened, refused = consumer.stats.retries, cell.state.opened, service.refused
+            assert 1 <= spent <= failures - 1, f"attempts spent while closed: {spent}"
+
+            async def lag() -> int:
+                return (await consumer.lag()).messages
+
+            await eventually(lambda: _equals(lag(), 60), timeout=10, message="lag of all 60")
+            for n in range(60, 100):  # published during the outage: they wait in the broker
+                await app.publish(Job(n=n), key=f"k{n}", topic=topic)
+            await eventually(lambda: _equals(lag(), 100), timeout=10, message="lag grew by 40")
+
+            await asyncio.sleep(max(0.0, outage_began + OUTAGE - loop.time()))
+            # Still open (or probing) at the end of the outage; probes failed meanwhile
+            # (the positive control: something was tried while open), each refused without
+            # spending an attempt, and they were all the service saw.
+            probes = cell.state.opened - opened
+            assert probes >= 1, "no probe failed during the outage"
+            assert consumer.stats.retries == spent, "an attempt was spent while open"
+            assert service.refused - refused <= probes + 1, "the service saw more than probes"
+            assert consumer.stats.dead_lettered == 0
+            assert await app.dead_letters.list() == []
+            service.failing = False
+            await eventually(lambda: len(handled) >= 100, timeout=90, message="all handled")
+            letters = await app.dead_letters.list()
+            await eventually(lambda: _equals(lag(), 0), timeout=10, message="no lag left")
+            retries_after = consumer.stats.retries
+    assert letters == []
+    assert sorted(handled) == list(range(100))  # each once
+    assert sorted(service.ok, key=int) == [str(n) for n in range(100)]  # one 200 each
+    assert retries_after == spent  # nothing spent after the recovery either
+    assert all(max(seen) <= 2 for seen in attempts.values())  # retry=3: none at its last
+
+
+async def _equals(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
