@@ -74,6 +74,13 @@ class Service:
             best = max(best, i - j + 1)
         return best
 
+    def mean_rate(self) -> float:
+        """Requests begun per second from the first to the last one."""
+        starts = sorted(self.starts)
+        if len(starts) < 2 or starts[-1] == starts[0]:
+            return float("inf")
+        return (len(starts) - 1) / (starts[-1] - starts[0])
+
     async def __aenter__(self) -> Service:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
