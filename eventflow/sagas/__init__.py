@@ -5,8 +5,9 @@ state machine), :mod:`eventflow.sagas.persistence` (streams, index, timers) and
 :mod:`eventflow.sagas.runtime` (handlers, timer loop, ``app.sagas``).
 """
 
+from .control import STATUSES
 from .definition import Saga, on_timer, step
-from .machine import STATUSES, Transition
+from .machine import Transition
 from .persistence import IndexRow
 from .runtime import Sagas
 

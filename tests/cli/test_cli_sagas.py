@@ -379,6 +379,11 @@ async def test_abort_a_running_saga(
         assert await _cli([*argv, "--store", url, "--saga", SAGA]) == 0
         out = capsys.readouterr().out
         assert "aborted" in out and "customer called" in out and "by carol" in out
+        # Its flight is in flight: the abort waits for the flight's outcome (DESIGN 5).
+        assert "is compensating" in out
+        row = await app.sagas.find(sid)
+        assert row is not None and row.status == "compensating"
+        await app.publish(FlightRejected(trip_id="t-wait"), key="t-wait")
         await _until(app, "t-wait", "compensated", waiter)
         saga = await app.sagas.get(TripSaga, "t-wait")
         assert saga is not None and saga.reason == "customer called"

@@ -42,7 +42,7 @@ Wait = Callable[..., Awaitable[None]]
 async def _ship_deadline(app: App, key: str) -> float:
     loaded = await app.sagas.persistence.load(OutageSaga.definition, key)
     assert loaded is not None and "step:ship" in loaded.control.timers, key
-    return float(loaded.control.timers["step:ship"]["due"])
+    return loaded.control.timers["step:ship"].due
 
 
 async def test_a_reply_sent_during_an_outage_wins_over_the_deadline(
