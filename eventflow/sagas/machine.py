@@ -6,11 +6,12 @@ the :class:`Outcome`. The runtime and the test kit (:mod:`eventflow.testing.saga
 through the same handling code (:mod:`eventflow.sagas.handling`).
 
 How a reader checks it: every input method changes the :class:`~.control.Control`, then
-calls :meth:`Machine._advance` once, which issues what comes next until the saga waits or
-ends. A saga method (a step, a compensation, ``on_reply``, ``started``, a timer method)
-is called by :meth:`Machine._call`, which returns its result once it has returned and
-takes the effects it asked for (timers set or cancelled: applied; an abort: returned to
-the caller, which changes the state); nothing re-enters ``_advance``. Where the saga is
+calls :meth:`~.progress.Progress._advance` once, which issues what comes next until the
+saga waits or ends. A saga method (a step, a compensation, ``on_reply``, ``started``, a
+timer method) is called by :meth:`~.progress.Progress._call`, which returns its result
+once it has returned and takes the effects it asked for (timers set or cancelled:
+applied; an abort: returned to the caller, which changes the state); nothing re-enters
+``_advance``. Where the saga is
 goes by step name (``Control.at``), so a deploy that adds, removes or reorders steps
 leaves a running saga at its step; one that removes the step a saga is at fails it,
 saying so.
@@ -18,13 +19,9 @@ saying so.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from ..envelope import hashed_id
 from ..events import Event
 from .control import (
     ENDED,
@@ -40,97 +37,16 @@ from .control import (
     TimerKind,
     Wait,
     Waiting,
-    timer_key,
 )
-from .definition import Abort, CancelTimer, Saga, SagaDefinition, SetTimer, Step
+from .definition import Step
+from .outcome import Command, Early, Outcome, Transition
+from .progress import Progress
 
 __all__ = ["STATUSES", "Command", "Control", "Early", "Machine", "Outcome", "Transition"]
 
 
-@dataclass(frozen=True)
-class Transition:
-    """One entry of a saga's history."""
-
-    kind: str
-    step: str | None
-    at: datetime
-    message_id: str | None
-    detail: str = ""
-    by: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON form saved in the saga's stream."""
-        return {
-            "kind": self.kind,
-            "step": self.step,
-            "at": self.at.isoformat(),
-            "message_id": self.message_id,
-            "detail": self.detail,
-            "by": self.by,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Transition:
-        """Read back :meth:`as_dict`."""
-        return cls(
-            data["kind"],
-            data.get("step"),
-            datetime.fromisoformat(data["at"]),
-            data.get("message_id"),
-            data.get("detail", ""),
-            data.get("by"),
-        )
-
-
-@dataclass(frozen=True)
-class Command:
-    """A command (or compensation) an input sends, with the id the machine gave it."""
-
-    event: Event
-    id: str
-    step: str
-    action: Action
-    attempt: int
-    compensates: str | None = None
-    """For a compensation: the id of the command it undoes (None for a local step's)."""
-
-
-@dataclass(frozen=True)
-class Early:
-    """An input kept before the start, decoded, to apply right after it."""
-
-    event: Event
-    message_id: str
-    causation_id: str | None
-
-
-@dataclass
-class Outcome:
-    """What one input did: to save, send and schedule."""
-
-    transitions: list[Transition] = field(default_factory=list)
-    commands: list[Command] = field(default_factory=list)
-    messages: list[Event] = field(default_factory=list)  # plain events from timer methods
-    timers_set: dict[str, tuple[float, str]] = field(default_factory=dict)  # key: (due, token)
-    timers_cancelled: set[str] = field(default_factory=set)
-
-    @property
-    def changed(self) -> bool:
-        """False when the input changed nothing but the history (ignored)."""
-        return any(t.kind != "ignored" for t in self.transitions)
-
-
-class Machine:
+class Machine(Progress):
     """Applies inputs to one saga; each input method returns the :class:`Outcome`."""
-
-    def __init__(self, saga: Saga, control: Control, now: float) -> None:
-        self.saga = saga
-        self.definition: SagaDefinition = type(saga).definition
-        self.control = control
-        self.now = now
-        self.out = Outcome()
-        self._message_id: str | None = None
-        self._rerun: str | None = None  # a step to send again (a backoff, a retry)
 
     # -- inputs --------------------------------------------------------------------------
 
@@ -407,236 +323,6 @@ class Machine:
             c.done.append(s.name)
         if c.phase is Phase.FORWARD:  # else an abort waited for this outcome
             self._compensate(reason)
-
-    def _abort(self, reason: str, by: str | None) -> None:
-        """Stop going forward. A step whose command is out is compensated after its
-        outcome (its reply, rejection or deadline), so its waiting stays."""
-        c = self.control
-        if c.status in ENDED or c.phase is Phase.COMPENSATING:
-            self._ignore(f"abort ({reason}) of a saga already {c.status}")
-            return
-        if c.status is Status.FAILED:
-            self._ignore(f"abort ({reason}) of a failed saga: it needs sagas retry or skip")
-            return
-        if c.pivoted:
-            self._ignore(f"abort ({reason}) after the pivot: the saga only goes forward")
-            return
-        self._note("aborted", None, reason, by)
-        self._compensate(reason)
-
-    def _compensate(self, reason: str) -> None:
-        c = self.control
-        c.status, c.phase, c.reason, c.undo = (
-            Status.COMPENSATING,
-            Phase.COMPENSATING,
-            reason,
-            None,
-        )
-        self._note("compensating", None, reason)
-
-    def _fail(self, reason: str, resume: Resume) -> None:
-        c = self.control
-        c.status, c.reason, c.resume, c.waiting = Status.FAILED, reason, resume, None
-        self._note("failed", resume.step, reason)
-
-    def _removed(self, step: str) -> Outcome:
-        """The saga is at a step its definition no longer has: failed, saying so."""
-        c = self.control
-        action = Action.UNDO if c.phase is Phase.COMPENSATING else Action.DO
-        for kind in TimerKind:
-            if kind is not TimerKind.NAMED:
-                self._cancel(kind, step)
-        self._fail(
-            f"step {step} is not in saga {self.definition.name}'s definition any more (a "
-            "deploy removed it): handle it by hand and `eventflow sagas skip`, or deploy it "
-            "back and `eventflow sagas retry`",
-            Resume(step, action, c.reason),
-        )
-        return self.out
-
-    def _end(self, status: Status) -> None:
-        c = self.control
-        c.status, c.phase, c.waiting = status, Phase.ENDED, None
-        for t in list(c.timers.values()):
-            self._cancel(t.kind, t.name)
-        self._note(status.value, None, c.reason or "")
-
-    def _step_done(self, s: Step) -> None:
-        c = self.control
-        c.done.append(s.name)
-        c.at = s.name
-        c.pivoted = c.pivoted or s.pivot
-
-    # -- going on --------------------------------------------------------------------------
-
-    async def _advance(self) -> None:
-        """Issue what comes next until the saga waits for something or ends."""
-        c = self.control
-        while c.status in (Status.RUNNING, Status.COMPENSATING) and c.waiting is None:
-            if c.phase is Phase.FORWARD:
-                name, self._rerun = self._rerun, None
-                try:
-                    s = self.definition.find(name) if name else self.definition.after(c.at, c.done)
-                except KeyError:
-                    self._removed(str(c.at))
-                    return
-                if s is None:
-                    if name is not None:
-                        self._removed(name)
-                    else:
-                        self._end(Status.COMPLETED)
-                    return
-                await self._forward(s)
-            else:
-                await self._backward()
-
-    async def _forward(self, s: Step) -> None:
-        """Run the step ``s``: send its command and wait for its answer (or be done)."""
-        c = self.control
-        c.at = s.name
-        result = await self._call(s.fn, self.saga)
-        if result.abort is not None:
-            self._abort(result.abort, None)  # its command is not sent
-            return
-        command = _command(self.definition, s.fn, result.value)
-        if command is None:
-            self._note("step-done", s.name, "local step")
-            self._step_done(s)
-            return
-        attempt = c.attempts.setdefault(s.name, 1)
-        sent = self._send(command, s.name, Action.DO, attempt, None)
-        if not s.reply:
-            self._step_done(s)  # nothing answers it: done once sent
-            return
-        c.waiting = Waiting(s.name, Wait.REPLY, sent)
-        if s.timeout is not None:
-            self._set(TimerKind.DEADLINE, s.name, s.timeout)
-
-    async def _backward(self) -> None:
-        """Issue the next compensation, newest step first."""
-        c = self.control
-        if c.undo is None:  # chosen once the step in flight (if any) has its outcome
-            c.undo = [n for n in reversed(c.done) if self._compensable(n)]
-        if not c.undo:
-            self._end(Status.COMPENSATED)
-            return
-        name = c.undo.pop(0)
-        s = self.definition.find(name)
-        if s is None or s.compensation is None:
-            c.undo.insert(0, name)
-            self._removed(name)
-            return
-        comp = s.compensation
-        result = await self._call(comp.fn, self.saga)
-        if result.abort is not None:
-            self._abort(result.abort, None)  # recorded: it compensates already
-        command = _command(self.definition, comp.fn, result.value)
-        if command is None:
-            self._note("compensated", name, "local compensation")
-            return
-        attempt = c.undo_attempts.setdefault(name, 1)
-        undoes = c.last_issued(name, Action.DO)
-        sent = self._send(command, name, Action.UNDO, attempt, undoes.id if undoes else None)
-        if comp.reply:
-            c.waiting = Waiting(name, Wait.UNDO, sent)
-            if comp.timeout is not None:
-                self._set(TimerKind.DEADLINE, name, comp.timeout)
-
-    def _compensable(self, name: str) -> bool:
-        s = self.definition.find(name)
-        return s is None or s.compensation is not None  # a removed step fails there
-
-    # -- saga methods and their effects ------------------------------------------------------
-
-    async def _call(self, fn: Any, *args: Any) -> _Result:
-        """Call a saga method (sync or async) and take what it asked for once it has
-        returned: timers are set or cancelled here, an abort is returned for the caller."""
-        self.saga._effects = []
-        value = fn(*args)
-        if inspect.isawaitable(value):
-            value = await value
-        effects, self.saga._effects = self.saga._effects, []
-        abort: str | None = None
-        for effect in effects:
-            if isinstance(effect, SetTimer):
-                self._set(TimerKind.NAMED, effect.name, effect.seconds)
-            elif isinstance(effect, CancelTimer):
-                self._cancel(TimerKind.NAMED, effect.name)
-            elif isinstance(effect, Abort) and abort is None:
-                abort = effect.reason
-        return _Result(value, abort)
-
-    async def _obey(self, result: _Result) -> None:
-        """Apply the abort a method asked for (one whose result is not a command)."""
-        if result.abort is not None:
-            self._abort(result.abort, None)
-
-    # -- records ---------------------------------------------------------------------------
-
-    def _begin(self, message_id: str | None) -> None:
-        self._message_id = message_id
-        self.control.seq += 1
-
-    def _note(
-        self, kind: str, step: str | None = None, detail: str = "", by: str | None = None
-    ) -> None:
-        at = datetime.fromtimestamp(self.now, UTC)
-        self.out.transitions.append(Transition(kind, step, at, self._message_id, detail, by))
-
-    def _ignore(self, detail: str, step: str | None = None) -> Outcome:
-        self._note("ignored", step, detail)
-        return self.out
-
-    def _send(
-        self, command: Event, step: str, action: Action, attempt: int, undoes: str | None
-    ) -> str:
-        c = self.control
-        command_id = hashed_id(
-            c.origin_ms, "saga", self.definition.name, c.key, action.value, step, str(attempt)
-        )
-        c.issued.append(Issued(command_id, step, action, attempt))
-        self.out.commands.append(Command(command, command_id, step, action, attempt, undoes))
-        what = "command-sent" if action is Action.DO else "compensation-sent"
-        self._note(what, step, f"{command.event_type} (attempt {attempt})")
-        return command_id
-
-    def _set(self, kind: TimerKind, name: str, seconds: float) -> None:
-        c = self.control
-        key = timer_key(kind, name)
-        token = f"{c.seq}:{key}"
-        due = self.now + seconds
-        c.timers[key] = Timer(kind, name, due, token)
-        self.out.timers_set[key] = (due, token)
-        self.out.timers_cancelled.discard(key)
-        if kind is TimerKind.NAMED:
-            self._note("timer-set", None, f"{name} in {seconds:g}s")
-
-    def _cancel(self, kind: TimerKind, name: str) -> None:
-        c = self.control
-        key = timer_key(kind, name)
-        if c.timers.pop(key, None) is not None:
-            self.out.timers_cancelled.add(key)
-            self.out.timers_set.pop(key, None)
-            if kind is TimerKind.NAMED:
-                self._note("timer-cancelled", None, name)
-
-
-@dataclass(frozen=True)
-class _Result:
-    """What a saga method returned, and the abort it asked for (if any)."""
-
-    value: Any
-    abort: str | None
-
-
-def _command(definition: SagaDefinition, fn: Any, value: Any) -> Event | None:
-    """A step's (or compensation's) result as its command; refuses anything else."""
-    if value is not None and not isinstance(value, Event):
-        raise TypeError(
-            f"saga {definition.name}: {fn.__name__} returned {value!r}; a step returns the "
-            "command (an Event instance) or None"
-        )
-    return value
 
 
 def _is(event: Event, classes: tuple[type[Event], ...]) -> bool:
