@@ -402,6 +402,21 @@ class SagaTest(Generic[S]):
             lambda: self._sagas.abort(self.saga_class, self._keyed(), by=by, reason=reason),
         )
 
+    def deploy(self, saga_class: type[Saga]) -> None:
+        """A deploy: the saga runs on with ``saga_class`` (declared with the same
+        ``name=``), its stored fields and control state as they are, as an app's saga
+        does after a release that adds, removes or reorders steps."""
+        if not (isinstance(saga_class, type) and "definition" in vars(saga_class)):
+            raise SagaTestError(f"deploy takes a Saga subclass, got {saga_class!r}")
+        if saga_class.definition.name != self.definition.name:
+            raise SagaTestError(
+                f"deploy({saga_class.__name__}): it is the saga {saga_class.definition.name!r}, "
+                f"this test's saga is {self.definition.name!r} (a deploy keeps the name)"
+            )
+        self.saga_class = saga_class  # type: ignore[assignment]
+        self.definition = saga_class.definition
+        self._inputs_by_type = {c.event_type: c for c in self.definition.input_types()}
+
     # -- checks ---------------------------------------------------------------------------
 
     def then_status(self, status: str, *, reason: str | None = None) -> SagaTest[S]:
