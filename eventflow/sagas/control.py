@@ -157,8 +157,9 @@ class Resume:
     """What a person's ``sagas retry`` or ``sagas skip`` acts on.
 
     ``step`` and ``action``: the step (or compensation) that failed. ``timer``: a timer whose
-    firing raised (retry fires it again, skip drops it), with ``status`` the saga had then.
-    ``reason``: the saga's reason to restore when it resumes (why it compensates).
+    firing raised (retry fires it again, skip drops it), with ``status`` the saga had then
+    and its other timers (``suspended``: set again when it resumes). ``reason``: the saga's
+    reason to restore when it resumes (why it compensates).
     """
 
     step: str | None
@@ -166,6 +167,7 @@ class Resume:
     reason: str | None = None
     timer: Timer | None = None
     status: Status | None = None
+    suspended: tuple[Timer, ...] = ()
 
 
 @dataclass
@@ -283,6 +285,7 @@ def _resume_dict(r: Resume | None) -> dict[str, Any] | None:
         "reason": r.reason,
         "timer": None if r.timer is None else _timer_dict(r.timer),
         "status": None if r.status is None else r.status.value,
+        "suspended": [_timer_dict(t) for t in r.suspended],
     }
 
 
@@ -295,6 +298,7 @@ def _resume(d: dict[str, Any] | None) -> Resume | None:
         d.get("reason"),
         None if d.get("timer") is None else _timer(d["timer"]),
         None if d.get("status") is None else Status(d["status"]),
+        tuple(_timer(t) for t in d.get("suspended", [])),
     )
 
 

@@ -144,17 +144,19 @@ class Machine(Progress):
 
     def timer_failed(self, name: str, token: str, message_id: str, error: str) -> Outcome:
         """The firing of timer ``name`` raised ``error`` (saga code did): the saga is
-        ``failed`` there, and ``sagas retry`` fires the timer again. Nothing else changes
-        (the firing's own transaction was rolled back)."""
+        ``failed`` there, and ``sagas retry`` fires the timer again. Its other timers wait
+        with it (set again when a person resumes it: a failed saga fires nothing); nothing
+        else changes (the firing's own transaction was rolled back)."""
         self._begin(message_id)
         c = self.control
         t = c.timers.get(name)
         if t is None or t.token != token:
             return self._ignore(f"timer {name} fired after it was cancelled or rescheduled")
-        del c.timers[name]
-        self.out.timers_cancelled.add(name)
+        others = tuple(o for o in c.timers.values() if o.key != name)
+        c.timers = {}
+        self.out.timers_cancelled.update([name, *(o.key for o in others)])
         step = t.name if t.kind is not TimerKind.NAMED else None
-        c.resume = Resume(step, None, c.reason, t, c.status)
+        c.resume = Resume(step, None, c.reason, t, c.status, others)
         c.status = Status.FAILED
         c.reason = f"timer {name} raised {error}"
         self._note("failed", step, c.reason)
@@ -178,6 +180,7 @@ class Machine(Progress):
         if r.timer is not None:
             self._note("retried", r.step, f"timer {r.timer.key} again", by)
             c.status = r.status or Status.RUNNING
+            self._resume_timers(r)
             await self._fired(r.timer)
         elif r.action is Action.UNDO:
             assert r.step is not None
@@ -205,6 +208,7 @@ class Machine(Progress):
         if r.timer is not None:
             self._note("skipped", r.step, f"timer {r.timer.key} dropped", by)
             c.status = r.status or Status.RUNNING
+            self._resume_timers(r)
         elif r.action is Action.UNDO:
             self._note("skipped", r.step, "undo handled by hand", by)
             c.status, c.phase = Status.COMPENSATING, Phase.COMPENSATING
@@ -222,6 +226,14 @@ class Machine(Progress):
         return self.out
 
     # -- what an input does ------------------------------------------------------------------
+
+    def _resume_timers(self, r: Resume) -> None:
+        """The timers that waited while the saga was failed, set again as they were (those
+        due meanwhile fire at once)."""
+        for t in r.suspended:
+            self.control.timers[t.key] = t
+            self.out.timers_set[t.key] = (t.due, t.token)
+            self.out.timers_cancelled.discard(t.key)
 
     async def _fired(self, t: Timer) -> None:
         """A current timer fires: its setting goes, then its kind decides."""

@@ -5,11 +5,12 @@ saga code that raises, controls written by the first release."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import ClassVar
 
 import pytest
 
-from eventflow import Event, Saga, step
+from eventflow import App, Context, Event, Saga, step, subscribe
 from eventflow.adapters.memory import MemoryStore
 from eventflow.errors import ConfigurationError
 from eventflow.events import EventRegistry, envelope_for
@@ -220,17 +221,20 @@ async def test_a_timer_method_that_raises_fails_its_saga_and_retry_fires_it_agai
     (fired,) = await t.advance(5.0)
     assert fired.kinds == ["failed"] and fired.sent == ()
     t.then_status("failed", reason="timer nudge raised RuntimeError('bug in a timer method')")
-    assert t.timers == {"step:ship": 55.0}  # the step's deadline is kept
+    assert t.timers == {}  # a failed saga fires nothing: its step's deadline waits with it
+    assert await t.advance(100.0) == []
     resume = t.control.resume
     assert resume is not None and resume.timer is not None and resume.status is Status.RUNNING
     Flaky.fail_next = False
     retried = await t.retry(by="ana")
     assert retried.kinds == ["retried", "timer-fired"]
     assert [s.event for s in retried.sent] == [Notify(order_id="o-1")]
+    assert t.timers == {"step:ship": -45.0}  # set again as it was: overdue, fires next
     t.then_status("running").then_waiting("ship")
     assert t.saga.nudged == 1
     await t.when_reply(Shipped(order_id="o-1"))
     t.then_status("completed")
+    assert t.timers == {}
 
 
 async def test_saga_code_that_raises_on_a_message_fails_the_handling_and_changes_nothing() -> None:
@@ -445,3 +449,64 @@ def test_a_field_without_a_default_is_refused_with_the_remedy() -> None:
         class NoDefault(Saga, name="rules.nodefault", start=Placed, key="order_id"):
             order_id: str = ""
             sku: str
+
+
+# -- the same in an app: saga code that raises on a message ------------------------------------
+
+
+class Brittle(
+    Saga, name="rules.brittle", start=Placed, key="order_id", retry=2, timeout=5.0, concurrency=2
+):
+    """Its reply handler raises for the key ``bad``: the handling fails (twice: retry=2)."""
+
+    order_id: str = ""
+    shipped: bool = False
+
+    def started(self, e: Placed) -> None:
+        self.order_id = e.order_id
+
+    @step(reply=Shipped, timeout=600.0)
+    def ship(self) -> Event:
+        return Ship(order_id=self.order_id)
+
+    @ship.on_reply
+    def _shipped(self, e: Shipped) -> None:
+        if self.order_id == "bad":
+            raise RuntimeError("bug in on_reply")
+        self.shipped = True
+
+
+async def test_in_an_app_a_raising_reply_handler_is_dead_lettered_and_the_saga_unchanged(
+    broker_url: str, waiter: Callable[..., Awaitable[None]]
+) -> None:
+    @subscribe(Ship.event_type, group="rules.shipping")
+    async def ship(cmd: Ship, ctx: Context) -> None:
+        await ctx.publish(Shipped(order_id=cmd.order_id))
+
+    app = App("rules-app", broker=broker_url, handlers=[ship], sagas=[Brittle])
+    specs = [s for s in app._specs if s.group == "saga.rules.brittle"]
+    assert {(s.concurrency, s.retry.max_attempts, s.timeout) for s in specs} == {(2, 2, 5.0)}
+    async with app:
+        for key in ("bad", "good"):
+            await app.publish(Placed(order_id=key), key=key)
+
+        async def settled() -> bool:
+            good = await app.sagas.get(Brittle, "good")
+            letters = await app.store.dead_letters.list(group="saga.rules.brittle")
+            return good is not None and good.status == "completed" and len(letters) == 1
+
+        await waiter(settled, what="good completed and bad's reply dead-lettered")
+        bad = await app.sagas.get(Brittle, "bad")
+        (letter,) = await app.store.dead_letters.list(group="saga.rules.brittle")
+    assert bad is not None and bad.status == "running" and not bad.shipped
+    assert [h.kind for h in bad.history] == ["started", "command-sent"]  # unchanged
+    assert "bug in on_reply" in letter.error
+
+
+def test_two_sagas_share_no_private_state() -> None:
+    """The private attributes have copied defaults (not a factory pydantic inspects on every
+    instance): one saga's effects and meta are never another's."""
+    a, b = Order(), Order()
+    a._effects.append(Cancelled(order_id="x"))  # type: ignore[arg-type]
+    a._meta["key"] = "a"
+    assert b._effects == [] and b._meta == {} and Order()._meta == {}
