@@ -11,7 +11,9 @@
   compensation's reply, or the backoff before a step past the pivot is sent again.
 - ``timers`` (:class:`Timer`, by :func:`timer_key`): a step's deadline, a backoff and the
   saga's named timers, each with the token of its setting: a firing with another token
-  was cancelled or rescheduled, and changes nothing.
+  was cancelled or rescheduled, and changes nothing. A saga waits for one thing at a
+  time, so its deadline or backoff is one timer row (:data:`WAIT_ROW`), moved from step
+  to step by one write.
 - ``issued`` (:class:`Issued`): every command sent, with its step, action and attempt.
 - ``kept`` (:class:`Kept`): inputs that reached the saga before its start (status
   ``pending``), applied right after it in arrival order.
@@ -32,6 +34,7 @@ from typing import Any
 __all__ = [
     "ENDED",
     "STATUSES",
+    "WAIT_ROW",
     "Action",
     "Control",
     "Issued",
@@ -44,9 +47,14 @@ __all__ = [
     "Wait",
     "Waiting",
     "timer_key",
+    "timer_row",
 ]
 
 _VERSION = 2
+
+WAIT_ROW = "step:"
+"""The timer row of the one deadline or backoff a saga waits on (a named timer cannot be
+called so: ``on_timer`` refuses names starting with ``step:``)."""
 
 
 class Status(enum.StrEnum):
@@ -104,9 +112,16 @@ class TimerKind(enum.StrEnum):
 
 
 def timer_key(kind: TimerKind, name: str) -> str:
-    """The timer's name in the store's timer rows: ``step:<step>``, ``retry:<step>``, or a
-    named timer's own name (which ``on_timer`` keeps from starting with those)."""
+    """The timer's name, as the history, ``sagas show`` and the test kit say it:
+    ``step:<step>``, ``retry:<step>``, or a named timer's own name (which ``on_timer`` keeps
+    from starting with those)."""
     return name if kind is TimerKind.NAMED else f"{kind.value}:{name}"
+
+
+def timer_row(kind: TimerKind, name: str) -> str:
+    """The timer's row in the store's timer table: a named timer's name, else
+    :data:`WAIT_ROW`."""
+    return name if kind is TimerKind.NAMED else WAIT_ROW
 
 
 @dataclass(frozen=True)
@@ -121,16 +136,19 @@ class Waiting:
 
 @dataclass(frozen=True)
 class Timer:
-    """One timer set: its kind, the step (or named timer) it is for, when, and its token."""
+    """One timer set: its kind, the step (or named timer) it is for, when, its token, and
+    its row in the store's timer table (:func:`timer_row`; a control of the first release
+    keeps its own rows, named like the timers)."""
 
     kind: TimerKind
     name: str
     due: float
     token: str
+    row: str
 
     @property
     def key(self) -> str:
-        """Its name in the store's timer rows (:func:`timer_key`)."""
+        """Its name (:func:`timer_key`)."""
         return timer_key(self.kind, self.name)
 
 
@@ -192,6 +210,10 @@ class Control:
     origin_ms: int = 0
     correlation_id: str | None = None
     seq: int = 0  # inputs applied: names timer tokens
+
+    def timer_at(self, row: str) -> Timer | None:
+        """The timer set in the store's timer row ``row``, if any."""
+        return next((t for t in self.timers.values() if t.row == row), None)
 
     def issued_as(self, command_id: str | None) -> Issued | None:
         """The command this saga sent with ``command_id``, if it sent one."""
@@ -269,11 +291,11 @@ def _waiting(d: dict[str, Any] | None) -> Waiting | None:
 
 
 def _timer_dict(t: Timer) -> dict[str, Any]:
-    return {"kind": t.kind.value, "name": t.name, "due": t.due, "token": t.token}
+    return {"kind": t.kind.value, "name": t.name, "due": t.due, "token": t.token, "row": t.row}
 
 
 def _timer(d: dict[str, Any]) -> Timer:
-    return Timer(TimerKind(d["kind"]), d["name"], float(d["due"]), d["token"])
+    return Timer(TimerKind(d["kind"]), d["name"], float(d["due"]), d["token"], d["row"])
 
 
 def _resume_dict(r: Resume | None) -> dict[str, Any] | None:
@@ -312,8 +334,8 @@ def _legacy_timer(name: str, d: dict[str, Any]) -> Timer:
     name: the one place such a name is taken apart."""
     for kind, prefix in _LEGACY_PREFIXES:
         if name.startswith(prefix):
-            return Timer(kind, name[len(prefix) :], float(d["due"]), d["token"])
-    return Timer(TimerKind.NAMED, name, float(d["due"]), d["token"])
+            return Timer(kind, name[len(prefix) :], float(d["due"]), d["token"], name)
+    return Timer(TimerKind.NAMED, name, float(d["due"]), d["token"], name)
 
 
 def _legacy(data: dict[str, Any]) -> Control:

@@ -130,14 +130,15 @@ class Machine(Progress):
         return self.out
 
     async def timer(self, name: str, token: str, message_id: str) -> Outcome:
-        """A timer fired: ``name`` is its key in the timer rows (:func:`.control.timer_key`),
-        ``token`` the setting it was fired for. This is what the timer loop calls, in the
-        store transaction of the firing; when it raises (saga code did), roll that
-        transaction back and apply :meth:`timer_failed` in a new one."""
+        """A timer fired: ``name`` is its row in the store's timer table (the ``timer``
+        column: :func:`.control.timer_row`), ``token`` the setting it was fired for. This
+        is what the timer loop calls, in the store transaction of the firing; when it
+        raises (saga code did), roll that transaction back and apply :meth:`timer_failed`
+        in a new one."""
         self._begin(message_id)
-        t = self.control.timers.get(name)
+        t = self.control.timer_at(name)
         if t is None or t.token != token:
-            return self._ignore(f"timer {name} fired after it was cancelled or rescheduled")
+            return self._ignore(_stale(token))
         await self._fired(t)
         await self._advance()
         return self.out
@@ -149,16 +150,16 @@ class Machine(Progress):
         else changes (the firing's own transaction was rolled back)."""
         self._begin(message_id)
         c = self.control
-        t = c.timers.get(name)
+        t = c.timer_at(name)
         if t is None or t.token != token:
-            return self._ignore(f"timer {name} fired after it was cancelled or rescheduled")
-        others = tuple(o for o in c.timers.values() if o.key != name)
+            return self._ignore(_stale(token))
+        others = tuple(o for o in c.timers.values() if o.row != name)
         c.timers = {}
-        self.out.timers_cancelled.update([name, *(o.key for o in others)])
+        self.out.timers_cancelled.update([name, *(o.row for o in others)])
         step = t.name if t.kind is not TimerKind.NAMED else None
         c.resume = Resume(step, None, c.reason, t, c.status, others)
         c.status = Status.FAILED
-        c.reason = f"timer {name} raised {error}"
+        c.reason = f"timer {t.key} raised {error}"
         self._note("failed", step, c.reason)
         return self.out
 
@@ -232,14 +233,14 @@ class Machine(Progress):
         due meanwhile fire at once)."""
         for t in r.suspended:
             self.control.timers[t.key] = t
-            self.out.timers_set[t.key] = (t.due, t.token)
-            self.out.timers_cancelled.discard(t.key)
+            self.out.timers_set[t.row] = (t.due, t.token)
+            self.out.timers_cancelled.discard(t.row)
 
     async def _fired(self, t: Timer) -> None:
         """A current timer fires: its setting goes, then its kind decides."""
         c = self.control
         c.timers.pop(t.key, None)
-        self.out.timers_cancelled.add(t.key)  # its row goes with this transition
+        self.out.timers_cancelled.add(t.row)  # its row goes with this transition
         w = c.waiting
         if t.kind is TimerKind.NAMED:
             if c.status in ENDED:
@@ -339,3 +340,7 @@ class Machine(Progress):
 
 def _is(event: Event, classes: tuple[type[Event], ...]) -> bool:
     return any(event.event_type == cls.event_type for cls in classes)
+
+
+def _stale(token: str) -> str:
+    return f"timer setting {token} fired after it was cancelled or rescheduled"

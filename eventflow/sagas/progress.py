@@ -32,6 +32,7 @@ from .control import (
     Wait,
     Waiting,
     timer_key,
+    timer_row,
 )
 from .definition import Abort, CancelTimer, Saga, SagaDefinition, SetTimer, Step
 from .outcome import Command, Outcome, Transition
@@ -247,21 +248,22 @@ class Progress:
 
     def _set(self, kind: TimerKind, name: str, seconds: float) -> None:
         c = self.control
-        key = timer_key(kind, name)
+        key, row = timer_key(kind, name), timer_row(kind, name)
+        for old in [t for t in c.timers.values() if t.row == row and t.key != key]:
+            del c.timers[old.key]  # its row is this one's now
         token = f"{c.seq}:{key}"
         due = self.now + seconds
-        c.timers[key] = Timer(kind, name, due, token)
-        self.out.timers_set[key] = (due, token)
-        self.out.timers_cancelled.discard(key)
+        c.timers[key] = Timer(kind, name, due, token, row)
+        self.out.timers_set[row] = (due, token)
+        self.out.timers_cancelled.discard(row)
         if kind is TimerKind.NAMED:
             self._note("timer-set", None, f"{name} in {seconds:g}s")
 
     def _cancel(self, kind: TimerKind, name: str) -> None:
-        c = self.control
-        key = timer_key(kind, name)
-        if c.timers.pop(key, None) is not None:
-            self.out.timers_cancelled.add(key)
-            self.out.timers_set.pop(key, None)
+        t = self.control.timers.pop(timer_key(kind, name), None)
+        if t is not None:
+            self.out.timers_cancelled.add(t.row)
+            self.out.timers_set.pop(t.row, None)
             if kind is TimerKind.NAMED:
                 self._note("timer-cancelled", None, name)
 

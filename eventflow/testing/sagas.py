@@ -42,7 +42,7 @@ from ..adapters.memory import MemoryStore
 from ..envelope import Envelope, hashed_id
 from ..events import Event, EventRegistry, envelope_for
 from ..sagas.commands import envelopes
-from ..sagas.control import ENDED, STATUSES, Action, Control, Status, Wait
+from ..sagas.control import ENDED, STATUSES, Action, Control, Status, Timer, Wait
 from ..sagas.definition import Saga, SagaDefinition
 from ..sagas.handling import key_of, timer_message_id
 from ..sagas.machine import Outcome, Transition
@@ -136,7 +136,7 @@ class SagaTest(Generic[S]):
         self._state: bytes | None = None  # the saga's fields as last saved
         self._control: Control | None = None
         self._history: list[Transition] = []
-        self._superseded: dict[str, list[str]] = {}  # timer name -> old tokens, newest last
+        self._superseded: dict[str, list[Timer]] = {}  # timer name -> old settings, newest last
         self._inputs = 0
         self._sent: list[Sent] = []
         self._applied: list[Applied] = []
@@ -376,10 +376,10 @@ class SagaTest(Generic[S]):
         old = self._superseded.get(timer)
         if not old:
             raise SagaTestError(f"timer {timer} has no rescheduled or cancelled setting")
-        c = self._control_now()
+        c, stale = self._control_now(), old.pop()
         saga_id = self.definition.stream_prefix + c.key
-        row = TimerRow(saga_id, timer, self.definition.name, c.key, self._now, old.pop())
-        return await self._fire(row)
+        row = TimerRow(saga_id, stale.row, self.definition.name, c.key, stale.due, stale.token)
+        return await self._fire(row, stale.key)
 
     async def retry(self, *, by: str | None = None) -> Applied:
         """``eventflow sagas retry``: issue the failed step (or compensation) again under a
@@ -534,13 +534,17 @@ class SagaTest(Generic[S]):
         sent = handling.sends(self.definition, machine, env)
         return await self._saved(what, env.id, machine.out, sent)
 
-    async def _fire(self, row: TimerRow) -> Applied:
-        """A timer firing, through the timer loop's own code."""
+    async def _fire(self, row: TimerRow, name: str | None = None) -> Applied:
+        """A timer firing, through the timer loop's own code (``name``: the timer's, when
+        its setting is not the current one)."""
+        current = self._control_now().timer_at(row.timer)
+        if name is None:
+            name = current.key if current is not None else row.timer
         handling = self._sagas.handling
         machine = await handling.fire(self.saga_class, row)
         assert machine is not None  # the saga exists
         sent = handling.sends(self.definition, machine, None)
-        return await self._saved(f"timer {row.timer}", timer_message_id(row), machine.out, sent)
+        return await self._saved(f"timer {name}", timer_message_id(row), machine.out, sent)
 
     async def _person(self, what: str, act: Callable[[], Awaitable[Outcome]]) -> Applied:
         self._require_started(what)
@@ -563,11 +567,15 @@ class SagaTest(Generic[S]):
         self._history = [
             Transition.from_dict(d) for d in await self._sagas.persistence.history(saga_id)
         ]
-        old = {} if before is None else {t.key: t.token for t in before.timers.values()}
-        for name, token in old.items():
-            now = self._control.timers.get(name)
-            if now is None or now.token != token:
-                self._superseded.setdefault(name, []).append(token)
+        old = {} if before is None else dict(before.timers)
+        after = self._control.timers
+        gone = {k for k, t in old.items() if k not in after or after[k].token != t.token}
+        for name in gone:
+            self._superseded.setdefault(name, []).append(old[name])
+        # The outcome names timer rows; the test names timers (a saga's deadline and
+        # backoff share one row, moved from step to step).
+        set_now = {t.key: t.due - self._now for t in after.values() if t.row in out.timers_set}
+        cancelled = {k for k in gone if old[k].row in out.timers_cancelled or k not in after}
         sent = [_sent(n, out, env) for n, (_topic, env) in enumerate(pairs)]
         self._sent.extend(sent)
         applied = Applied(
@@ -575,8 +583,8 @@ class SagaTest(Generic[S]):
             message_id,
             tuple(out.transitions),
             tuple(sent),
-            {name: due - self._now for name, (due, _) in out.timers_set.items()},
-            frozenset(out.timers_cancelled),
+            set_now,
+            frozenset(cancelled - set(set_now)),
         )
         self._applied.append(applied)
         return applied

@@ -13,11 +13,11 @@ from .shop import OrderPlaced, OrderSaga, StockReserved
 
 
 def test_from_dict_and_as_dict_share_nothing_with_their_input() -> None:
-    charge = Timer(TimerKind.DEADLINE, "charge", 1.0, "t1")
+    charge = Timer(TimerKind.DEADLINE, "charge", 1.0, "t1", "step:")
     data = Control(key="k", done=["reserve"], timers={charge.key: charge}).as_dict()
     control = Control.from_dict(data)
     control.done.append("charge")
-    control.timers["step:ship"] = Timer(TimerKind.DEADLINE, "ship", 3.0, "t2")
+    control.timers["step:ship"] = Timer(TimerKind.DEADLINE, "ship", 3.0, "t2", "step:")
     assert data["done"] == ["reserve"]
     assert [t["name"] for t in data["timers"]] == ["charge"]
     out = control.as_dict()

@@ -16,7 +16,8 @@ from eventflow.errors import ConfigurationError
 from eventflow.events import EventRegistry, envelope_for
 from eventflow.headers import COMPENSATES_HEADER
 from eventflow.sagas import on_timer
-from eventflow.sagas.control import Action, Control, Status, TimerKind, Wait
+from eventflow.sagas.control import WAIT_ROW, Action, Control, Status, TimerKind, Wait
+from eventflow.sagas.machine import Machine
 from eventflow.sagas.runtime import Sagas
 from eventflow.testing.sagas import SagaTest
 
@@ -404,6 +405,31 @@ def test_a_control_of_the_first_release_reads_into_the_typed_form() -> None:
     assert c.last_issued("ship", Action.DO) is not None
     again = Control.from_dict(c.as_dict())
     assert again.as_dict() == c.as_dict()
+
+
+async def test_a_saga_of_the_first_release_goes_on_with_its_own_timer_rows() -> None:
+    legacy = {
+        "key": "o-1",
+        "status": "running",
+        "phase": "forward",
+        "next_step": 2,
+        "waiting": {"step": "ship", "kind": "do", "command_id": "c-ship"},
+        "done": ["reserve", "charge"],
+        "timers": {"step:ship": {"due": 100.0, "token": "7:step:ship"}},
+        "issued": ["c-reserve", "c-charge", "c-ship"],
+        "attempts": {"ship": 1},
+        "pivoted": True,
+        "origin_ms": 1000,
+        "seq": 7,
+    }
+    fired = Machine(Order(order_id="o-1"), Control.from_dict(legacy), 101.0)
+    out = await fired.timer("step:ship", "7:step:ship", "m-1")  # its row, as the loop reads it
+    assert [t.kind for t in out.transitions] == ["timed-out", "retry-scheduled"]
+    assert out.timers_cancelled == {"step:ship"} and set(out.timers_set) == {WAIT_ROW}
+    replied = Machine(Order(order_id="o-1"), Control.from_dict(legacy), 50.0)
+    out = await replied.message(Shipped(order_id="o-1"), "m-2", "c-ship")
+    assert [t.kind for t in out.transitions] == ["replied", "completed"]
+    assert out.timers_cancelled == {"step:ship"}
 
 
 # -- the class keywords --------------------------------------------------------------------
