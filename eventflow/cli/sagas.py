@@ -22,10 +22,11 @@ from typing import Any
 import orjson
 
 from ..events import default_registry
-from ..sagas.control import ENDED, STATUSES, Control, Status, Wait
+from ..sagas.control import STATUSES, Control, Wait
 from ..sagas.definition import Saga, Step
 from ..sagas.machine import Outcome
 from ..sagas.persistence import IndexRow
+from ..sagas.progress import refusal
 from ..sagas.runtime import Sagas
 from ._common import (
     EXIT_USAGE,
@@ -319,9 +320,9 @@ async def _act(
     loaded = await sagas.persistence.load(cls.definition, row.key)
     if loaded is None:
         raise CliError(_unknown(args.id))
-    refusal = _refusal(args.action, loaded.control)
-    if refusal:
-        raise CliError(f"saga {row.id} is {loaded.control.status}: {refusal}")
+    why = refusal(loaded.control, args.action)
+    if why is not None:
+        raise CliError(f"saga {row.id} is {loaded.control.status}: {why}")
     outcome: Outcome
     if args.action == "retry":
         outcome = await sagas.retry(cls, row.key, by=args.by)
@@ -372,28 +373,6 @@ def _class_for(row: IndexRow, saga_cls: type[Saga] | None, target: Target) -> ty
         "pass --saga MODULE:CLASS, or --app MODULE:APP with that saga in its sagas=",
         EXIT_USAGE,
     )
-
-
-def _refusal(action: str, c: Control) -> str:
-    """Why ``action`` would change nothing ('' if it would act)."""
-    if c.status is Status.PENDING:
-        return "it has not started (inputs are kept for it until its start event comes)"
-    if action in ("retry", "skip"):
-        if c.status is not Status.FAILED or c.resume is None:
-            return f"only a failed saga can be {'retried' if action == 'retry' else 'skipped'}"
-        return ""
-    if c.status in ENDED:
-        return "nothing to abort"
-    if c.status is Status.FAILED:
-        return "a failed saga is retried or skipped (sagas retry, sagas skip), not aborted"
-    if c.status is not Status.RUNNING:
-        return "it is already compensating"
-    if c.pivoted:
-        return (
-            "it is past its pivot step and only goes forward; a failed step can be retried "
-            "or skipped"
-        )
-    return ""
 
 
 def _unknown(saga_id: str) -> str:

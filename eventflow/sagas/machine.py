@@ -40,7 +40,7 @@ from .control import (
 )
 from .definition import Step
 from .outcome import Command, Early, Outcome, Transition
-from .progress import Progress
+from .progress import Progress, refusal
 
 __all__ = ["STATUSES", "Command", "Control", "Early", "Machine", "Outcome", "Transition"]
 
@@ -175,8 +175,9 @@ class Machine(Progress):
         under a new attempt (a new command id), or the timer that raised fires again."""
         self._begin(message_id)
         c, r = self.control, self.control.resume
-        if c.status is not Status.FAILED or r is None:
-            return self._ignore(f"retry asked of a saga that is {c.status}")
+        why = refusal(c, "retry")
+        if why is not None or r is None:
+            return self._ignore(f"retry of a saga that is {c.status}: {why}")
         c.resume, c.reason = None, r.reason
         if r.timer is not None:
             self._note("retried", r.step, f"timer {r.timer.key} again", by)
@@ -203,8 +204,9 @@ class Machine(Progress):
         timer that raised: it is dropped, not fired."""
         self._begin(message_id)
         c, r = self.control, self.control.resume
-        if c.status is not Status.FAILED or r is None:
-            return self._ignore(f"skip asked of a saga that is {c.status}")
+        why = refusal(c, "skip")
+        if why is not None or r is None:
+            return self._ignore(f"skip of a saga that is {c.status}: {why}")
         c.resume, c.reason = None, r.reason
         if r.timer is not None:
             self._note("skipped", r.step, f"timer {r.timer.key} dropped", by)

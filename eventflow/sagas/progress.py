@@ -37,7 +37,7 @@ from .control import (
 from .definition import Abort, CancelTimer, Saga, SagaDefinition, SetTimer, Step
 from .outcome import Command, Outcome, Transition
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "refusal"]
 
 
 class Progress:
@@ -57,15 +57,9 @@ class Progress:
     def _abort(self, reason: str, by: str | None) -> None:
         """Stop going forward. A step whose command is out is compensated after its
         outcome (its reply, rejection or deadline), so its waiting stays."""
-        c = self.control
-        if c.status in ENDED or c.phase is Phase.COMPENSATING:
-            self._ignore(f"abort ({reason}) of a saga already {c.status}")
-            return
-        if c.status is Status.FAILED:
-            self._ignore(f"abort ({reason}) of a failed saga: it needs sagas retry or skip")
-            return
-        if c.pivoted:
-            self._ignore(f"abort ({reason}) after the pivot: the saga only goes forward")
+        why = refusal(self.control, "abort")
+        if why is not None:
+            self._ignore(f"abort ({reason}) of a saga that is {self.control.status}: {why}")
             return
         self._note("aborted", None, reason, by)
         self._compensate(reason)
@@ -284,3 +278,27 @@ def _command(definition: SagaDefinition, fn: Any, value: Any) -> Event | None:
             "command (an Event instance) or None"
         )
     return value
+
+
+def refusal(c: Control, action: str) -> str | None:
+    """Why a person's ``action`` (``retry``, ``skip`` or ``abort``; an abort event or
+    ``self.abort`` too) would change nothing for the saga in ``c``, or None if it acts:
+    the rule the machine applies, which the command line checks before it writes."""
+    if action in ("retry", "skip"):
+        if c.status is Status.FAILED and c.resume is not None:
+            return None
+        return f"only a failed saga can be {'retried' if action == 'retry' else 'skipped'}"
+    if c.status is Status.PENDING:
+        return "it has not started (inputs are kept for it until its start event comes)"
+    if c.status in ENDED:
+        return "nothing to abort"
+    if c.status is Status.FAILED:
+        return "a failed saga is retried or skipped (sagas retry, sagas skip), not aborted"
+    if c.phase is Phase.COMPENSATING:
+        return "it is already compensating"
+    if c.pivoted:
+        return (
+            "it is past its pivot step and only goes forward; a failed step can be retried "
+            "or skipped"
+        )
+    return None

@@ -376,8 +376,8 @@ async def test_retry_and_skip_of_a_saga_that_is_not_failed_are_recorded_as_ignor
     for act in (t.retry(by="ana"), t.skip(by="ana")):
         applied = await act
         assert applied.kinds == ["ignored"] and applied.sent == ()
-    t.then_recorded("ignored", detail="retry asked of a saga that is running")
-    t.then_recorded("ignored", detail="skip asked of a saga that is running")
+    t.then_recorded("ignored", detail="retry of a saga that is running: only a failed saga")
+    t.then_recorded("ignored", detail="skip of a saga that is running: only a failed saga")
     t.then_waiting("reserve")
 
 
@@ -534,7 +534,7 @@ async def test_abort_after_the_pivot_is_ignored_and_recorded() -> None:
     by_person = await t.abort(by="ana")
     for applied in (by_event, by_person):
         assert applied.kinds == ["ignored"] and applied.sent == ()
-        assert "after the pivot: the saga only goes forward" in applied.transitions[0].detail
+        assert "it is past its pivot step and only goes forward" in applied.transitions[0].detail
     t.then_status("running").then_waiting("ship")
     assert t.timers == {"step:ship": 10.0}
 
@@ -543,10 +543,16 @@ async def test_abort_of_a_finished_or_compensating_saga_is_ignored() -> None:
     t = await started()
     await t.when_reply(StockRejected(order_id="o-1"))
     applied = await t.when(OrderCancelled(order_id="o-1"))
-    assert applied.kinds == ["ignored"] and "already compensated" in applied.transitions[0].detail
+    assert (
+        applied.kinds == ["ignored"]
+        and "compensated: nothing to abort" in applied.transitions[0].detail
+    )
     r = await _refund_waiting()  # compensating, waiting for the refund
     applied = await r.abort(by="ana")
-    assert applied.kinds == ["ignored"] and "already compensating" in applied.transitions[0].detail
+    assert (
+        applied.kinds == ["ignored"]
+        and "it is already compensating" in applied.transitions[0].detail
+    )
     r.then_waiting("charge", "undo")
 
 
