@@ -48,12 +48,9 @@ __all__ = [
 StepFn = Callable[..., Any]
 _NAME = re.compile(r"^[a-z][a-z0-9_.]*$")
 _RESERVED_TIMERS = ("step:", "retry:")  # the machine's own timers: a step's deadline, a backoff
-DEFAULT_CONCURRENCY = 8
-"""Sagas of one class handled at once per process (``concurrency=`` on the class)."""
-DEFAULT_RETRY = 5
-"""Attempts in all at handling one message (``retry=`` on the class)."""
-DEFAULT_TIMEOUT = 30.0
-"""Seconds one handling may take (``timeout=`` on the class)."""
+# The class keywords' defaults: sagas handled at once per process, attempts in all at
+# handling one message, seconds one handling may take.
+DEFAULT_CONCURRENCY, DEFAULT_RETRY, DEFAULT_TIMEOUT = 8, 5, 30.0
 
 
 @dataclass(frozen=True)
