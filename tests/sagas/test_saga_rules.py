@@ -536,3 +536,5 @@ def test_two_sagas_share_no_private_state() -> None:
     a._effects.append(Cancelled(order_id="x"))  # type: ignore[arg-type]
     a._meta["key"] = "a"
     assert b._effects == [] and b._meta == {} and Order()._meta == {}
+    loaded = Order.model_validate({"order_id": "o-1"})  # how the runtime loads one
+    assert loaded._meta == {} and loaded._effects == [] and loaded._meta is not a._meta
