@@ -474,6 +474,10 @@ class Tocked(Event, type="promise.tick.tocked"):
     order_id: str
 
 
+class Untick(Event, type="promise.tick.untick"):
+    order_id: str
+
+
 TICK_DEADLINE = 0.5
 """Seconds a :class:`TickingSaga` waits for an answer that never comes."""
 
@@ -492,26 +496,38 @@ class TickingSaga(Saga, name="promise.ticking", start=Ticked, key="order_id"):
 
     @tick.compensate
     def untick(self) -> Event:
-        return Undo(order_id=f"tick-{self.order_id}")
+        return Untick(order_id=self.order_id)
 
 
 def watch_participants(ledger: Ledger, group: str) -> list[Any]:
-    """Ignores ``Ask`` (recorded), answers ``Nudge`` with ``Answered``, records ``Undo``."""
+    """Ignores ``Ask`` and ``Tick`` (recorded), answers ``Nudge`` with ``Answered``,
+    records ``Undo`` and ``Untick``.
 
-    @subscribe(Ask.event_type, group=f"{group}.ask", concurrency=8)
+    ``Ask`` and ``Undo`` share a group: a compensation reaching a group that has not handled
+    the command it undoes cancels that command instead of being handled (DESIGN 5)."""
+
+    @subscribe(Ask.event_type, group=f"{group}.asker", concurrency=8)
     async def ask(cmd: Ask, ctx: Context) -> None:
         ledger.add("asked", cmd.order_id)
+
+    @subscribe(Tick.event_type, group=f"{group}.ticker", concurrency=8)
+    async def tick(cmd: Tick, ctx: Context) -> None:
+        ledger.add("ticked", cmd.order_id)  # never answered: the deadline fires
+
+    @subscribe(Untick.event_type, group=f"{group}.ticker", concurrency=8)
+    async def untick(cmd: Untick, ctx: Context) -> None:
+        ledger.add("unticked", cmd.order_id)
 
     @subscribe(Nudge.event_type, group=f"{group}.nudge", concurrency=8)
     async def nudge(msg: Nudge, ctx: Context) -> None:
         ledger.add("nudged", msg.order_id)
         await ctx.publish(Answered(order_id=msg.order_id))
 
-    @subscribe(Undo.event_type, group=f"{group}.undo", concurrency=8)
+    @subscribe(Undo.event_type, group=f"{group}.asker", concurrency=8)
     async def undo(cmd: Undo, ctx: Context) -> None:
         ledger.add("undone", cmd.order_id)
 
-    return [ask, nudge, undo]
+    return [ask, undo, tick, untick, nudge]
 
 
 # -- one step with a deadline, its reply held by a stalled member of the saga's group -------

@@ -340,6 +340,7 @@ async def test_a_timer_method_that_raises_fails_its_saga_only(
             ticked = await until_ended(app, TickingSaga, key, waiter, ENDS)
             assert ticked.status == "compensated", describe(ticked)
             assert "timed-out" in kinds(ticked, "tick"), describe(ticked)
+            await waiter(lambda k=key: ledger.of(k) == ["ticked", "unticked"], what=f"{key} undone")
         health = app.health()
         assert health.status == "ok", health
         assert app.failure is None, app.failure
