@@ -273,7 +273,7 @@ class DeliveryFailed(Event, type="promise.trip.delivery-failed"):
     order_id: str
 
 
-DEPLOY_BACKOFF = 4.0
+DEPLOY_BACKOFF = 5.0
 """Seconds the deploy sagas back off after a rejected delivery: the old app stops and the
 new one starts within them."""
 
