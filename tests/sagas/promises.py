@@ -1,6 +1,9 @@
-"""Sagas and participants for the tests of DESIGN section 5's promises (issue 20).
+"""Sagas, participants and helpers for the tests of DESIGN section 5's promises (issue 20).
 
-Event types are ``promise.*`` (no other test module uses them). Participants record every
+The order saga (inputs in any order, an abort in flight) and the trip sagas (a pivot, then
+a step that backs off: a deploy, a late success) are here; the sagas with deadlines and
+timers in :mod:`.promises_timed`. Event types are ``promise.*`` (no other test module uses
+them). Participants record every
 handler call in a :class:`Ledger` (``(what, order_id)``, in the order the handlers saw
 them), so a test can count what each order reserved, charged and shipped, and see in which
 order a participant saw a command and its compensation.
@@ -17,10 +20,18 @@ from typing import Any
 
 import pytest
 
-from eventflow import App, Context, Event, Saga, on_timer, step, subscribe
+from eventflow import App, Context, Event, Saga, step, subscribe
+
+from .conftest import SETUPS
 
 Wait = Callable[..., Awaitable[None]]
 ENDED = ("completed", "compensated", "failed")
+BROKERS = [p for p in SETUPS if p.id in ("memory-memory", "nats-postgres", "kafka-postgres")]
+"""Where the broker matters: memory, NATS + PostgreSQL, Kafka (Tansu) + PostgreSQL."""
+STORES = [p for p in SETUPS if p.id in ("memory-memory", "memory-sqlite", "nats-postgres")]
+"""Where the store matters: memory, SQLite, PostgreSQL."""
+ENDS = 60.0
+"""Seconds a saga of these tests may take to end (bounded polls)."""
 
 
 @dataclass
@@ -372,217 +383,3 @@ class LateTripSaga(Saga, name="promise.latetrip", start=TripBooked, key="order_i
     )
     def deliver(self) -> Event:
         return Deliver(order_id=self.order_id)
-
-
-# -- timers: one saga class whose timer code has a bug, one whose deadlines fire -------------
-
-
-class Watched(Event, type="promise.watch.started"):
-    order_id: str
-
-
-class Ask(Event, type="promise.watch.ask"):
-    order_id: str
-
-
-class Answered(Event, type="promise.watch.answered"):
-    order_id: str
-
-
-class Nudge(Event, type="promise.watch.nudge"):
-    order_id: str
-
-
-class Undo(Event, type="promise.watch.undo"):
-    order_id: str
-
-
-@dataclass
-class Bug:
-    """The bug in :class:`BuggySaga`'s code, until a person fixes it (``fixed``)."""
-
-    fixed: bool = False
-
-
-BUG = Bug()
-"""The one switch :class:`BuggySaga` reads (a test sets it, and resets it after)."""
-NUDGE_IN = 0.2
-"""Seconds after its start a :class:`BuggySaga` is nudged."""
-BUGGY_DEADLINE = 0.5
-"""Seconds an :class:`UndoDeadlineSaga` waits for an answer that never comes."""
-
-
-class BuggySaga(Saga, name="promise.buggy", start=Watched, key="order_id"):
-    """Asks and waits; a timer (``nudge``, ``NUDGE_IN`` s after the start) sends ``Nudge``,
-    which the participant answers for it. For keys starting ``bad`` the timer method
-    raises, until ``BUG.fixed``."""
-
-    order_id: str = ""
-
-    def started(self, e: Watched) -> None:
-        self.order_id = e.order_id
-        self.set_timer("nudge", NUDGE_IN)
-
-    @step(reply=Answered, timeout=60.0)
-    def ask(self) -> Event:
-        return Ask(order_id=self.order_id)
-
-    @ask.compensate
-    def undo(self) -> Event:
-        return Undo(order_id=self.order_id)
-
-    @on_timer("nudge")
-    def _nudge(self) -> Event:
-        if self.order_id.startswith("bad") and not BUG.fixed:
-            raise RuntimeError(f"a bug in the nudge timer for {self.order_id}")
-        return Nudge(order_id=self.order_id)
-
-
-class Guarded(Event, type="promise.guard.started"):
-    order_id: str
-
-
-class UndoDeadlineSaga(Saga, name="promise.buggyundo", start=Guarded, key="order_id"):
-    """A step's deadline path: ask (deadline ``BUGGY_DEADLINE``; nobody answers ``Ask``),
-    then the compensation ``undo``, which raises until ``BUG.fixed``."""
-
-    order_id: str = ""
-
-    def started(self, e: Guarded) -> None:
-        self.order_id = e.order_id
-
-    @step(reply=Answered, timeout=BUGGY_DEADLINE)
-    def ask(self) -> Event:
-        return Ask(order_id=self.order_id)
-
-    @ask.compensate
-    def undo(self) -> Event:
-        if not BUG.fixed:
-            raise RuntimeError(f"a bug in undo for {self.order_id}")
-        return Undo(order_id=self.order_id)
-
-
-class Ticked(Event, type="promise.tick.started"):
-    order_id: str
-
-
-class Tick(Event, type="promise.tick.tick"):
-    order_id: str
-
-
-class Tocked(Event, type="promise.tick.tocked"):
-    order_id: str
-
-
-class Untick(Event, type="promise.tick.untick"):
-    order_id: str
-
-
-TICK_DEADLINE = 0.5
-"""Seconds a :class:`TickingSaga` waits for an answer that never comes."""
-
-
-class TickingSaga(Saga, name="promise.ticking", start=Ticked, key="order_id"):
-    """One step nobody answers: its deadline fires and the saga is compensated."""
-
-    order_id: str = ""
-
-    def started(self, e: Ticked) -> None:
-        self.order_id = e.order_id
-
-    @step(reply=Tocked, timeout=TICK_DEADLINE)
-    def tick(self) -> Event:
-        return Tick(order_id=self.order_id)
-
-    @tick.compensate
-    def untick(self) -> Event:
-        return Untick(order_id=self.order_id)
-
-
-def watch_participants(ledger: Ledger, group: str) -> list[Any]:
-    """Ignores ``Ask`` and ``Tick`` (recorded), answers ``Nudge`` with ``Answered``,
-    records ``Undo`` and ``Untick``.
-
-    ``Ask`` and ``Undo`` share a group: a compensation reaching a group that has not handled
-    the command it undoes cancels that command instead of being handled (DESIGN 5)."""
-
-    @subscribe(Ask.event_type, group=f"{group}.asker", concurrency=8)
-    async def ask(cmd: Ask, ctx: Context) -> None:
-        ledger.add("asked", cmd.order_id)
-
-    @subscribe(Tick.event_type, group=f"{group}.ticker", concurrency=8)
-    async def tick(cmd: Tick, ctx: Context) -> None:
-        ledger.add("ticked", cmd.order_id)  # never answered: the deadline fires
-
-    @subscribe(Untick.event_type, group=f"{group}.ticker", concurrency=8)
-    async def untick(cmd: Untick, ctx: Context) -> None:
-        ledger.add("unticked", cmd.order_id)
-
-    @subscribe(Nudge.event_type, group=f"{group}.nudge", concurrency=8)
-    async def nudge(msg: Nudge, ctx: Context) -> None:
-        ledger.add("nudged", msg.order_id)
-        await ctx.publish(Answered(order_id=msg.order_id))
-
-    @subscribe(Undo.event_type, group=f"{group}.asker", concurrency=8)
-    async def undo(cmd: Undo, ctx: Context) -> None:
-        ledger.add("undone", cmd.order_id)
-
-    return [ask, undo, tick, untick, nudge]
-
-
-# -- one step with a deadline, its reply held by a stalled member of the saga's group -------
-
-
-class Parcel(Event, type="promise.parcel.sent"):
-    order_id: str
-
-
-class Pick(Event, type="promise.parcel.pick"):
-    order_id: str
-
-
-class Picked(Event, type="promise.parcel.picked"):
-    order_id: str
-
-
-class Unpick(Event, type="promise.parcel.unpick"):
-    order_id: str
-
-
-HELD_DEADLINE = 3.0
-"""Seconds :class:`ParcelSaga` waits for ``Picked``."""
-
-
-class ParcelSaga(Saga, name="promise.parcel", start=Parcel, key="order_id"):
-    """Pick (deadline ``HELD_DEADLINE``), compensated by ``Unpick``."""
-
-    order_id: str = ""
-
-    def started(self, e: Parcel) -> None:
-        self.order_id = e.order_id
-
-    @step(reply=Picked, timeout=HELD_DEADLINE)
-    def pick(self) -> Event:
-        return Pick(order_id=self.order_id)
-
-    @pick.compensate
-    def unpick(self) -> Event:
-        return Unpick(order_id=self.order_id)
-
-
-def parcel_participants(ledger: Ledger, group: str, silent: set[str]) -> list[Any]:
-    """Answers ``Pick`` at once but for the ``silent`` orders (never answered)."""
-
-    @subscribe(Pick.event_type, group=f"{group}.picking", concurrency=8)
-    async def pick(cmd: Pick, ctx: Context) -> None:
-        if cmd.order_id in silent:
-            ledger.add("unanswered", cmd.order_id)
-            return
-        ledger.add("picked", cmd.order_id)
-        await ctx.publish(Picked(order_id=cmd.order_id))
-
-    @subscribe(Unpick.event_type, group=f"{group}.picking", concurrency=8)
-    async def unpick(cmd: Unpick, ctx: Context) -> None:
-        ledger.add("unpicked", cmd.order_id)
-
-    return [pick, unpick]
