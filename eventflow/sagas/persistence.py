@@ -23,15 +23,23 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from ..envelope import Envelope, hashed_id
 from ..errors import StoreError
 from ..ports import Store, Transaction
-from .definition import SagaDefinition
+from .definition import Saga, SagaDefinition
 from .machine import Control, Outcome
 
-__all__ = ["TRANSITION_TYPE", "IndexRow", "SagaStore", "TimerRow", "saga_store"]
+__all__ = [
+    "TRANSITION_TYPE",
+    "IndexRow",
+    "Loaded",
+    "SagaStore",
+    "TimerRow",
+    "build_saga",
+    "saga_store",
+]
 
 TRANSITION_TYPE = "eventflow.saga.transition"
 
@@ -78,6 +86,17 @@ class Loaded:
     version: int
     state: dict[str, Any]
     control: Control
+
+
+_S = TypeVar("_S", bound=Saga)
+
+
+def build_saga(cls: type[_S], loaded: Loaded) -> _S:
+    """The saga object of ``loaded`` (its fields, and its key, status and reason)."""
+    saga = cls.model_validate(loaded.state)
+    control = loaded.control
+    saga._meta.update(key=control.key, status=control.status, reason=control.reason)
+    return saga
 
 
 class _MemoryTables:

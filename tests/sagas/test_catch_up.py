@@ -60,7 +60,7 @@ GROUP = f"saga.{OrderSaga.definition.name}"
 
 
 async def _may_fire(runtime: SagaRuntime, due: float, now: float | None = None) -> bool:
-    return await runtime._may_fire(OrderSaga.definition, _row(due), now or time.time())
+    return await runtime.timers._may_fire(OrderSaga.definition, _row(due), now or time.time())
 
 
 async def test_an_overdue_timer_waits_for_a_zero_backlog_on_every_pattern() -> None:
@@ -69,7 +69,7 @@ async def test_an_overdue_timer_waits_for_a_zero_backlog_on_every_pattern() -> N
     other = FakeConsumer("billing", 7)  # not a saga group: not asked
     runtime = _runtime(held, idle, other)
     held.caught_up_at = idle.caught_up_at = time.time() + 1  # empty fetches do not decide
-    start = runtime._started_at
+    start = runtime.timers._started_at
     now = start + 1.0
     assert not await _may_fire(runtime, start - 5, now)
     assert not await _may_fire(runtime, start - 5, now + 0.1)  # cached for 0.2 s
@@ -81,7 +81,7 @@ async def test_an_overdue_timer_waits_for_a_zero_backlog_on_every_pattern() -> N
 async def test_timers_due_after_the_start_and_past_the_limit_do_not_wait() -> None:
     held = FakeConsumer(GROUP, 3)
     runtime = _runtime(held, limit=5.0)
-    start = runtime._started_at
+    start = runtime.timers._started_at
     assert await _may_fire(runtime, start + 0.5, start + 1)  # came due while running
     assert not await _may_fire(runtime, start - 1, start + 1)
     assert await _may_fire(runtime, start - 1, start + 5)  # catch_up_limit
@@ -94,7 +94,7 @@ async def test_a_broker_that_cannot_tell_leaves_the_empty_fetch_rule(
 ) -> None:
     consumer = FakeConsumer(GROUP, answer)
     runtime = _runtime(consumer)
-    start = runtime._started_at
+    start = runtime.timers._started_at
     assert not await _may_fire(runtime, start - 1, start + 1)
     consumer.caught_up_at = start + 0.5  # a fetch since the start found nothing left
     assert await _may_fire(runtime, start - 1, start + 1.5)
