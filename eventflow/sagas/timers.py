@@ -96,17 +96,18 @@ class SagaTimers:
         await store.setup()
         if not self._started_at:  # run without begin(): this is the start
             self._started_at = time.time()
-        names = [definition.name]
         async with store.store.leases.hold(_timer_lease(definition)) as lease:
             while True:
                 self._wake.clear()
-                now = time.time()
-                for row in await store.due(names, now):
+                rows, now = await store.earliest(definition.name)
+                for row in rows:
+                    if row.due > now:
+                        break
                     if not await self._may_fire(definition, row, now):
                         continue
                     await self._fire(cls, row, lease)
-                nxt = await store.next_due(names)
-                wait = _TIMER_POLL if nxt is None else min(_TIMER_POLL, max(0.0, nxt - time.time()))
+                rows, now = await store.earliest(definition.name, 1)
+                wait = _TIMER_POLL if not rows else min(_TIMER_POLL, max(0.0, rows[0].due - now))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.005))
 
