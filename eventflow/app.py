@@ -361,7 +361,7 @@ class App:
                 if saga_classes:
                     declared(self.broker, Broker, "lag")  # overdue timers ask it
                     await self.sagas.persistence.setup()
-                    self._saga_runtime.begin(self._consumers)
+                    self._saga_runtime.begin(self.broker)
                 self._started = True
                 for consumer in self._consumers:
                     self._draining.append(

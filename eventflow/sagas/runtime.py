@@ -25,14 +25,14 @@ from ..envelope import Envelope, hashed_id
 from ..errors import ConcurrencyError, ConfigurationError
 from ..events import Event, EventRegistry, envelope_for
 from ..headers import TRACEPARENT_HEADER
-from ..ports import Store, Transaction
+from ..ports import Broker, Store, Transaction
 from ..runtime.retry import RetryPolicy
 from ..subscribe import HandlerSpec
 from .definition import Saga, SagaDefinition
 from .machine import STATUSES, Control, Machine, Outcome, Transition
 from .persistence import IndexRow, Loaded, SagaStore
 from .persistence import build_saga as _build
-from .timers import DEFAULT_CATCH_UP_LIMIT, CaughtUp, SagaTimers
+from .timers import DEFAULT_CATCH_UP_LIMIT, SagaTimers
 
 __all__ = ["DEFAULT_CATCH_UP_LIMIT", "SagaRuntime", "Sagas"]
 
@@ -262,9 +262,9 @@ class SagaRuntime:
                 )
         return specs
 
-    def begin(self, consumers: Iterable[CaughtUp]) -> None:
+    def begin(self, broker: Broker | None) -> None:
         """A run of the app starts: see :meth:`SagaTimers.begin`."""
-        self.timers.begin(consumers)
+        self.timers.begin(broker)
 
     async def run_timers(self, cls: type[Saga]) -> None:
         """Fire the due timers of ``cls`` forever: see :meth:`SagaTimers.run`."""
@@ -318,11 +318,12 @@ class SagaRuntime:
         async with ctx.transaction() as tx:
             saved = await self.sagas.apply(tx, cls, key, run, cause=env)
         if saved is None:
+            self.timers.after_handling(ctx, definition, {}, 0.0)
             return
         machine = saved
         for topic, command in self.sagas.commands(definition, machine.control, machine.out, env):
             await ctx.publish(command, topic=topic)
-        self.timers.timers_set(definition, machine.out.timers_set)
+        self.timers.after_handling(ctx, definition, machine.out.timers_set, machine.now)
 
 
 def _key_of(definition: SagaDefinition, event: Event, env: Envelope) -> str | None:

@@ -1,93 +1,158 @@
 """The timer loop of an app's sagas: fires each saga class's due timers.
 
-One loop per saga class, holding the store lease ``eventflow:saga-timers:<name>`` (one
-instance at a time across processes), fires due timers, each in a store transaction
-fenced by that lease. A timer that came due while no instance ran waits, when the app
-starts, until the broker has nothing left for the saga's group (``Broker.backlog`` is 0 on
-each of its patterns: nothing undelivered, nothing delivered and not acked, also what a
-killed member still holds), at most ``catch_up_limit`` seconds: a reply that reached the
-broker before the deadline wins over the timeout. A broker that cannot tell its backlog
-(None) leaves the older rule: each saga consumer had a fetch that found nothing left.
+One loop per saga class holds the store lease ``eventflow:saga-timers:<name>`` (one
+instance at a time across processes) and fires the class's due timers, each in a store
+transaction fenced by that lease (``Leases.fence``): a holder that lost the lease (paused
+past it) commits nothing.
+
+- **Due** is on the store's clock (:mod:`eventflow.sagas.tables`): one query reads the
+  class's earliest timers with the clock's reading, so instances whose clocks disagree
+  fire nothing early.
+- **The reply-in-the-broker rule** (:mod:`eventflow.sagas.catch_up`): a due timer fires
+  once every message of the saga's group the broker accepted before it was handled, at
+  the latest ``catch_up_limit`` past it.
+- **Wake-ups**: a handling that set a timer wakes its class's loop after its commit, when
+  the timer is due before the loop's next look, so a near deadline fires on time; a
+  handled message of the group wakes a loop whose due timer waits for the catch-up. Else
+  the loop sleeps until its earliest timer, looking at least every ``POLL`` seconds (for
+  timers set by other processes).
+- **Saga code that raises** while a timer runs it (an ``@on_timer`` method, a step or
+  compensation issued after a timeout or a backoff) makes that saga ``failed`` with the
+  error, recorded in its history (``sagas retry`` issues the step it was at again); its
+  timers are cancelled, and every other saga and timer goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from .._logging import Throttled
-from ..envelope import hashed_id
-from ..errors import BrokerError
+from ..context import Context
+from ..envelope import Envelope, hashed_id
+from ..ports import Broker, Transaction
+from .catch_up import CatchUp
 from .definition import Saga, SagaDefinition
-from .machine import Machine
-from .persistence import Loaded, TimerRow, build_saga
+from .machine import Control, Machine, Outcome
+from .persistence import Loaded, SagaStore, TimerRow, build_saga
 
 if TYPE_CHECKING:
     from ..leases import Lease
-    from .runtime import Sagas
 
-__all__ = ["DEFAULT_CATCH_UP_LIMIT", "CaughtUp", "SagaTimers"]
+
+class SagaFacade(Protocol):
+    """What the timer loop uses of ``app.sagas`` (:class:`eventflow.sagas.runtime.Sagas`)."""
+
+    @property
+    def persistence(self) -> SagaStore:
+        """The store's saga streams and tables."""
+
+    async def apply(
+        self,
+        tx: Transaction,
+        cls: type[Saga],
+        key: str,
+        run: Callable[[Loaded | None, float], Awaitable[Machine | None]],
+        *,
+        cause: Envelope | None,
+    ) -> Machine | None:
+        """Load the saga, let ``run`` apply an input, save the outcome in ``tx``."""
+
+    def commands(
+        self, definition: SagaDefinition, control: Control, outcome: Outcome, cause: Envelope | None
+    ) -> list[tuple[str, Envelope]]:
+        """The (topic, envelope) pairs of an outcome's commands and messages."""
+
+
+__all__ = ["DEFAULT_CATCH_UP_LIMIT", "POLL", "SagaTimers", "timer_lease"]
 
 _log = logging.getLogger("eventflow.sagas")
-_warn = Throttled(_log)
-_TIMER_POLL = 0.5
-_BACKLOG_CACHE = 0.2
+POLL = 0.5
+"""Seconds at most between two looks at a class's timers (a safety net: wake-ups cover
+timers set by this process; this covers those set by others)."""
+_BATCH = 100
 DEFAULT_CATCH_UP_LIMIT = 30.0
 
 
-class CaughtUp(Protocol):
-    """What the timer loop asks of a consumer (``runtime.consumer.Consumer``)."""
+class _Wakeup:
+    """When the loop of one saga class looks next, and what wakes it earlier."""
 
-    @property
-    def group(self) -> str:
-        """The consumer group."""
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.look_at = float("inf")  # monotonic; inf while it looks (every wake counts)
+        self.waiting_catch_up = False
 
-    @property
-    def caught_up_at(self) -> float:
-        """When a fetch last found nothing left (wall time; 0.0: not yet)."""
+    def timer_set(self, delay: float) -> None:
+        if time.monotonic() + delay < self.look_at:
+            self.event.set()
 
-    async def backlog(self) -> int | None:
-        """What the group still has to handle on the consumer's pattern (None: unknown)."""
+    def handled(self) -> None:
+        if self.waiting_catch_up:
+            self.event.set()
+
+    async def sleep(self, seconds: float, *, catch_up: bool) -> None:
+        self.waiting_catch_up = catch_up
+        self.look_at = time.monotonic() + seconds
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(seconds, 0.001)):
+                    await self.event.wait()
+        finally:
+            self.look_at = float("inf")
+            self.waiting_catch_up = False
+            self.event.clear()
 
 
 class SagaTimers:
     """The timer loops of an app's saga classes (see the module docstring)."""
 
-    def __init__(self, sagas: Sagas, *, catch_up_limit: float = DEFAULT_CATCH_UP_LIMIT) -> None:
+    def __init__(
+        self, sagas: SagaFacade, *, catch_up_limit: float = DEFAULT_CATCH_UP_LIMIT
+    ) -> None:
         self.sagas = sagas
         self.catch_up_limit = catch_up_limit
+        self.broker: Broker | None = None
+        self.failed = 0
+        """Timer firings whose saga code raised (each left its saga ``failed``)."""
         self._started_at = 0.0
-        self._wake = asyncio.Event()
-        self._caught_up: dict[str, builtins.list[CaughtUp]] = {}
-        self._backlogs: dict[str, tuple[float, int | None]] = {}  # group -> (at, sum)
+        self._wakeups: dict[str, _Wakeup] = {}
+        self.catch_ups: dict[str, CatchUp] = {}
+        """The catch-up state of each class whose loop runs (see ``catch_up``)."""
 
-    def begin(self, consumers: Iterable[CaughtUp]) -> None:
-        """A run of the app starts (every start, also of an App stopped before): timers due
-        before now wait for this run's saga consumers to catch up, not the last run's."""
+    def begin(self, broker: Broker | None) -> None:
+        """A run of the app starts (every start, also of an App stopped before): a deadline
+        that passed before now waits for the broker's catch-up at most ``catch_up_limit``
+        from now. ``broker`` (the app's) tells the saga groups' lag."""
         self._started_at = time.time()
-        self._caught_up = {}
-        for consumer in consumers:
-            self.watch_consumer(consumer)
+        self.broker = broker
+        self.catch_ups = {}
 
-    def watch_consumer(self, consumer: CaughtUp) -> None:
-        """Let the timer loop ask a consumer of the app when it last had nothing left (only
-        the saga groups' consumers count)."""
-        if consumer.group.startswith("saga."):
-            self._caught_up.setdefault(consumer.group, []).append(consumer)
-
-    def timers_set(
-        self, definition: SagaDefinition, timers: Mapping[str, tuple[float, str]]
+    def after_handling(
+        self,
+        ctx: Context,
+        definition: SagaDefinition,
+        timers: Mapping[str, tuple[float, str]],
+        now: float,
     ) -> None:
-        """A handling of ``definition``'s saga set ``timers`` (name: (due, token))."""
-        # The timer loop looks at least every _TIMER_POLL seconds: wake it only for a timer
-        # due before its next look (waking it for every step's timeout cost two queries).
-        if timers and min(due for due, _ in timers.values()) < time.time() + _TIMER_POLL:
-            self._wake.set()
+        """A handling of ``definition``'s group: once its transaction commits, wake the
+        class's loop if a timer it set (name: (due, token), ``due`` on the clock of ``now``)
+        is due before the loop's next look, or if the loop waits for the catch-up."""
+        delays = [due - now for due, _ in timers.values()]
+        ctx._after_commit(functools.partial(self.committed, definition.name, delays))
+
+    def committed(self, name: str, delays: list[float]) -> None:
+        """A transition of the saga class ``name`` committed, setting timers due in
+        ``delays`` seconds: wake its loop if that changes what it waits for."""
+        wakeup = self._wakeups.get(name)
+        if wakeup is None:
+            return
+        wakeup.handled()
+        if delays:
+            wakeup.timer_set(min(delays))
 
     async def run(self, cls: type[Saga]) -> None:
         """Fire the due timers of ``cls`` forever, holding its timer lease."""
@@ -96,60 +161,32 @@ class SagaTimers:
         await store.setup()
         if not self._started_at:  # run without begin(): this is the start
             self._started_at = time.time()
-        async with store.store.leases.hold(_timer_lease(definition)) as lease:
+        wakeup = self._wakeups.setdefault(definition.name, _Wakeup())
+        catch_up = self.catch_ups[definition.name] = CatchUp(
+            self.broker,
+            f"saga.{definition.name}",
+            [t.event_type for t in definition.input_types()],
+            limit=self.catch_up_limit,
+            started_at=self._started_at,
+        )
+        async with store.store.leases.hold(timer_lease(definition)) as lease:
             while True:
-                self._wake.clear()
-                rows, now = await store.earliest(definition.name)
+                rows, now = await store.earliest(definition.name, _BATCH)
+                wait, fired, held = POLL, False, False
                 for row in rows:
                     if row.due > now:
+                        wait = min(wait, row.due - now)
                         break
-                    if not await self._may_fire(definition, row, now):
+                    pause = await catch_up.wait_for(row.due, now)
+                    if pause is not None:
+                        held = True
+                        wait = min(wait, pause)
                         continue
                     await self._fire(cls, row, lease)
-                rows, now = await store.earliest(definition.name, 1)
-                wait = _TIMER_POLL if not rows else min(_TIMER_POLL, max(0.0, rows[0].due - now))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.005))
-
-    async def _may_fire(self, definition: SagaDefinition, row: TimerRow, now: float) -> bool:
-        """A timer due before this app started fires once the broker has nothing left for
-        the saga's group (or ``catch_up_limit`` after the start); with a broker that cannot
-        tell, once each saga consumer had a fetch that found nothing left."""
-        if row.due >= self._started_at or now >= self._started_at + self.catch_up_limit:
-            return True
-        group = f"saga.{definition.name}"
-        watched = self._caught_up.get(group, [])
-        backlog = await self._backlog(group, watched, now)
-        if backlog is not None:
-            return backlog == 0
-        return all(c.caught_up_at >= self._started_at for c in watched)
-
-    async def _backlog(self, group: str, watched: Sequence[CaughtUp], now: float) -> int | None:
-        """The group's backlog over its consumers' patterns, asked at most every
-        ``_BACKLOG_CACHE`` seconds; None if the broker cannot tell (or cannot be asked)."""
-        cached = self._backlogs.get(group)
-        if (
-            cached is not None
-            and self._started_at <= cached[0]
-            and now - cached[0] < _BACKLOG_CACHE
-        ):
-            return cached[1]
-        total: int | None
-        try:
-            values = await asyncio.gather(*(c.backlog() for c in watched))
-        except BrokerError as exc:
-            _warn.warning(
-                f"backlog {group}",
-                "saga group %s: the broker did not tell its backlog (%s); overdue timers "
-                "wait for an empty fetch instead",
-                group,
-                exc,
-            )
-            total = None
-        else:
-            total = None if None in values else sum(v for v in values if v is not None)
-        self._backlogs[group] = (now, total)
-        return total
+                    fired = True
+                if fired:
+                    continue  # look again: more due, or what the firings set
+                await wakeup.sleep(wait, catch_up=held)
 
     async def _fire(self, cls: type[Saga], row: TimerRow, lease: Lease) -> None:
         definition = cls.definition
@@ -160,11 +197,19 @@ class SagaTimers:
         async def run(loaded: Loaded | None, now: float) -> Machine | None:
             if loaded is None:
                 return None
+            pristine = loaded.control.as_dict()  # the machine changes its control in place
             machine = Machine(build_saga(cls, loaded), loaded.control, now)
-            await machine.timer(row.timer, row.token, message_id)
+            try:
+                await machine.timer(row.timer, row.token, message_id)
+            except Exception as exc:  # saga code: contained to this saga
+                self.failed += 1
+                control = Control.from_dict(pristine)
+                machine = Machine(build_saga(cls, loaded), control, now)
+                _fail(machine, row, message_id, exc)
             return machine
 
         async with store.transaction() as tx:
+            await store.leases.fence(lease, tx)
             machine = await sagas.apply(tx, cls, row.key, run, cause=None)
             if machine is None or not machine.out.changed:
                 # No saga, or a timer cancelled or rescheduled: its row goes.
@@ -174,12 +219,37 @@ class SagaTimers:
             await store.outbox.add(
                 sagas.commands(definition, machine.control, machine.out, None), tx=tx
             )
-            # Fenced: a holder that lost the lease (paused past it) commits nothing.
-            await store.checkpoints.set(
-                _timer_lease(definition), int(machine.now * 1000), tx=tx, lease=lease
-            )
 
 
-def _timer_lease(definition: SagaDefinition) -> str:
-    """The lease the timer loop of a saga holds, and the checkpoint its firings are fenced by."""
+def _fail(machine: Machine, row: TimerRow, message_id: str, exc: Exception) -> None:
+    """Leave the saga ``failed`` with ``exc``, its timers cancelled; ``sagas retry`` issues
+    the step it waited for (or the step it was at) again."""
+    definition, c = machine.definition, machine.control
+    _log.error(
+        "saga %s %s: timer %s raised %s: %s; the saga is failed (fix the code, then "
+        "`eventflow sagas retry %s`)",
+        definition.name,
+        c.key,
+        row.timer,
+        type(exc).__name__,
+        exc,
+        row.saga_id,
+        exc_info=exc,
+    )
+    # The machine's own steps (h20-core's machine may give this a public name).
+    machine._begin(message_id)
+    for name in list(c.timers):
+        machine._cancel(name)
+    w = c.waiting
+    if w is not None:
+        resume = {"step": w["step"], "kind": "undo" if w["kind"] == "undo" else "do"}
+    else:
+        steps = definition.steps
+        step = steps[min(c.next_step, len(steps) - 1)].name if steps else row.timer
+        resume = {"step": step, "kind": "undo" if c.phase == "compensating" else "do"}
+    machine._fail(f"timer {row.timer} raised {type(exc).__name__}: {exc}", resume)
+
+
+def timer_lease(definition: SagaDefinition) -> str:
+    """The lease the timer loop of a saga class holds (its firings are fenced by it)."""
     return f"eventflow:saga-timers:{definition.name}"

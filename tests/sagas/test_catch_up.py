@@ -1,7 +1,8 @@
-"""The catch-up rule of overdue saga timers: a timer that came due while no instance ran
-fires once the broker's backlog of the saga's group is 0 on every pattern (at most
-``catch_up_limit`` after the start); with a broker that cannot tell (None), once every saga
-consumer had an empty fetch. The fault tests show it with a killed NATS member."""
+"""The reply-in-the-broker rule of saga deadlines (``sagas.catch_up``): a due deadline fires
+once every message of the saga's group the broker accepted before it was handled (the
+oldest pending message on each pattern was published after it, or none is pending), at
+most ``catch_up_limit`` past it; a failed lag call fires nothing. Unit tests of the rule,
+then apps on the memory broker with a member of the saga's group holding a reply."""
 
 from __future__ import annotations
 
@@ -10,94 +11,119 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from eventflow import App
 from eventflow.adapters.memory.broker import MemoryBroker, MemoryBrokerConfig
 from eventflow.errors import BrokerError, ConfigurationError
-from eventflow.events import default_registry
-from eventflow.ports import Subscription
-from eventflow.sagas.persistence import TimerRow
-from eventflow.sagas.runtime import SagaRuntime, Sagas
-from eventflow.stores import store_for
+from eventflow.ports import Broker, Lag, Subscription
+from eventflow.sagas.catch_up import MIN_RECHECK, RECHECK, CatchUp
 
-from .shop import Effects, OrderPlaced, OrderSaga, OrderShipped, Script, participants
+from .shop import (
+    Effects,
+    OrderPlaced,
+    OrderSaga,
+    OrderShipped,
+    Script,
+    StockReserved,
+    participants,
+)
 
 Wait = Callable[..., Awaitable[None]]
 
 
-class FakeConsumer:
-    """A saga consumer whose broker tells ``values`` (one per ask; the last repeats)."""
+class ScriptedLag:
+    """What ``Broker.lag`` answers for the saga's group, per pattern, or raises: a unit
+    test of the rule (the app tests below use the memory broker's real lag)."""
 
-    def __init__(self, group: str, *values: int | Exception | None) -> None:
-        self.group = group
-        self.caught_up_at = 0.0
-        self.values = list(values)
-        self.asked = 0
+    def __init__(self) -> None:
+        self.answers: dict[str, Lag | Exception] = {}
+        self.asked: list[str] = []
 
-    async def backlog(self) -> int | None:
-        self.asked += 1
-        value = self.values[0] if len(self.values) == 1 else self.values.pop(0)
-        if isinstance(value, Exception):
-            raise value
-        return value
-
-
-def _runtime(*consumers: FakeConsumer, limit: float = 30.0) -> SagaRuntime:
-    sagas = Sagas(store_for("memory://"), default_registry, "test")
-    runtime = SagaRuntime([OrderSaga], sagas, default_registry, catch_up_limit=limit)
-    runtime.begin(consumers)
-    return runtime
-
-
-def _row(due: float) -> TimerRow:
-    return TimerRow("saga-order-k", "step:ship", "order", "k", due, "t")
+    async def lag(self, pattern: str, *, group: str) -> Lag:
+        assert group == GROUP
+        self.asked.append(pattern)
+        answer = self.answers.get(pattern, Lag(0, None))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
 
 GROUP = f"saga.{OrderSaga.definition.name}"
+PATTERNS = [t.event_type for t in OrderSaga.definition.input_types()]
 
 
-async def _may_fire(runtime: SagaRuntime, due: float, now: float | None = None) -> bool:
-    return await runtime.timers._may_fire(OrderSaga.definition, _row(due), now or time.time())
+def _catch_up(broker: ScriptedLag, *, limit: float = 30.0, started_at: float = 0.0) -> CatchUp:
+    return CatchUp(cast(Broker, broker), GROUP, PATTERNS, limit=limit, started_at=started_at)
 
 
-async def test_an_overdue_timer_waits_for_a_zero_backlog_on_every_pattern() -> None:
-    held = FakeConsumer(GROUP, 1, 0)
-    idle = FakeConsumer(GROUP, 0)
-    other = FakeConsumer("billing", 7)  # not a saga group: not asked
-    runtime = _runtime(held, idle, other)
-    held.caught_up_at = idle.caught_up_at = time.time() + 1  # empty fetches do not decide
-    start = runtime.timers._started_at
-    now = start + 1.0
-    assert not await _may_fire(runtime, start - 5, now)
-    assert not await _may_fire(runtime, start - 5, now + 0.1)  # cached for 0.2 s
-    assert held.asked == 1
-    assert await _may_fire(runtime, start - 5, now + 0.3)
-    assert held.asked == 2 and other.asked == 0
+def _at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
 
 
-async def test_timers_due_after_the_start_and_past_the_limit_do_not_wait() -> None:
-    held = FakeConsumer(GROUP, 3)
-    runtime = _runtime(held, limit=5.0)
-    start = runtime.timers._started_at
-    assert await _may_fire(runtime, start + 0.5, start + 1)  # came due while running
-    assert not await _may_fire(runtime, start - 1, start + 1)
-    assert await _may_fire(runtime, start - 1, start + 5)  # catch_up_limit
-    assert held.asked == 1
+async def test_a_deadline_fires_once_nothing_accepted_before_it_is_pending() -> None:
+    broker = ScriptedLag()
+    catch_up = _catch_up(broker)
+    due = time.time() - 5
+    broker.answers[OrderShipped.event_type] = Lag(1, _at(due - 1))  # a reply, before it
+    assert await catch_up.wait_for(due, due + 1) == RECHECK
+    assert sorted(broker.asked) == sorted(PATTERNS)  # every pattern of the group
+    # Asked again within MIN_RECHECK: no ask, a shorter wait.
+    pause = await catch_up.wait_for(due, due + 1)
+    assert pause is not None and 0 < pause <= MIN_RECHECK and catch_up.asks == 1
+    await asyncio.sleep(MIN_RECHECK)
+    broker.answers[OrderShipped.event_type] = Lag(1, _at(due + 0.5))  # after it: late
+    assert await catch_up.wait_for(due, due + 1) is None
+    assert catch_up.asks == 2
+    # What the ask showed stays true: an earlier deadline needs no ask.
+    assert await catch_up.wait_for(due - 3, due + 1) is None
+    assert catch_up.asks == 2
+    # A later one (after the oldest pending message) waits again.
+    assert await catch_up.wait_for(due + 1, due + 2) is not None
 
 
-@pytest.mark.parametrize("answer", [None, BrokerError("down")])
-async def test_a_broker_that_cannot_tell_leaves_the_empty_fetch_rule(
-    answer: Exception | None,
-) -> None:
-    consumer = FakeConsumer(GROUP, answer)
-    runtime = _runtime(consumer)
-    start = runtime.timers._started_at
-    assert not await _may_fire(runtime, start - 1, start + 1)
-    consumer.caught_up_at = start + 0.5  # a fetch since the start found nothing left
-    assert await _may_fire(runtime, start - 1, start + 1.5)
+async def test_nothing_pending_clears_every_deadline_up_to_the_ask() -> None:
+    broker = ScriptedLag()
+    catch_up = _catch_up(broker)
+    now = time.time()
+    assert await catch_up.wait_for(now - 0.01, now) is None
+    assert catch_up.asks == 1 and catch_up.clear_until >= now
+
+
+async def test_a_failed_lag_call_never_fires_a_deadline() -> None:
+    """A broker that cannot answer means wait and ask again (main fired the timer)."""
+    broker = ScriptedLag()
+    catch_up = _catch_up(broker)
+    due = time.time() - 5
+    broker.answers[StockReserved.event_type] = BrokerError("down")
+    for _ in range(3):
+        assert await catch_up.wait_for(due, due + 1) == RECHECK
+        await asyncio.sleep(MIN_RECHECK)
+    assert catch_up.failed == 3
+    del broker.answers[StockReserved.event_type]  # the broker is back: nothing pending
+    assert await catch_up.wait_for(due, due + 1) is None
+
+
+async def test_the_limit_bounds_the_wait_from_the_deadline_or_the_start() -> None:
+    broker = ScriptedLag()
+    broker.answers[OrderShipped.event_type] = BrokerError("down")
+    start = time.time()
+    catch_up = _catch_up(broker, limit=5.0, started_at=start)
+    # A deadline while running: at most 5 s past it.
+    assert await catch_up.wait_for(start + 10, start + 14.9) is not None
+    assert await catch_up.wait_for(start + 10, start + 15) is None
+    # A deadline that passed before the start (an outage): 5 s past the start.
+    assert await catch_up.wait_for(start - 100, start + 4.9) is not None
+    assert await catch_up.wait_for(start - 100, start + 5) is None
+    # No broker (a test kit's clock): nothing can be pending.
+    assert (
+        await CatchUp(None, GROUP, PATTERNS, limit=5.0, started_at=start).wait_for(start - 1, start)
+        is None
+    )
 
 
 @dataclass(frozen=True)
