@@ -68,7 +68,7 @@ class SagaFacade(Protocol):
         """The (topic, envelope) pairs of an outcome's commands and messages."""
 
 
-__all__ = ["DEFAULT_CATCH_UP_LIMIT", "POLL", "SagaTimers", "timer_lease"]
+__all__ = ["DEFAULT_CATCH_UP_LIMIT", "POLL", "SagaFacade", "SagaTimers", "answering", "timer_lease"]
 
 _log = logging.getLogger("eventflow.sagas")
 POLL = 0.5
@@ -165,7 +165,6 @@ class SagaTimers:
         catch_up = self.catch_ups[definition.name] = CatchUp(
             self.broker,
             f"saga.{definition.name}",
-            [t.event_type for t in definition.input_types()],
             limit=self.catch_up_limit,
             started_at=self._started_at,
         )
@@ -177,7 +176,7 @@ class SagaTimers:
                     if row.due > now:
                         wait = min(wait, row.due - now)
                         break
-                    pause = await catch_up.wait_for(row.due, now)
+                    pause = await catch_up.wait_for(row.due, now, answering(definition, row.timer))
                     if pause is not None:
                         held = True
                         wait = min(wait, pause)
@@ -248,6 +247,21 @@ def _fail(machine: Machine, row: TimerRow, message_id: str, exc: Exception) -> N
         step = steps[min(c.next_step, len(steps) - 1)].name if steps else row.timer
         resume = {"step": step, "kind": "undo" if c.phase == "compensating" else "do"}
     machine._fail(f"timer {row.timer} raised {type(exc).__name__}: {exc}", resume)
+
+
+def answering(definition: SagaDefinition, timer: str) -> list[str]:
+    """The topics whose messages can answer ``timer`` before it fires: a step's deadline or
+    backoff (``step:<name>``, ``retry:<name>``, the machine's names), the step's reply and
+    reject and its compensation's reply; a named timer (or a step a deploy removed), every
+    topic of the saga but its start's."""
+    kind, _, name = timer.partition(":")
+    if kind in ("step", "retry"):
+        with contextlib.suppress(KeyError):
+            s = definition.step(name)
+            undo = s.compensation.reply if s.compensation is not None else ()
+            return [t.event_type for t in (*s.reply, *s.reject, *undo)]
+    start = definition.start.event_type
+    return [t.event_type for t in definition.input_types() if t.event_type != start]
 
 
 def timer_lease(definition: SagaDefinition) -> str:

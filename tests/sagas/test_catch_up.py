@@ -22,6 +22,7 @@ from eventflow.adapters.memory.broker import MemoryBroker, MemoryBrokerConfig
 from eventflow.errors import BrokerError, ConfigurationError
 from eventflow.ports import Broker, Lag, Subscription
 from eventflow.sagas.catch_up import MIN_RECHECK, RECHECK, CatchUp
+from eventflow.sagas.timers import answering
 
 from .shop import (
     Effects,
@@ -29,6 +30,7 @@ from .shop import (
     OrderSaga,
     OrderShipped,
     Script,
+    StockRejected,
     StockReserved,
     participants,
 )
@@ -58,7 +60,7 @@ PATTERNS = [t.event_type for t in OrderSaga.definition.input_types()]
 
 
 def _catch_up(broker: ScriptedLag, *, limit: float = 30.0, started_at: float = 0.0) -> CatchUp:
-    return CatchUp(cast(Broker, broker), GROUP, PATTERNS, limit=limit, started_at=started_at)
+    return CatchUp(cast(Broker, broker), GROUP, limit=limit, started_at=started_at)
 
 
 def _at(seconds: float) -> datetime:
@@ -70,28 +72,56 @@ async def test_a_deadline_fires_once_nothing_accepted_before_it_is_pending() -> 
     catch_up = _catch_up(broker)
     due = time.time() - 5
     broker.answers[OrderShipped.event_type] = Lag(1, _at(due - 1))  # a reply, before it
-    assert await catch_up.wait_for(due, due + 1) == RECHECK
+    assert await catch_up.wait_for(due, due + 1, PATTERNS) == RECHECK
     assert sorted(broker.asked) == sorted(PATTERNS)  # every pattern of the group
     # Asked again within MIN_RECHECK: no ask, a shorter wait.
-    pause = await catch_up.wait_for(due, due + 1)
+    pause = await catch_up.wait_for(due, due + 1, PATTERNS)
     assert pause is not None and 0 < pause <= MIN_RECHECK and catch_up.asks == 1
     await asyncio.sleep(MIN_RECHECK)
     broker.answers[OrderShipped.event_type] = Lag(1, _at(due + 0.5))  # after it: late
-    assert await catch_up.wait_for(due, due + 1) is None
+    assert await catch_up.wait_for(due, due + 1, PATTERNS) is None
     assert catch_up.asks == 2
     # What the ask showed stays true: an earlier deadline needs no ask.
-    assert await catch_up.wait_for(due - 3, due + 1) is None
+    assert await catch_up.wait_for(due - 3, due + 1, PATTERNS) is None
     assert catch_up.asks == 2
     # A later one (after the oldest pending message) waits again.
-    assert await catch_up.wait_for(due + 1, due + 2) is not None
+    assert await catch_up.wait_for(due + 1, due + 2, PATTERNS) is not None
 
 
 async def test_nothing_pending_clears_every_deadline_up_to_the_ask() -> None:
     broker = ScriptedLag()
     catch_up = _catch_up(broker)
     now = time.time()
-    assert await catch_up.wait_for(now - 0.01, now) is None
-    assert catch_up.asks == 1 and catch_up.clear_until >= now
+    assert await catch_up.wait_for(now - 0.01, now, PATTERNS) is None
+    assert catch_up.asks == 1 and min(catch_up.clear_until.values()) >= now
+
+
+def test_a_step_deadline_is_answered_on_its_reply_and_reject_topics_only() -> None:
+    definition = OrderSaga.definition
+    assert answering(definition, "step:ship") == [OrderShipped.event_type]
+    assert answering(definition, "retry:reserve") == [
+        StockReserved.event_type,
+        StockRejected.event_type,
+    ]
+    named = answering(definition, "reminder")
+    assert OrderPlaced.event_type not in named  # a start answers no timer
+    assert set(named) == set(PATTERNS) - {OrderPlaced.event_type}
+    assert answering(definition, "step:gone") == named  # a step a deploy removed
+
+
+async def test_a_start_in_flight_holds_no_step_deadline() -> None:
+    """Under load a start (of another saga) is always in flight: it must not delay every
+    step deadline (it did, by the recheck interval, when every topic counted)."""
+    broker = ScriptedLag()
+    catch_up = _catch_up(broker)
+    due = time.time() - 0.01
+    broker.answers[OrderPlaced.event_type] = Lag(1, _at(due - 0.005))
+    broker.answers[OrderShipped.event_type] = Lag(1, _at(due - 0.005))  # the control
+    ship = answering(OrderSaga.definition, "step:ship")
+    reserve = answering(OrderSaga.definition, "step:reserve")
+    assert await catch_up.wait_for(due, due + 0.01, reserve) is None
+    assert await catch_up.wait_for(due, due + 0.01, ship) is not None
+    assert OrderPlaced.event_type not in broker.asked
 
 
 async def test_a_failed_lag_call_never_fires_a_deadline() -> None:
@@ -101,11 +131,11 @@ async def test_a_failed_lag_call_never_fires_a_deadline() -> None:
     due = time.time() - 5
     broker.answers[StockReserved.event_type] = BrokerError("down")
     for _ in range(3):
-        assert await catch_up.wait_for(due, due + 1) == RECHECK
+        assert await catch_up.wait_for(due, due + 1, PATTERNS) == RECHECK
         await asyncio.sleep(MIN_RECHECK)
     assert catch_up.failed == 3
     del broker.answers[StockReserved.event_type]  # the broker is back: nothing pending
-    assert await catch_up.wait_for(due, due + 1) is None
+    assert await catch_up.wait_for(due, due + 1, PATTERNS) is None
 
 
 async def test_the_limit_bounds_the_wait_from_the_deadline_or_the_start() -> None:
@@ -114,16 +144,14 @@ async def test_the_limit_bounds_the_wait_from_the_deadline_or_the_start() -> Non
     start = time.time()
     catch_up = _catch_up(broker, limit=5.0, started_at=start)
     # A deadline while running: at most 5 s past it.
-    assert await catch_up.wait_for(start + 10, start + 14.9) is not None
-    assert await catch_up.wait_for(start + 10, start + 15) is None
+    assert await catch_up.wait_for(start + 10, start + 14.9, PATTERNS) is not None
+    assert await catch_up.wait_for(start + 10, start + 15, PATTERNS) is None
     # A deadline that passed before the start (an outage): 5 s past the start.
-    assert await catch_up.wait_for(start - 100, start + 4.9) is not None
-    assert await catch_up.wait_for(start - 100, start + 5) is None
+    assert await catch_up.wait_for(start - 100, start + 4.9, PATTERNS) is not None
+    assert await catch_up.wait_for(start - 100, start + 5, PATTERNS) is None
     # No broker (a test kit's clock): nothing can be pending.
-    assert (
-        await CatchUp(None, GROUP, PATTERNS, limit=5.0, started_at=start).wait_for(start - 1, start)
-        is None
-    )
+    no_broker = CatchUp(None, GROUP, limit=5.0, started_at=start)
+    assert await no_broker.wait_for(start - 1, start, PATTERNS) is None
 
 
 @dataclass(frozen=True)
