@@ -19,8 +19,8 @@ A lag call that fails (the broker is down or slow) decides nothing: the deadline
 the broker is asked again after ``RECHECK`` seconds. A deadline later than what the last
 ask cleared asks again at once, unless that ask found messages pending on its topics: then
 the timer loop asks again when a message of the group was handled (at most every
-``MIN_RECHECK`` seconds), every ``RECHECK`` seconds (a member that holds a message and does not answer
-gives it back only when it leaves), and at the limit.
+``MIN_RECHECK`` seconds), every ``RECHECK`` seconds (a member that holds a message and
+does not answer gives it back only when it leaves), and at the limit.
 
 Clocks: the deadline is on the store's clock, ``oldest`` on the broker's and the moment of
 an ask on this host's; instances are expected to agree within a small fraction of a step's

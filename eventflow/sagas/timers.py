@@ -122,6 +122,8 @@ class SagaTimers:
         self._wakeups: dict[str, _Wakeup] = {}
         self.catch_ups: dict[str, CatchUp] = {}
         """The catch-up state of each class whose loop runs (see ``catch_up``)."""
+        self.looks: dict[str, int] = {}
+        """Per saga class, the looks at its timers (store queries) since the loop began."""
 
     def begin(self, broker: Broker | None) -> None:
         """A run of the app starts (every start, also of an App stopped before): a deadline
@@ -171,6 +173,7 @@ class SagaTimers:
         async with store.store.leases.hold(timer_lease(definition)) as lease:
             while True:
                 rows, now = await store.earliest(definition.name, _BATCH)
+                self.looks[definition.name] = self.looks.get(definition.name, 0) + 1
                 wait, fired, held = POLL, False, False
                 for row in rows:
                     if row.due > now:
