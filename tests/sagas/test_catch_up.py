@@ -22,7 +22,9 @@ from eventflow.adapters.memory.broker import MemoryBroker, MemoryBrokerConfig
 from eventflow.errors import BrokerError, ConfigurationError
 from eventflow.ports import Broker, Lag, Subscription
 from eventflow.sagas.catch_up import MIN_RECHECK, RECHECK, CatchUp
+from eventflow.sagas.persistence import SagaStore
 from eventflow.sagas.timers import answering
+from eventflow.stores import open_store
 
 from .shop import (
     Effects,
@@ -165,54 +167,90 @@ class _Held:
 async def _a_reply_held_past_its_deadline(
     broker_name: str, tmp_path: Path, waiter: Wait, effects: Effects
 ) -> AsyncIterator[_Held]:
-    """The saga process ran until its ship step's command went out, then stopped; the reply
-    reached the broker before the step's deadline (1 s), but a member of the saga's group
-    that no longer answers holds it (unacked: only a member's leaving gives it back); the
-    deadline has passed. Yields where (:class:`_Held`), while the participants still run."""
+    """The saga process ran until the ship commands of o-2 (the control), then o-1, went
+    out, about half a second apart, then stopped. o-1's reply reached the broker after the
+    control's deadline and before its own (1 s), and a member of the saga's group that no
+    longer answers holds it (unacked: only a member's leaving gives it back); the control
+    gets no reply. Both deadlines have passed on the store's clock. Yields where
+    (:class:`_Held`), while the participants still run."""
     url, store = f"memory://{broker_name}", f"sqlite:///{tmp_path / 'sagas.db'}"
     hub = MemoryBroker(MemoryBrokerConfig(name=broker_name))  # keeps the hub's groups
     await hub.start()
     try:
         async with App(
-            "shop", broker=url, handlers=participants(Script(never_ship={"o-1"}), effects)
+            "shop",
+            broker=url,
+            handlers=participants(Script(never_ship={"o-1", "o-2"}), effects),
         ) as shop:
             async with App("orders", broker=url, store=store, sagas=[OrderSaga]) as orders:
-                await shop.publish(OrderPlaced(order_id="o-1"), key="o-1")
 
-                async def shipping() -> bool:
-                    saga = await orders.sagas.get(OrderSaga, "o-1")
+                async def shipping(key: str) -> bool:
+                    saga = await orders.sagas.get(OrderSaga, key)
                     return saga is not None and any(
                         t.kind == "command-sent" and t.step == "ship" for t in saga.history
                     )
 
-                await waiter(shipping)
+                await shop.publish(OrderPlaced(order_id="o-2"), key="o-2")
+                await waiter(lambda: shipping("o-2"))
+                await asyncio.sleep(0.5)
+                await shop.publish(OrderPlaced(order_id="o-1"), key="o-1")
+                await waiter(lambda: shipping("o-1"))
+                due = {k: await _ship_due(orders, k) for k in ("o-1", "o-2")}
+                assert time.time() < due["o-2"], "the control's deadline passed too early"
             group = f"saga.{OrderSaga.definition.name}"
             stuck = await hub.subscribe(OrderShipped.event_type, group=group)
+            await asyncio.sleep(max(0.0, due["o-2"] + 0.05 - time.time()))
             await shop.publish(OrderShipped(order_id="o-1"), key="o-1")
+            assert time.time() < due["o-1"], "the reply came after o-1's deadline"
             held = await stuck.fetch(1, 5.0)
             assert len(held) == 1  # the reply, before the deadline, held and never acked
             assert (await hub.lag(OrderShipped.event_type, group=group)).messages == 1
-            await asyncio.sleep(1.2)  # past the ship step's deadline (1 s)
+            async with open_store(store) as saga_store:
+                tables = SagaStore(saga_store)
+
+                async def both_due() -> bool:
+                    rows, now = await tables.earliest(OrderSaga.definition.name)
+                    return len(rows) == 2 and all(r.due <= now for r in rows)
+
+                await waiter(both_due, what="both deadlines passed on the store's clock")
             yield _Held(url, store, stuck)
     finally:
         await hub.close()
+
+
+async def _ship_due(app: App, key: str) -> float:
+    rows, _ = await app.sagas.persistence.earliest(OrderSaga.definition.name)
+    return next(r.due for r in rows if r.key == key and r.timer == "step:ship")
 
 
 async def test_a_reply_held_by_a_stuck_member_wins_over_the_overdue_timeout(
     broker_name: str, tmp_path: Path, waiter: Wait
 ) -> None:
     """A reply held past its deadline (see the helper above): the saga process starts after
-    the deadline, its fetches find nothing, yet the backlog is 1, so the timer waits, and
-    once the member is gone the reply is handled and the saga completes."""
+    both deadlines. The control, whose deadline came before the reply was published, times
+    out; in the same look o-1's deadline waits (the reply is pending on its topic, published
+    before it), and once the member is gone the reply is handled and o-1 completes."""
     effects = Effects()
     async with (
         _a_reply_held_past_its_deadline(broker_name, tmp_path, waiter, effects) as held,
         App("orders", broker=held.url, store=held.store, sagas=[OrderSaga]) as orders,
     ):
-        # Several timer polls (0.5 s) with every fetch of the new process empty.
-        await asyncio.sleep(1.5)
+
+        async def control_compensated() -> bool:
+            saga = await orders.sagas.get(OrderSaga, "o-2")
+            return saga is not None and saga.status == "compensated"
+
+        await waiter(control_compensated, what="the control timed out and compensated")
+        control = await orders.sagas.get(OrderSaga, "o-2")
+        assert control is not None
+        assert [t.kind for t in control.history if t.step == "ship"] == [
+            "command-sent",
+            "timed-out",
+        ]
+        # The loop judged o-1 in the same look (due order: the control's first).
         saga = await orders.sagas.get(OrderSaga, "o-1")
         assert saga is not None and saga.status == "running", saga
+        assert not any(t.kind == "timed-out" for t in saga.history)
         await held.stuck.close()  # the member leaves: the reply goes back to the group
 
         async def ended() -> bool:
