@@ -211,16 +211,18 @@ class SagaTimers:
             return machine
 
         async with store.transaction() as tx:
-            await store.leases.fence(lease, tx)
             machine = await sagas.apply(tx, cls, row.key, run, cause=None)
             if machine is None or not machine.out.changed:
                 # No saga, or a timer cancelled or rescheduled: its row goes.
                 await sagas.persistence.drop_timer(tx, row)
-            if machine is None:
-                return
-            await store.outbox.add(
-                sagas.commands(definition, machine.control, machine.out, None), tx=tx
-            )
+            if machine is not None:
+                await store.outbox.add(
+                    sagas.commands(definition, machine.control, machine.out, None), tx=tx
+                )
+            # Last, just before the commit: on PostgreSQL the fence holds the lease's row
+            # until the transaction ends, and a takeover waits for it (a holder paused
+            # inside the transaction would hold it off for as long as it is paused).
+            await store.leases.fence(lease, tx)
 
 
 def _fail(machine: Machine, row: TimerRow, message_id: str, exc: Exception) -> None:

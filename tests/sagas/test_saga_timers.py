@@ -118,6 +118,39 @@ class BuggySaga(Saga, name="sagatest.tl.buggy", start=BStart, key="order_id"):
 FIXED: set[str] = set()
 
 
+class CStart(Event, type="sagatest.tl.comp.start"):
+    order_id: str
+
+
+class CHold(Event, type="sagatest.tl.comp.hold"):
+    order_id: str
+
+
+class CHeld(Event, type="sagatest.tl.comp.held"):
+    order_id: str
+
+
+class CFree(Event, type="sagatest.tl.comp.free"):
+    order_id: str
+
+
+class CompSaga(Saga, name="sagatest.tl.comp", start=CStart, key="order_id"):
+    """Its step times out (nobody answers) and its compensation, run by the timer, raises."""
+
+    order_id: str = ""
+
+    def started(self, e: CStart) -> None:
+        self.order_id = e.order_id
+
+    @step(reply=CHeld, timeout=0.2)
+    def hold(self) -> Event:
+        return CHold(order_id=self.order_id)
+
+    @hold.compensate
+    def free(self) -> Event:
+        raise ValueError(f"cannot free {self.order_id}")
+
+
 def _timers(app: App) -> SagaTimers:
     return app._saga_runtime.timers
 
@@ -270,6 +303,29 @@ async def test_a_timer_method_that_raises_fails_its_saga_only(
         finally:
             FIXED.discard("b-bug")
         assert app.health().ok
+
+
+async def test_a_compensation_that_raises_after_a_timeout_fails_its_saga_only(
+    broker_url: str, waiter: Wait
+) -> None:
+    """The step times out; its compensation (run by the timer loop) raises: that saga is
+    ``failed`` with the error, the other saga of the class fails alike, another class's
+    deadline fires, and the app stays healthy."""
+    app = App("tl", broker=broker_url, store=MemoryStore(), sagas=[CompSaga, OtherSaga])
+    async with app:
+        for key in ("c-1", "c-2"):
+            await app.publish(CStart(order_id=key), key=key)
+        await app.publish(OStart(order_id="o-1"), key="o-1")
+        for key in ("c-1", "c-2"):
+            await waiter(lambda k=key: _status_is(app, CompSaga, k, "failed"), what=key)
+        await waiter(lambda: _timed_out(app, OtherSaga, "o-1"), what="the other's deadline")
+        saga = await app.sagas.get(CompSaga, "c-1")
+        assert saga is not None and saga.reason is not None
+        assert "ValueError: cannot free c-1" in saga.reason
+        assert "step:hold" in saga.reason
+        # Rolled back to before the timer: no half-done timeout in the history.
+        assert [t.kind for t in saga.history][-2:] == ["command-sent", "failed"]
+        assert app.health().ok, app.health()
 
 
 async def _status_is(app: App, cls: type[Saga], key: str, status: str) -> bool:
