@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..context import Context
 from ..envelope import Envelope, hashed_id
 from ..ports import Broker, Transaction
-from .catch_up import CatchUp
+from .catch_up import MIN_RECHECK, CatchUp
 from .definition import Saga, SagaDefinition
 from .machine import Control, Machine, Outcome
 from .persistence import Loaded, SagaStore, TimerRow, build_saga
@@ -85,9 +85,11 @@ class _Wakeup:
         self.event = asyncio.Event()
         self.look_at = float("inf")  # monotonic; inf while it looks (every wake counts)
         self.waiting_catch_up = False
+        self.timer_woke = False
 
     def timer_set(self, delay: float) -> None:
         if time.monotonic() + delay < self.look_at:
+            self.timer_woke = True
             self.event.set()
 
     def handled(self) -> None:
@@ -95,15 +97,26 @@ class _Wakeup:
             self.event.set()
 
     async def sleep(self, seconds: float, *, catch_up: bool) -> None:
+        """Until ``seconds`` passed or a wake-up. One for a handled message while a deadline
+        waits for the catch-up counts ``MIN_RECHECK`` after the last look at the earliest (a
+        busy group must not make the loop look once per message); a timer set counts now."""
+        began = time.monotonic()
         self.waiting_catch_up = catch_up
-        self.look_at = time.monotonic() + seconds
+        self.look_at = began + seconds
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(seconds, 0.001)):
                     await self.event.wait()
+                    rest = MIN_RECHECK - (time.monotonic() - began)
+                    if not self.timer_woke and rest > 0:
+                        self.waiting_catch_up = False  # only a timer set wakes it now
+                        self.event.clear()
+                        async with asyncio.timeout(rest):
+                            await self.event.wait()
         finally:
             self.look_at = float("inf")
             self.waiting_catch_up = False
+            self.timer_woke = False
             self.event.clear()
 
 

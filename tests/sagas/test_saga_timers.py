@@ -23,7 +23,8 @@ from eventflow import App, Event, Saga, on_timer, step
 from eventflow.adapters.memory import MemoryBroker, MemoryStore
 from eventflow.errors import LeaseLostError
 from eventflow.ports import Store
-from eventflow.sagas.timers import SagaTimers, timer_lease
+from eventflow.sagas.catch_up import MIN_RECHECK
+from eventflow.sagas.timers import SagaTimers, _Wakeup, timer_lease
 from eventflow.stores import open_store
 
 Wait = Callable[..., Awaitable[None]]
@@ -373,3 +374,44 @@ async def test_a_firing_under_a_lease_taken_over_commits_nothing(
             saga = await app.sagas.get(AskSaga, "f-1")
             assert saga is not None
             assert [t.kind for t in saga.history].count("timed-out") == 1
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_handled_message_wakes_a_loop_only_while_a_deadline_waits() -> None:
+    idle = _Wakeup()
+    sleeping = asyncio.ensure_future(idle.sleep(30.0, catch_up=False))
+    await _settle()
+    idle.handled()  # nothing waits for the catch-up: no look
+    await _settle()
+    assert not sleeping.done()
+    idle.timer_set(60.0)  # due after its next look: no look either
+    await _settle()
+    assert not sleeping.done()
+    idle.timer_set(0.0)  # due before: it looks now
+    await asyncio.wait_for(sleeping, 1.0)
+
+
+async def test_handled_messages_wake_a_waiting_loop_at_most_every_min_recheck() -> None:
+    """A busy group while a deadline waits: the first handled message right after a look
+    wakes the loop only MIN_RECHECK after that look (not once per message); a timer set
+    meanwhile wakes it at once."""
+    held = _Wakeup()
+    began = time.monotonic()
+    sleeping = asyncio.ensure_future(held.sleep(30.0, catch_up=True))
+    await _settle()
+    for _ in range(20):
+        held.handled()
+        await _settle()
+    await asyncio.wait_for(sleeping, 5.0)
+    assert time.monotonic() - began >= MIN_RECHECK * 0.9  # spaced, then woken
+    again = asyncio.ensure_future(held.sleep(30.0, catch_up=True))
+    await _settle()
+    held.handled()
+    await _settle()
+    assert not again.done()
+    held.timer_set(0.0)  # a timer due now is not held back by the spacing
+    await asyncio.wait_for(again, 1.0)
