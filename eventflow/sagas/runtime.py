@@ -74,6 +74,9 @@ class Sagas:
         """Messages for a saga key with no saga (logged, acked)."""
         self.classes: tuple[type[Saga], ...] = ()
         """The saga classes the app runs (its ``sagas=``)."""
+        self.committed: Callable[[str, list[float]], None] | None = None
+        """Called after a person's input committed, with the saga's name and the delays of
+        the timers it set (the app's timer loops: ``SagaTimers.committed``)."""
 
     @property
     def persistence(self) -> SagaStore:
@@ -149,6 +152,9 @@ class Sagas:
             await self._store.outbox.add(
                 self.commands(definition, machine.control, machine.out, None), tx=tx
             )
+        if self.committed is not None:
+            timers = machine.out.timers_set.values()
+            self.committed(definition.name, [due - machine.now for due, _ in timers])
         return machine.out
 
     async def apply(
@@ -240,6 +246,7 @@ class SagaRuntime:
         self.registry = registry
         self.timers = SagaTimers(sagas, catch_up_limit=catch_up_limit)
         """The timer loops (:mod:`eventflow.sagas.timers`)."""
+        sagas.committed = self.timers.committed
 
     # -- handlers ------------------------------------------------------------------------
 
