@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -84,9 +83,6 @@ class Dispatcher:
         self._stopping = False  # no new handling
         self._stopped = asyncio.Event()
         self._fetch_error: Exception | None = None
-        self.caught_up_at = 0.0
-        """Wall time at which the last fetch began that found nothing left, with nothing
-        unsettled: everything the broker held before it was handled (0.0: not yet)."""
 
     @property
     def inflight(self) -> int:
@@ -148,7 +144,6 @@ class Dispatcher:
                 finally:
                     self._fetch_idle = False
                 continue
-            began = time.time()
             try:
                 batch = await self._sub.fetch(limit - self._inflight, _FETCH_WAIT)
             except Exception as exc:
@@ -156,8 +151,6 @@ class Dispatcher:
                 self._fetch_error = exc
                 self.stop()
                 return
-            if not batch and not self._inflight:
-                self.caught_up_at = began
             self._inflight += len(batch)
             for delivery in batch:
                 key: object = _ONE_LANE

@@ -1,4 +1,4 @@
-"""Running sagas in an app: their handlers, their timer loop, and ``app.sagas``.
+"""Running sagas in an app: their handlers and ``app.sagas``.
 
 Each saga class gets one ``@subscribe``-style handler per event type it takes (its start,
 replies, rejections, abort), all in the consumer group ``saga.<name>``, with the options
@@ -7,65 +7,32 @@ message (:meth:`~eventflow.sagas.handling.Handling.message`) inside ``ctx.transa
 the transitions, the index, the timers, the commands (through the outbox) and the message's
 dedup entry commit together. Saga code that raises fails the handling like a handler's.
 
-Timers: one loop per saga class, holding the store lease ``eventflow:saga-timers:<name>``
-(one instance at a time across processes), fires due timers, each in a store transaction
-fenced by that lease. A timer that came due while no instance ran waits, when the app
-starts, until the broker has nothing left for the saga's group (``Broker.backlog`` is 0 on
-each of its patterns: nothing undelivered, nothing delivered and not acked, also what a
-killed member still holds), at most ``catch_up_limit`` seconds: a reply that reached the
-broker before the deadline wins over the timeout. A broker that cannot tell its backlog
-(None) leaves the older rule: each saga consumer had a fetch that found nothing left.
+Timers: :mod:`eventflow.sagas.timers` (one loop per saga class).
 """
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import contextlib
-import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
-from .._logging import Throttled
 from ..context import Context
 from ..envelope import Envelope
-from ..errors import BrokerError, ConfigurationError
+from ..errors import ConfigurationError
 from ..events import Event, EventRegistry
-from ..ports import Store
+from ..ports import Broker, Store
 from ..subscribe import HandlerSpec
 from .control import STATUSES
-from .definition import Saga, SagaDefinition
+from .definition import Saga
 from .handling import Handling, build
 from .machine import Machine, Outcome, Transition
-from .persistence import IndexRow, Loaded, SagaStore, TimerRow
+from .persistence import IndexRow, Loaded, SagaStore
+from .timers import DEFAULT_CATCH_UP_LIMIT, SagaTimers
 
-if TYPE_CHECKING:
-    from ..leases import Lease
+__all__ = ["DEFAULT_CATCH_UP_LIMIT", "SagaRuntime", "Sagas"]
 
-__all__ = ["SagaRuntime", "Sagas"]
-
-_log = logging.getLogger("eventflow.sagas")
-_warn = Throttled(_log)
 _S = TypeVar("_S", bound=Saga)
-_TIMER_POLL = 0.5
-_BACKLOG_CACHE = 0.2
-DEFAULT_CATCH_UP_LIMIT = 30.0
-
-
-class CaughtUp(Protocol):
-    """What the timer loop asks of a consumer (``runtime.consumer.Consumer``)."""
-
-    @property
-    def group(self) -> str:
-        """The consumer group."""
-
-    @property
-    def caught_up_at(self) -> float:
-        """When a fetch last found nothing left (wall time; 0.0: not yet)."""
-
-    async def backlog(self) -> int | None:
-        """What the group still has to handle on the consumer's pattern (None: unknown)."""
 
 
 def _check_classes(classes: Iterable[object]) -> tuple[type[Saga], ...]:
@@ -108,6 +75,9 @@ class Sagas:
         self._handling: Handling | None = None
         self.classes: tuple[type[Saga], ...] = ()
         """The saga classes the app runs (its ``sagas=``)."""
+        self.committed: Callable[[str, list[float]], None] | None = None
+        """Called after a person's input committed, with the saga's name and the delays of
+        the timers it set (the app's timer loops: ``SagaTimers.committed``)."""
 
     @property
     def handling(self) -> Handling:
@@ -206,6 +176,9 @@ class Sagas:
             machine = await handling.apply(tx, cls, key, run, cause=None)
             assert machine is not None  # run never declines
             await self._store.outbox.add(handling.sends(definition, machine, None), tx=tx)
+        if self.committed is not None:
+            timers = machine.out.timers_set.values()
+            self.committed(definition.name, [due - machine.now for due, _ in timers])
         return machine.out
 
 
@@ -224,11 +197,9 @@ class SagaRuntime:
         self.sagas = sagas
         sagas.classes = self.classes
         self.registry = registry
-        self.catch_up_limit = catch_up_limit
-        self._started_at = 0.0
-        self._wake = asyncio.Event()
-        self._caught_up: dict[str, builtins.list[CaughtUp]] = {}
-        self._backlogs: dict[str, tuple[float, int | None]] = {}  # group -> (at, sum)
+        self.timers = SagaTimers(sagas, catch_up_limit=catch_up_limit)
+        """The timer loops (:mod:`eventflow.sagas.timers`)."""
+        sagas.committed = self.timers.committed
 
     # -- handlers ------------------------------------------------------------------------
 
@@ -251,19 +222,13 @@ class SagaRuntime:
                 )
         return specs
 
-    def begin(self, consumers: Iterable[CaughtUp]) -> None:
-        """A run of the app starts (every start, also of an App stopped before): timers due
-        before now wait for this run's saga consumers to catch up, not the last run's."""
-        self._started_at = time.time()
-        self._caught_up = {}
-        for consumer in consumers:
-            self.watch_consumer(consumer)
+    def begin(self, broker: Broker | None) -> None:
+        """A run of the app starts: see :meth:`SagaTimers.begin`."""
+        self.timers.begin(broker)
 
-    def watch_consumer(self, consumer: CaughtUp) -> None:
-        """Let the timer loop ask a consumer of the app when it last had nothing left (only
-        the saga groups' consumers count)."""
-        if consumer.group.startswith("saga."):
-            self._caught_up.setdefault(consumer.group, []).append(consumer)
+    async def run_timers(self, cls: type[Saga]) -> None:
+        """Fire the due timers of ``cls`` forever: see :meth:`SagaTimers.run`."""
+        await self.timers.run(cls)
 
     def _handler(self, cls: type[Saga], event_cls: type[Event]) -> Callable[..., Any]:
         definition = cls.definition
@@ -282,88 +247,8 @@ class SagaRuntime:
         async with ctx.transaction() as tx:
             machine = await handling.message(tx, cls, event, env)
         if machine is None:
+            self.timers.after_handling(ctx, cls.definition, {}, 0.0)
             return
         for topic, command in handling.sends(cls.definition, machine, env):
             await ctx.publish(command, topic=topic)
-        # The timer loop looks at least every _TIMER_POLL seconds: wake it only for a timer
-        # due before its next look (waking it for every step's timeout cost two queries).
-        timers = machine.out.timers_set
-        if timers and min(due for due, _ in timers.values()) < time.time() + _TIMER_POLL:
-            self._wake.set()
-
-    # -- timers --------------------------------------------------------------------------
-
-    async def run_timers(self, cls: type[Saga]) -> None:
-        """Fire the due timers of ``cls`` forever, holding its timer lease."""
-        definition = cls.definition
-        store = self.sagas.persistence
-        await store.setup()
-        if not self._started_at:  # run without begin(): this is the start
-            self._started_at = time.time()
-        names = [definition.name]
-        async with store.store.leases.hold(_timer_lease(definition)) as lease:
-            while True:
-                self._wake.clear()
-                now = time.time()
-                for row in await store.due(names, now):
-                    if not await self._may_fire(definition, row, now):
-                        continue
-                    await self._fire(cls, row, lease)
-                nxt = await store.next_due(names)
-                wait = _TIMER_POLL if nxt is None else min(_TIMER_POLL, max(0.0, nxt - time.time()))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.005))
-
-    async def _may_fire(self, definition: SagaDefinition, row: TimerRow, now: float) -> bool:
-        """A timer due before this app started fires once the broker has nothing left for
-        the saga's group (or ``catch_up_limit`` after the start); with a broker that cannot
-        tell, once each saga consumer had a fetch that found nothing left."""
-        if row.due >= self._started_at or now >= self._started_at + self.catch_up_limit:
-            return True
-        group = f"saga.{definition.name}"
-        watched = self._caught_up.get(group, [])
-        backlog = await self._backlog(group, watched, now)
-        if backlog is not None:
-            return backlog == 0
-        return all(c.caught_up_at >= self._started_at for c in watched)
-
-    async def _backlog(self, group: str, watched: Sequence[CaughtUp], now: float) -> int | None:
-        """The group's backlog over its consumers' patterns, asked at most every
-        ``_BACKLOG_CACHE`` seconds; None if the broker cannot tell (or cannot be asked)."""
-        cached = self._backlogs.get(group)
-        if (
-            cached is not None
-            and self._started_at <= cached[0]
-            and now - cached[0] < _BACKLOG_CACHE
-        ):
-            return cached[1]
-        total: int | None
-        try:
-            values = await asyncio.gather(*(c.backlog() for c in watched))
-        except BrokerError as exc:
-            _warn.warning(
-                f"backlog {group}",
-                "saga group %s: the broker did not tell its backlog (%s); overdue timers "
-                "wait for an empty fetch instead",
-                group,
-                exc,
-            )
-            total = None
-        else:
-            total = None if None in values else sum(v for v in values if v is not None)
-        self._backlogs[group] = (now, total)
-        return total
-
-    async def _fire(self, cls: type[Saga], row: TimerRow, lease: Lease) -> None:
-        leases = self.sagas.persistence.store.leases
-
-        async def fence(tx: Any) -> None:
-            # Fenced: a holder that lost the lease (paused past it) commits nothing.
-            await leases.fence(lease, tx)
-
-        await self.sagas.handling.fire(cls, row, fence=fence)
-
-
-def _timer_lease(definition: SagaDefinition) -> str:
-    """The lease the timer loop of a saga holds, and the checkpoint its firings are fenced by."""
-    return f"eventflow:saga-timers:{definition.name}"
+        self.timers.after_handling(ctx, cls.definition, machine.out.timers_set, machine.now)

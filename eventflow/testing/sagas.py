@@ -346,11 +346,11 @@ class SagaTest(Generic[S]):
         fired: list[Applied] = []
         at_once = 0  # firings without the clock moving
         while True:
-            due = await self._sagas.persistence.due([self.definition.name], target, limit=1)
-            if not due:
+            rows, _ = await self._sagas.persistence.earliest(self.definition.name, 1)
+            if not rows or rows[0].due > target:
                 self._now = target
                 return fired
-            row = due[0]
+            row = rows[0]
             at_once = at_once + 1 if row.due <= self._now else 1
             if at_once > _MAX_AT_ONCE:
                 raise SagaTestError(
