@@ -22,6 +22,7 @@ from eventflow.adapters.memory.broker import MemoryBroker, MemoryBrokerConfig
 from eventflow.errors import BrokerError, ConfigurationError
 from eventflow.ports import Broker, Lag, Subscription
 from eventflow.sagas.catch_up import MIN_RECHECK, RECHECK, CatchUp
+from eventflow.sagas.control import WAIT_ROW, Timer, TimerKind, timer_row
 from eventflow.sagas.persistence import SagaStore
 from eventflow.sagas.timers import answering
 from eventflow.stores import open_store
@@ -98,17 +99,23 @@ async def test_nothing_pending_clears_every_deadline_up_to_the_ask() -> None:
     assert catch_up.asks == 1 and min(catch_up.clear_until.values()) >= now
 
 
+def _timer(kind: TimerKind, name: str) -> Timer:
+    """A typed timer as the saga's control holds it (the deadline row is shared)."""
+    return Timer(kind, name, 0.0, "1:x", timer_row(kind, name))
+
+
 def test_a_step_deadline_is_answered_on_its_reply_and_reject_topics_only() -> None:
     definition = OrderSaga.definition
-    assert answering(definition, "step:ship") == [OrderShipped.event_type]
-    assert answering(definition, "retry:reserve") == [
+    assert answering(definition, _timer(TimerKind.DEADLINE, "ship")) == [OrderShipped.event_type]
+    assert answering(definition, _timer(TimerKind.BACKOFF, "reserve")) == [
         StockReserved.event_type,
         StockRejected.event_type,
     ]
-    named = answering(definition, "reminder")
+    named = answering(definition, _timer(TimerKind.NAMED, "reminder"))
     assert OrderPlaced.event_type not in named  # a start answers no timer
     assert set(named) == set(PATTERNS) - {OrderPlaced.event_type}
-    assert answering(definition, "step:gone") == named  # a step a deploy removed
+    assert answering(definition, _timer(TimerKind.DEADLINE, "gone")) == named  # removed step
+    assert answering(definition, None) == named  # a row whose timer the saga no longer has
 
 
 async def test_a_start_in_flight_holds_no_step_deadline() -> None:
@@ -119,8 +126,8 @@ async def test_a_start_in_flight_holds_no_step_deadline() -> None:
     due = time.time() - 0.01
     broker.answers[OrderPlaced.event_type] = Lag(1, _at(due - 0.005))
     broker.answers[OrderShipped.event_type] = Lag(1, _at(due - 0.005))  # the control
-    ship = answering(OrderSaga.definition, "step:ship")
-    reserve = answering(OrderSaga.definition, "step:reserve")
+    ship = answering(OrderSaga.definition, _timer(TimerKind.DEADLINE, "ship"))
+    reserve = answering(OrderSaga.definition, _timer(TimerKind.DEADLINE, "reserve"))
     assert await catch_up.wait_for(due, due + 0.01, reserve) is None
     assert await catch_up.wait_for(due, due + 0.01, ship) is not None
     assert OrderPlaced.event_type not in broker.asked
@@ -220,7 +227,7 @@ async def _a_reply_held_past_its_deadline(
 
 async def _ship_due(app: App, key: str) -> float:
     rows, _ = await app.sagas.persistence.earliest(OrderSaga.definition.name)
-    return next(r.due for r in rows if r.key == key and r.timer == "step:ship")
+    return next(r.due for r in rows if r.key == key and r.timer == WAIT_ROW)
 
 
 async def test_a_reply_held_by_a_stuck_member_wins_over_the_overdue_timeout(

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from eventflow import App
+from eventflow.sagas.control import WAIT_ROW
 
 from .conftest import SERVICES, Setup
 from .shop import (
@@ -110,7 +111,7 @@ async def _outage(saga_setup: Setup, waiter: Wait, *, same_app: bool, backlog: i
 
         async def both_due() -> bool:
             rows, now = await tables.earliest(OutageSaga.definition.name)
-            ship = {r.key: r.due for r in rows if r.timer == "step:ship"}
+            ship = {r.key: r.due for r in rows if r.timer == WAIT_ROW}
             return ship.keys() == {"o-reply", "o-silent"} and max(ship.values()) <= now
 
         await waiter(both_due, timeout=TIMEOUT, what="both deadlines passed, timers kept")

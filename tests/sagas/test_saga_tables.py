@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from eventflow.adapters.memory import MemoryStore
-from eventflow.envelope import Envelope
 from eventflow.ports import Store
 from eventflow.sagas.tables import IndexRow, NewTimer, SagaTables, tables_for
 from eventflow.stores import open_store
@@ -133,28 +132,3 @@ async def test_the_index_lists_by_name_and_status_newest_first(store: Store) -> 
     assert found is not None and found.status == "completed"
     assert found.started == _row("x", at=1.0).started  # kept from the first write
     assert await tables.find("saga-order-x") is None
-
-
-async def test_kept_inputs_come_back_in_arrival_order_once(store: Store) -> None:
-    tables = await _tables(store)
-    first = Envelope.create("t.reply", {"n": 1}, source="test", key="k")
-    second = Envelope.create("t.abort", {"n": 2}, source="test", key="k")
-    async with store.transaction() as tx:
-        await tables.keep(tx, "order", "k", first)
-    async with store.transaction() as tx:
-        await tables.keep(tx, "order", "k", second)
-        await tables.keep(tx, "order", "k", first)  # a redelivery: kept once
-        await tables.keep(tx, "order", "other", second)
-    with pytest.raises(RuntimeError, match="roll back"):
-        async with store.transaction() as tx:
-            assert [e.id for e in await tables.take_kept(tx, "order", "k")] == [
-                first.id,
-                second.id,
-            ]
-            raise RuntimeError("roll back")
-    async with store.transaction() as tx:
-        taken = await tables.take_kept(tx, "order", "k")
-    assert [(e.id, e.data) for e in taken] == [(first.id, {"n": 1}), (second.id, {"n": 2})]
-    async with store.transaction() as tx:
-        assert await tables.take_kept(tx, "order", "k") == []
-        assert [e.id for e in await tables.take_kept(tx, "order", "other")] == [second.id]

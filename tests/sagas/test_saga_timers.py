@@ -174,7 +174,7 @@ async def _timed_out(app: App, cls: type[Saga], key: str) -> bool:
 async def _deadline(app: App, key: str) -> float:
     loaded = await app.sagas.persistence.load(AskSaga.definition, key)
     assert loaded is not None and "step:ask" in loaded.control.timers, key
-    return float(loaded.control.timers["step:ask"]["due"])
+    return loaded.control.timers["step:ask"].due
 
 
 class Clock:
@@ -293,7 +293,7 @@ async def test_a_timer_method_that_raises_fails_its_saga_only(
         assert app.health().ok, app.health()
         failed = await app.sagas.get(BuggySaga, "b-bug")
         assert failed is not None and failed.reason is not None
-        assert "RuntimeError: a bug in nudge for b-bug" in failed.reason
+        assert "RuntimeError('a bug in nudge for b-bug')" in failed.reason
         assert [t.kind for t in failed.history][-1] == "failed"
         assert [r.key for r in await app.sagas.list(status="failed")] == ["b-bug"]
         assert _timers(app).failed == 1
@@ -322,7 +322,7 @@ async def test_a_compensation_that_raises_after_a_timeout_fails_its_saga_only(
         await waiter(lambda: _timed_out(app, OtherSaga, "o-1"), what="the other's deadline")
         saga = await app.sagas.get(CompSaga, "c-1")
         assert saga is not None and saga.reason is not None
-        assert "ValueError: cannot free c-1" in saga.reason
+        assert "ValueError('cannot free c-1')" in saga.reason
         assert "step:hold" in saga.reason
         # Rolled back to before the timer: no half-done timeout in the history.
         assert [t.kind for t in saga.history][-2:] == ["command-sent", "failed"]
