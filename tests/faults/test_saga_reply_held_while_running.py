@@ -18,6 +18,7 @@ import pytest
 
 from eventflow import App, open_store
 from eventflow.events import default_registry
+from eventflow.sagas.control import WAIT_ROW
 from eventflow.sagas.runtime import Sagas
 from eventflow.testing import eventually
 from eventflow.testing.nats_server import nats_service_url
@@ -83,8 +84,9 @@ async def test_replies_held_by_a_killed_member_win_while_another_process_runs(
                 await shop.publish(FxQuickPlaced(order_id=key), key=key)
 
             async def all_sent() -> bool:
+                # One step: its deadline is the saga's one wait row (WAIT_ROW).
                 n = await saga_db.fetchval(
-                    "SELECT count(*) FROM ef_saga_timers WHERE timer = 'step:ship'"
+                    "SELECT count(*) FROM ef_saga_timers WHERE timer = $1", WAIT_ROW
                 )
                 return int(n) == ORDERS + 1
 
