@@ -173,16 +173,12 @@ class Machine(Progress):
     async def retry(self, by: str | None, message_id: str | None) -> Outcome:
         """A person resumes a failed saga: the failed step (or compensation) is issued again
         under a new attempt (a new command id), or the timer that raised fires again."""
-        self._begin(message_id)
-        c, r = self.control, self.control.resume
-        why = refusal(c, "retry")
-        if why is not None or r is None:
-            return self._ignore(f"retry of a saga that is {c.status}: {why}")
-        c.resume, c.reason = None, r.reason
+        r = self._resumed("retry", message_id)
+        if r is None:
+            return self.out
+        c = self.control
         if r.timer is not None:
             self._note("retried", r.step, f"timer {r.timer.key} again", by)
-            c.status = r.status or Status.RUNNING
-            self._resume_timers(r)
             await self._fired(r.timer)
         elif r.action is Action.UNDO:
             assert r.step is not None
@@ -202,16 +198,12 @@ class Machine(Progress):
     async def skip(self, by: str | None, message_id: str | None) -> Outcome:
         """A person handled the failed step (or compensation) by hand: go on past it. For a
         timer that raised: it is dropped, not fired."""
-        self._begin(message_id)
-        c, r = self.control, self.control.resume
-        why = refusal(c, "skip")
-        if why is not None or r is None:
-            return self._ignore(f"skip of a saga that is {c.status}: {why}")
-        c.resume, c.reason = None, r.reason
+        r = self._resumed("skip", message_id)
+        if r is None:
+            return self.out
+        c = self.control
         if r.timer is not None:
             self._note("skipped", r.step, f"timer {r.timer.key} dropped", by)
-            c.status = r.status or Status.RUNNING
-            self._resume_timers(r)
         elif r.action is Action.UNDO:
             self._note("skipped", r.step, "undo handled by hand", by)
             c.status, c.phase = Status.COMPENSATING, Phase.COMPENSATING
@@ -229,6 +221,22 @@ class Machine(Progress):
         return self.out
 
     # -- what an input does ------------------------------------------------------------------
+
+    def _resumed(self, what: str, message_id: str | None) -> Resume | None:
+        """A person's ``what`` (``retry``, ``skip``) begins: the failure it resumes from
+        (its reason restored; for a timer that raised, the status and the timers that waited
+        with it too), or None when the saga is not failed (recorded as ignored)."""
+        self._begin(message_id)
+        c, r = self.control, self.control.resume
+        why = refusal(c, what)
+        if why is not None or r is None:
+            self._ignore(f"{what} of a saga that is {c.status}: {why}")
+            return None
+        c.resume, c.reason = None, r.reason
+        if r.timer is not None:
+            c.status = r.status or Status.RUNNING
+            self._resume_timers(r)
+        return r
 
     def _resume_timers(self, r: Resume) -> None:
         """The timers that waited while the saga was failed, set again as they were (those
