@@ -60,10 +60,11 @@ class App:
     ``projections`` lists ``Projection`` instances, each run by one instance at a time
     across processes. ``sagas`` lists ``Saga`` classes this app runs (their handlers join
     the groups ``saga.<name>``; their timers fire on one instance at a time); ``app.sagas``
-    reads any saga in the store. ``catch_up_limit`` (seconds, 30 by default) bounds how long,
-    after this app starts, a saga timer that came due before the start waits for the
-    saga group's lag on the broker to drain (a reply already in the broker wins over
-    the deadline); keep it above the broker's failover time (see ``docs/sagas.md``).
+    reads any saga in the store. ``catch_up_limit`` (seconds, 30 by default) bounds how long
+    a due saga deadline waits, past it (or past this app's start, for one that passed
+    before), for the messages of the saga's group the broker accepted before it to be
+    handled (a reply already in the broker wins over the deadline); keep it above the
+    broker's failover time (see ``docs/sagas.md``).
     The app relays the store's outbox (messages published inside
     ``ctx.transaction()``) to the broker; with ``relay_events=True`` it also publishes every
     event appended to the store (topic = type, key = stream id), in order per stream.
@@ -388,7 +389,7 @@ class App:
                 if saga_classes:
                     declared(self.broker, Broker, "lag")  # overdue timers ask it
                     await self.sagas.persistence.setup()
-                    self._saga_runtime.begin(self._consumers)
+                    self._saga_runtime.begin(self.broker)
                 self._started = True
                 for consumer in self._consumers:
                     self._draining.append(

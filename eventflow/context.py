@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
@@ -51,6 +51,7 @@ class Context:
     _committed = False
     _tx_failed: BaseException | None = None
     _tx_scope: AbstractAsyncContextManager[Transaction] | None = None
+    _commit_hooks: list[Callable[[], None]] | None = None
 
     def __init__(
         self,
@@ -139,13 +140,24 @@ class Context:
             self._tx_failed = exc
             raise
 
+    def _after_commit(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` once this handling's transaction committed (eventflow's own
+        wake-ups, e.g. the saga timer loop's); never when it rolls back."""
+        if self._commit_hooks is None:
+            self._commit_hooks = []
+        self._commit_hooks.append(hook)
+
     async def _finish_transaction(self, error: BaseException | None) -> None:
-        """Commit (``error`` None) or roll back the handling's transaction, if one is open."""
+        """Commit (``error`` None) or roll back the handling's transaction, if one is open;
+        after a commit, run the hooks of ``_after_commit``."""
         scope, self._tx_scope, self._tx = self._tx_scope, None, None
+        hooks, self._commit_hooks = self._commit_hooks, None
         if scope is None:
             return
         if error is None:
             await scope.__aexit__(None, None, None)
+            for hook in hooks or ():
+                hook()
         else:
             await scope.__aexit__(type(error), error, error.__traceback__)
 

@@ -22,9 +22,11 @@ from typing import Any
 import orjson
 
 from ..events import default_registry
+from ..sagas.control import STATUSES, Control, Wait
 from ..sagas.definition import Saga, Step
-from ..sagas.machine import ENDED, FAILED, RUNNING, STATUSES, Control, Outcome
+from ..sagas.machine import Outcome
 from ..sagas.persistence import IndexRow
+from ..sagas.progress import refusal
 from ..sagas.runtime import Sagas
 from ._common import (
     EXIT_USAGE,
@@ -243,11 +245,12 @@ async def _show(args: argparse.Namespace, sagas: Sagas) -> int:
         "started": started.isoformat(),
         "updated": row.updated.isoformat() if row is not None else None,
         "correlation_id": control.correlation_id,
-        "waiting": control.waiting,
+        "waiting": _waiting_dict(control),
         "timers": {
-            name: {"due": _utc(t["due"]).isoformat(), "token": t["token"]}
+            name: {"due": _utc(t.due).isoformat(), "token": t.token}
             for name, t in control.timers.items()
         },
+        "kept": [k.id for k in control.kept],
         "state": last["state"],
         "history": transitions,
     }
@@ -264,9 +267,11 @@ async def _show(args: argparse.Namespace, sagas: Sagas) -> int:
         ("updated", _at(row.updated) if row is not None else "-"),
         ("correlation", control.correlation_id or "-"),
         ("waiting", _waiting(control)),
-        ("timers", ", ".join(f"{n} due {_at(_utc(t['due']))}" for n, t in control.timers.items())),
+        ("timers", ", ".join(f"{n} due {_at(_utc(t.due))}" for n, t in control.timers.items())),
         ("state", orjson.dumps(last["state"]).decode()),
     ]
+    if control.kept:
+        fields.append(("kept", f"{len(control.kept)} inputs before its start"))
     for name, value in fields:
         print(f"{name + ':':<13}{value or '-'}")
     print(f"history ({len(transitions)} transitions, oldest first):")
@@ -289,10 +294,17 @@ def _waiting(control: Control) -> str:
     w = control.waiting
     if w is None:
         return "-"
-    if w["kind"] == "retry":
-        return f"the backoff before {w['step']} is sent again"
-    what = "the reply of step" if w["kind"] == "do" else "the reply of the compensation of"
-    return f"{what} {w['step']} (command {w['command_id']})"
+    if w.wait is Wait.BACKOFF:
+        return f"the backoff before {w.step} is sent again"
+    what = "the reply of step" if w.wait is Wait.REPLY else "the reply of the compensation of"
+    return f"{what} {w.step} (command {w.command_id})"
+
+
+def _waiting_dict(control: Control) -> dict[str, Any] | None:
+    w = control.waiting
+    if w is None:
+        return None
+    return {"step": w.step, "kind": w.wait.value, "command_id": w.command_id}
 
 
 # -- retry, skip, abort --------------------------------------------------------------------
@@ -308,9 +320,9 @@ async def _act(
     loaded = await sagas.persistence.load(cls.definition, row.key)
     if loaded is None:
         raise CliError(_unknown(args.id))
-    refusal = _refusal(args.action, loaded.control)
-    if refusal:
-        raise CliError(f"saga {row.id} is {loaded.control.status}: {refusal}")
+    why = refusal(loaded.control, args.action)
+    if why is not None:
+        raise CliError(f"saga {row.id} is {loaded.control.status}: {why}")
     outcome: Outcome
     if args.action == "retry":
         outcome = await sagas.retry(cls, row.key, by=args.by)
@@ -361,26 +373,6 @@ def _class_for(row: IndexRow, saga_cls: type[Saga] | None, target: Target) -> ty
         "pass --saga MODULE:CLASS, or --app MODULE:APP with that saga in its sagas=",
         EXIT_USAGE,
     )
-
-
-def _refusal(action: str, c: Control) -> str:
-    """Why ``action`` would change nothing ('' if it would act)."""
-    if action in ("retry", "skip"):
-        if c.status != FAILED or c.resume is None:
-            return f"only a failed saga can be {'retried' if action == 'retry' else 'skipped'}"
-        return ""
-    if c.status in ENDED:
-        return "nothing to abort"
-    if c.status == FAILED:
-        return "a failed saga is retried or skipped (sagas retry, sagas skip), not aborted"
-    if c.status != RUNNING:
-        return "it is already compensating"
-    if c.pivoted:
-        return (
-            "it is past its pivot step and only goes forward; a failed step can be retried "
-            "or skipped"
-        )
-    return ""
 
 
 def _unknown(saga_id: str) -> str:

@@ -30,6 +30,7 @@ import orjson
 from ..envelope import Envelope
 from ..errors import DecodeError
 from ..ports import Store
+from ..sagas.control import Control
 from ..sagas.persistence import TRANSITION_TYPE
 from ._common import (
     CliError,
@@ -208,14 +209,14 @@ def _saga_batches(nodes: list[Node]) -> list[tuple[list[Node], str | None]]:
             if mark.control is None:
                 continue
             sent = [n for n in batch if n.saga and n.saga.transition["kind"] in _SENT]
-            new = list(mark.control.get("issued", []))[issued:]
+            control = Control.from_dict(mark.control)
+            new = [i.id for i in control.issued][issued:]
             for n, command_id in zip(sent, new, strict=False):
                 assert n.saga is not None
                 n.saga.command_id = command_id
             issued += len(new)
             out.append((batch, waiting))
-            w = mark.control.get("waiting")
-            waiting = w.get("command_id") if isinstance(w, dict) else None
+            waiting = control.waiting.command_id if control.waiting is not None else None
             batch = []
         if batch:  # the rest of a batch cut off by the correlation (should not happen)
             out.append((batch, waiting))

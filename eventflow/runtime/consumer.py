@@ -67,12 +67,6 @@ class Consumer:
         """``group:pattern`` — how status and logs name this consumer."""
         return f"{self.group}:{self.spec.pattern}"
 
-    @property
-    def caught_up_at(self) -> float:
-        """Wall time at which a fetch began that found nothing left and nothing unsettled
-        (0.0: not in this run yet): what the broker held before then is handled."""
-        return self._dispatcher.caught_up_at if self._dispatcher is not None else 0.0
-
     async def lag(self) -> Lag:
         """What this consumer's group has not handled yet on its pattern, across every
         member, and when the oldest of it was published (``Broker.lag``); raises
@@ -80,10 +74,6 @@ class Consumer:
         lag = declared(self.host.broker, Broker, "lag")
         value: Lag = await lag(self.spec.pattern, group=self.group)
         return value
-
-    async def backlog(self) -> int | None:
-        """``lag().messages``: what the saga timer loop asks today (it moves to ``lag``)."""
-        return (await self.lag()).messages
 
     @property
     def stats(self) -> ConsumerStats:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
@@ -106,9 +105,6 @@ class Dispatcher:
         self._stopping = False  # no new handling
         self._stopped = asyncio.Event()
         self._fetch_error: Exception | None = None
-        self.caught_up_at = 0.0
-        """Wall time at which the last fetch began that found nothing left, with nothing
-        unsettled: everything the broker held before it was handled (0.0: not yet)."""
 
     @property
     def inflight(self) -> int:
@@ -174,7 +170,6 @@ class Dispatcher:
             if gate is not None and not gate.open:
                 await gate.wait()  # a breaker is open: the messages wait in the broker
                 continue
-            began = time.time()
             try:
                 batch = await self._sub.fetch(limit - self._inflight, _FETCH_WAIT)
             except Exception as exc:
@@ -182,8 +177,6 @@ class Dispatcher:
                 self._fetch_error = exc
                 self.stop()
                 return
-            if not batch and not self._inflight:
-                self.caught_up_at = began
             self._inflight += len(batch)
             for delivery in batch:
                 key: object = _ONE_LANE

@@ -1,73 +1,38 @@
-"""Running sagas in an app: their handlers, their timer loop, and ``app.sagas``.
+"""Running sagas in an app: their handlers and ``app.sagas``.
 
 Each saga class gets one ``@subscribe``-style handler per event type it takes (its start,
-replies, rejections, abort), all in the consumer group ``saga.<name>``. A handling loads the
-saga from its stream, applies the message (:class:`~eventflow.sagas.machine.Machine`) and
-saves the outcome inside ``ctx.transaction()``: the transitions, the index, the timers, the
-commands (through the outbox) and the message's dedup entry commit together. A conflict on
-the stream (two messages of one saga at once, on different topics) reloads and applies the
-message again, counted in ``conflicts``.
+replies, rejections, abort), all in the consumer group ``saga.<name>``, with the options
+declared on the class (``concurrency=``, ``retry=``, ``timeout=``). A handling applies the
+message (:meth:`~eventflow.sagas.handling.Handling.message`) inside ``ctx.transaction()``:
+the transitions, the index, the timers, the commands (through the outbox) and the message's
+dedup entry commit together. Saga code that raises fails the handling like a handler's.
 
-Timers: one loop per saga class, holding the store lease ``eventflow:saga-timers:<name>``
-(one instance at a time across processes), fires due timers, each in a store transaction
-fenced by that lease. A timer that came due while no instance ran waits, when the app
-starts, until the broker has nothing left for the saga's group (``Broker.backlog`` is 0 on
-each of its patterns: nothing undelivered, nothing delivered and not acked, also what a
-killed member still holds), at most ``catch_up_limit`` seconds: a reply that reached the
-broker before the deadline wins over the timeout. A broker that cannot tell its backlog
-(None) leaves the older rule: each saga consumer had a fetch that found nothing left.
+Timers: :mod:`eventflow.sagas.timers` (one loop per saga class).
 """
 
 from __future__ import annotations
 
-import asyncio
 import builtins
-import contextlib
-import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
-from .._logging import Throttled
 from ..context import Context
-from ..envelope import Envelope, hashed_id
-from ..errors import BrokerError, ConcurrencyError, ConfigurationError
-from ..events import Event, EventRegistry, envelope_for
-from ..headers import TRACEPARENT_HEADER
-from ..ports import Store, Transaction
-from ..runtime.retry import RetryPolicy
+from ..envelope import Envelope
+from ..errors import ConfigurationError
+from ..events import Event, EventRegistry
+from ..ports import Broker, Store
 from ..subscribe import HandlerSpec
-from .definition import Saga, SagaDefinition
-from .machine import STATUSES, Control, Machine, Outcome, Transition
-from .persistence import IndexRow, Loaded, SagaStore, TimerRow
+from .control import STATUSES
+from .definition import Saga
+from .handling import Handling, build
+from .machine import Machine, Outcome, Transition
+from .persistence import IndexRow, Loaded, SagaStore
+from .timers import DEFAULT_CATCH_UP_LIMIT, SagaTimers
 
-if TYPE_CHECKING:
-    from ..leases import Lease
+__all__ = ["DEFAULT_CATCH_UP_LIMIT", "SagaRuntime", "Sagas"]
 
-__all__ = ["SagaRuntime", "Sagas"]
-
-_log = logging.getLogger("eventflow.sagas")
-_warn = Throttled(_log)
 _S = TypeVar("_S", bound=Saga)
-_MAX_CONFLICTS = 50
-_TIMER_POLL = 0.5
-_BACKLOG_CACHE = 0.2
-DEFAULT_CATCH_UP_LIMIT = 30.0
-
-
-class CaughtUp(Protocol):
-    """What the timer loop asks of a consumer (``runtime.consumer.Consumer``)."""
-
-    @property
-    def group(self) -> str:
-        """The consumer group."""
-
-    @property
-    def caught_up_at(self) -> float:
-        """When a fetch last found nothing left (wall time; 0.0: not yet)."""
-
-    async def backlog(self) -> int | None:
-        """What the group still has to handle on the consumer's pattern (None: unknown)."""
 
 
 def _check_classes(classes: Iterable[object]) -> tuple[type[Saga], ...]:
@@ -88,34 +53,66 @@ def _check_classes(classes: Iterable[object]) -> tuple[type[Saga], ...]:
 class Sagas:
     """``app.sagas``: read sagas from the app's store, and act on them as a person would.
 
-    A saga class need not be among the app's ``sagas=`` to be read.
+    A saga class need not be among the app's ``sagas=`` to be read. ``clock``: the time
+    inputs are applied at (Unix seconds; the test kit passes its virtual clock); ``check``:
+    called with each saga before it is saved (the test kit checks its state reloads).
     """
 
-    def __init__(self, store: Store, registry: EventRegistry, source: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        registry: EventRegistry,
+        source: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        check: Callable[[Saga], None] | None = None,
+    ) -> None:
         self._store = store
+        self._check = check
         self._registry = registry
         self._source = source
-        self._persistence: SagaStore | None = None
-        self.conflicts = 0
-        """Handlings that found their saga changed by another and applied their message again."""
-        self.stray = 0
-        """Messages for a saga key with no saga (logged, acked)."""
+        self._clock = clock
+        self._handling: Handling | None = None
         self.classes: tuple[type[Saga], ...] = ()
         """The saga classes the app runs (its ``sagas=``)."""
+        self.committed: Callable[[str, list[float]], None] | None = None
+        """Called after a person's input committed, with the saga's name and the delays of
+        the timers it set (the app's timer loops: ``SagaTimers.committed``)."""
+
+    @property
+    def handling(self) -> Handling:
+        """How inputs are applied to this store's sagas (made on first use)."""
+        if self._handling is None:
+            self._handling = Handling(
+                SagaStore(self._store),
+                self._registry,
+                self._source,
+                self._clock,
+                check=self._check,
+            )
+        return self._handling
 
     @property
     def persistence(self) -> SagaStore:
         """The store's saga tables (made on first use)."""
-        if self._persistence is None:
-            self._persistence = SagaStore(self._store)
-        return self._persistence
+        return self.handling.persistence
+
+    @property
+    def conflicts(self) -> int:
+        """Handlings that found their saga changed by another and applied their input again."""
+        return self.handling.conflicts
+
+    @property
+    def stray(self) -> int:
+        """Messages that named no saga key (logged, acked)."""
+        return self.handling.stray
 
     async def get(self, cls: type[_S], key: str) -> _S | None:
         """The saga of ``key`` with its ``status`` and ``history``, or None."""
         loaded = await self.persistence.load(cls.definition, key)
         if loaded is None:
             return None
-        saga = _build(cls, loaded)
+        saga = build(cls, loaded)
         history = await self.persistence.history(cls.definition.stream_prefix + key)
         saga._meta["history"] = [Transition.from_dict(d) for d in history]
         return saga
@@ -156,9 +153,13 @@ class Sagas:
         """Compensate what the saga has done (before its pivot)."""
         return await self._act(cls, key, lambda m: m.abort(reason, None, by))
 
-    async def _act(self, cls: type[Saga], key: str, what: Callable[[Machine], Any]) -> Outcome:
-        """Apply a person's input in a store transaction of its own."""
+    async def _act(
+        self, cls: type[Saga], key: str, what: Callable[[Machine], Awaitable[Outcome]]
+    ) -> Outcome:
+        """Apply a person's input in a store transaction of its own; its commands go to
+        the store's outbox."""
         definition = cls.definition
+        handling = self.handling
         await self.persistence.setup()
 
         async def run(loaded: Loaded | None, now: float) -> Machine:
@@ -167,98 +168,18 @@ class Sagas:
                     f"no saga {definition.stream_prefix}{key}: check the id with "
                     "`eventflow sagas list`"
                 )
-            machine = Machine(_build(cls, loaded), loaded.control, now)
+            machine = Machine(build(cls, loaded), loaded.control, now)
             await what(machine)
             return machine
 
         async with self._store.transaction() as tx:
-            machine = await self.apply(tx, cls, key, run, cause=None)
+            machine = await handling.apply(tx, cls, key, run, cause=None)
             assert machine is not None  # run never declines
-            await self._store.outbox.add(
-                self.commands(definition, machine.control, machine.out, None), tx=tx
-            )
+            await self._store.outbox.add(handling.sends(definition, machine, None), tx=tx)
+        if self.committed is not None:
+            timers = machine.out.timers_set.values()
+            self.committed(definition.name, [due - machine.now for due, _ in timers])
         return machine.out
-
-    async def apply(
-        self,
-        tx: Transaction,
-        cls: type[Saga],
-        key: str,
-        run: Callable[[Loaded | None, float], Awaitable[Machine | None]],
-        *,
-        cause: Envelope | None,
-    ) -> Machine | None:
-        """Load the saga of ``key``, let ``run`` apply one input to it (given the loaded
-        saga, None if it never started, and the time) and save the outcome in ``tx``. When
-        the stream moved meanwhile (another input of the saga committed first), load and
-        apply again, counted in ``conflicts``. Returns the machine that was saved, or None
-        when ``run`` declined (returned None: nothing is saved)."""
-        definition = cls.definition
-        for _ in range(_MAX_CONFLICTS):
-            loaded = await self.persistence.load(definition, key)
-            now = time.time()
-            machine = await run(loaded, now)
-            if machine is None:
-                return None
-            try:
-                await self.persistence.save(
-                    tx,
-                    definition,
-                    loaded.version if loaded is not None else 0,
-                    machine.saga.model_dump(mode="json"),
-                    machine.control,
-                    machine.out,
-                    source=self._source,
-                    cause=cause,
-                    now=now,
-                )
-            except ConcurrencyError:
-                self.conflicts += 1
-                continue
-            return machine
-        raise ConcurrencyError(definition.stream_prefix + key, -1, -1)
-
-    def commands(
-        self,
-        definition: SagaDefinition,
-        control: Control,
-        outcome: Outcome,
-        cause: Envelope | None,
-    ) -> builtins.list[tuple[str, Envelope]]:
-        """The (topic, envelope) pairs of an input's commands and messages, with the saga's
-        key: each command keeps the id the machine gave it (the same on every re-run); a
-        plain message from a timer method gets one numbered within its input."""
-        out: builtins.list[tuple[str, Envelope]] = []
-        correlation = cause.correlation_id if cause is not None else control.correlation_id
-        parent = cause.headers.get(TRACEPARENT_HEADER) if cause is not None else None
-        sent: builtins.list[tuple[Event, str | None]] = [*outcome.commands]
-        sent.extend((m, None) for m in outcome.messages)
-        for n, (event, command_id) in enumerate(sent):
-            if command_id is None:
-                command_id = hashed_id(
-                    control.origin_ms, definition.name, control.key, str(control.seq), str(n)
-                )
-            env = envelope_for(
-                event,
-                source=self._source,
-                key=control.key,
-                correlation_id=correlation,
-                causation_id=cause.id if cause is not None else None,
-                parent_traceparent=parent,
-                id=command_id,
-            )
-            out.append((env.type, env))
-        return out
-
-
-def _build(cls: type[_S], loaded: Loaded) -> _S:
-    saga = cls.model_validate(loaded.state)
-    _set_meta(saga, loaded.control)
-    return saga
-
-
-def _set_meta(saga: Saga, control: Control) -> None:
-    saga._meta.update(key=control.key, status=control.status, reason=control.reason)
 
 
 class SagaRuntime:
@@ -276,11 +197,9 @@ class SagaRuntime:
         self.sagas = sagas
         sagas.classes = self.classes
         self.registry = registry
-        self.catch_up_limit = catch_up_limit
-        self._started_at = 0.0
-        self._wake = asyncio.Event()
-        self._caught_up: dict[str, builtins.list[CaughtUp]] = {}
-        self._backlogs: dict[str, tuple[float, int | None]] = {}  # group -> (at, sum)
+        self.timers = SagaTimers(sagas, catch_up_limit=catch_up_limit)
+        """The timer loops (:mod:`eventflow.sagas.timers`)."""
+        sagas.committed = self.timers.committed
 
     # -- handlers ------------------------------------------------------------------------
 
@@ -293,29 +212,23 @@ class SagaRuntime:
                     HandlerSpec(
                         fn=self._handler(cls, event_cls),
                         pattern=event_cls.event_type,
-                        group=f"saga.{cls.definition.name}",
-                        concurrency=8,
-                        retry=RetryPolicy.of(5),
-                        timeout=30.0,
+                        group=cls.definition.group,
+                        concurrency=cls.definition.concurrency,
+                        retry=cls.definition.retry,
+                        timeout=cls.definition.timeout,
                         dead_letter=True,
                         idempotent=True,
                     )
                 )
         return specs
 
-    def begin(self, consumers: Iterable[CaughtUp]) -> None:
-        """A run of the app starts (every start, also of an App stopped before): timers due
-        before now wait for this run's saga consumers to catch up, not the last run's."""
-        self._started_at = time.time()
-        self._caught_up = {}
-        for consumer in consumers:
-            self.watch_consumer(consumer)
+    def begin(self, broker: Broker | None) -> None:
+        """A run of the app starts: see :meth:`SagaTimers.begin`."""
+        self.timers.begin(broker)
 
-    def watch_consumer(self, consumer: CaughtUp) -> None:
-        """Let the timer loop ask a consumer of the app when it last had nothing left (only
-        the saga groups' consumers count)."""
-        if consumer.group.startswith("saga."):
-            self._caught_up.setdefault(consumer.group, []).append(consumer)
+    async def run_timers(self, cls: type[Saga]) -> None:
+        """Fire the due timers of ``cls`` forever: see :meth:`SagaTimers.run`."""
+        await self.timers.run(cls)
 
     def _handler(self, cls: type[Saga], event_cls: type[Event]) -> Callable[..., Any]:
         definition = cls.definition
@@ -330,150 +243,12 @@ class SagaRuntime:
         return handle
 
     async def _handle(self, cls: type[Saga], event: Event, env: Envelope, ctx: Context) -> None:
-        definition = cls.definition
-        key = _key_of(definition, event, env)
-        if key is None:
-            self.sagas.stray += 1
-            _log.warning(
-                "saga %s: %s %s names no saga key (%s field or message key); acked",
-                definition.name,
-                env.type,
-                env.id,
-                definition.key,
-            )
-            return
-        is_start = event.event_type == definition.start.event_type
-
-        async def run(loaded: Loaded | None, now: float) -> Machine | None:
-            if loaded is None and not is_start:
-                self.sagas.stray += 1
-                _log.warning(
-                    "saga %s: no saga %s for %s %s; acked", definition.name, key, env.type, env.id
-                )
-                return None
-            if loaded is None:
-                machine = Machine(cls(), Control(key=key), now)
-                await machine.start(event, env.id, env.correlation_id)
-                return machine
-            machine = Machine(_build(cls, loaded), loaded.control, now)
-            if is_start:
-                machine.ignored(env.id, f"a second {env.type} for {key}: starts nothing")
-            else:
-                await machine.message(event, env.id, env.causation_id)
-            return machine
-
+        handling = self.sagas.handling
         async with ctx.transaction() as tx:
-            saved = await self.sagas.apply(tx, cls, key, run, cause=env)
-        if saved is None:
+            machine = await handling.message(tx, cls, event, env)
+        if machine is None:
+            self.timers.after_handling(ctx, cls.definition, {}, 0.0)
             return
-        machine = saved
-        for topic, command in self.sagas.commands(definition, machine.control, machine.out, env):
+        for topic, command in handling.sends(cls.definition, machine, env):
             await ctx.publish(command, topic=topic)
-        # The timer loop looks at least every _TIMER_POLL seconds: wake it only for a timer
-        # due before its next look (waking it for every step's timeout cost two queries).
-        timers = machine.out.timers_set
-        if timers and min(due for due, _ in timers.values()) < time.time() + _TIMER_POLL:
-            self._wake.set()
-
-    # -- timers --------------------------------------------------------------------------
-
-    async def run_timers(self, cls: type[Saga]) -> None:
-        """Fire the due timers of ``cls`` forever, holding its timer lease."""
-        definition = cls.definition
-        store = self.sagas.persistence
-        await store.setup()
-        if not self._started_at:  # run without begin(): this is the start
-            self._started_at = time.time()
-        names = [definition.name]
-        async with store.store.leases.hold(_timer_lease(definition)) as lease:
-            while True:
-                self._wake.clear()
-                now = time.time()
-                for row in await store.due(names, now):
-                    if not await self._may_fire(definition, row, now):
-                        continue
-                    await self._fire(cls, row, lease)
-                nxt = await store.next_due(names)
-                wait = _TIMER_POLL if nxt is None else min(_TIMER_POLL, max(0.0, nxt - time.time()))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0.005))
-
-    async def _may_fire(self, definition: SagaDefinition, row: TimerRow, now: float) -> bool:
-        """A timer due before this app started fires once the broker has nothing left for
-        the saga's group (or ``catch_up_limit`` after the start); with a broker that cannot
-        tell, once each saga consumer had a fetch that found nothing left."""
-        if row.due >= self._started_at or now >= self._started_at + self.catch_up_limit:
-            return True
-        group = f"saga.{definition.name}"
-        watched = self._caught_up.get(group, [])
-        backlog = await self._backlog(group, watched, now)
-        if backlog is not None:
-            return backlog == 0
-        return all(c.caught_up_at >= self._started_at for c in watched)
-
-    async def _backlog(self, group: str, watched: Sequence[CaughtUp], now: float) -> int | None:
-        """The group's backlog over its consumers' patterns, asked at most every
-        ``_BACKLOG_CACHE`` seconds; None if the broker cannot tell (or cannot be asked)."""
-        cached = self._backlogs.get(group)
-        if (
-            cached is not None
-            and self._started_at <= cached[0]
-            and now - cached[0] < _BACKLOG_CACHE
-        ):
-            return cached[1]
-        total: int | None
-        try:
-            values = await asyncio.gather(*(c.backlog() for c in watched))
-        except BrokerError as exc:
-            _warn.warning(
-                f"backlog {group}",
-                "saga group %s: the broker did not tell its backlog (%s); overdue timers "
-                "wait for an empty fetch instead",
-                group,
-                exc,
-            )
-            total = None
-        else:
-            total = None if None in values else sum(v for v in values if v is not None)
-        self._backlogs[group] = (now, total)
-        return total
-
-    async def _fire(self, cls: type[Saga], row: TimerRow, lease: Lease) -> None:
-        definition = cls.definition
-        sagas = self.sagas
-        store = sagas.persistence.store
-        message_id = hashed_id(0, "saga-timer", row.saga_id, row.timer, row.token)
-
-        async def run(loaded: Loaded | None, now: float) -> Machine | None:
-            if loaded is None:
-                return None
-            machine = Machine(_build(cls, loaded), loaded.control, now)
-            await machine.timer(row.timer, row.token, message_id)
-            return machine
-
-        async with store.transaction() as tx:
-            machine = await sagas.apply(tx, cls, row.key, run, cause=None)
-            if machine is None or not machine.out.changed:
-                # No saga, or a timer cancelled or rescheduled: its row goes.
-                await sagas.persistence.drop_timer(tx, row)
-            if machine is None:
-                return
-            await store.outbox.add(
-                sagas.commands(definition, machine.control, machine.out, None), tx=tx
-            )
-            # Fenced: a holder that lost the lease (paused past it) commits nothing.
-            await store.checkpoints.set(
-                _timer_lease(definition), int(machine.now * 1000), tx=tx, lease=lease
-            )
-
-
-def _timer_lease(definition: SagaDefinition) -> str:
-    """The lease the timer loop of a saga holds, and the checkpoint its firings are fenced by."""
-    return f"eventflow:saga-timers:{definition.name}"
-
-
-def _key_of(definition: SagaDefinition, event: Event, env: Envelope) -> str | None:
-    value = getattr(event, definition.key, None)
-    if value is not None and value != "":
-        return str(value)
-    return env.key
+        self.timers.after_handling(ctx, cls.definition, machine.out.timers_set, machine.now)

@@ -1,8 +1,8 @@
-"""Testing a saga in-process, given/when/then, on a virtual clock: no broker, no store, no
-real time.
+"""Testing a saga in-process, given/when/then, on a virtual clock: no broker, no real time.
 
-:class:`SagaTest` drives the saga's state machine (:class:`~eventflow.sagas.machine.Machine`)
-the way the runtime does, one input at a time::
+:class:`SagaTest` runs the runtime's own code (:mod:`eventflow.sagas.handling`: the message
+rules, the timer firing, a person's retry, skip and abort) on a memory store whose clock is
+the test's virtual clock, one input at a time, so it cannot drift from the runtime::
 
     t = SagaTest(OrderSaga)
     await t.given(OrderPlaced(order_id="o-1", sku="s", qty=1, amount=100))
@@ -11,13 +11,14 @@ the way the runtime does, one input at a time::
     t.then_sent(ReserveStock, ChargePayment, ReleaseStock).then_status("compensated")
     await t.advance(30)                                  # fires every timer due, in order
 
-Between inputs the saga is saved and loaded back as the runtime does (its fields through
-``model_dump(mode="json")``, JSON and ``model_validate``; its control state through
-``Control.as_dict``/``from_dict``), so a test fails on state that would not survive a
-reload. Input events and the commands sent go through the envelope path of the runtime
-(``envelope_for``, the wire bytes, decoding), so an event that could not be sent fails here
-too. Timers are kept as the store keeps them (one setting per name, the latest wins) and
-fire when :meth:`SagaTest.advance` moves the clock past them, earliest first.
+Between inputs the saga is saved in the store and loaded back as the runtime does, and its
+fields are checked to read back equal after JSON, so a test fails on state that would not
+survive a reload. Input events and the commands sent go through the envelope path of the
+runtime (``envelope_for``, the wire bytes, decoding), so an event that could not be sent
+fails here too. Timers are the store's timer rows; they fire when :meth:`SagaTest.advance`
+moves the clock past them, earliest first, through the timer loop's firing code (saga code
+that raises in a timer leaves the saga ``failed``, as in an app). An input sent before the
+start (``.when(event, key=...)``) is kept and applied after it, as in an app.
 
 Command ids are the runtime's: derived from the saga, the step and the attempt, and from
 the clock at the start (fixed by default), so the same inputs give the same ids.
@@ -29,10 +30,10 @@ that is not set) raises :class:`SagaTestError` saying what the saga waits for; t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import orjson
 from pydantic import ValidationError
@@ -40,8 +41,12 @@ from pydantic import ValidationError
 from ..adapters.memory import MemoryStore
 from ..envelope import Envelope, hashed_id
 from ..events import Event, EventRegistry, envelope_for
+from ..sagas.commands import envelopes
+from ..sagas.control import ENDED, STATUSES, Action, Control, Status, Timer, Wait
 from ..sagas.definition import Saga, SagaDefinition
-from ..sagas.machine import ENDED, FAILED, STATUSES, Control, Machine, Outcome, Transition
+from ..sagas.handling import key_of, timer_message_id
+from ..sagas.machine import Outcome, Transition
+from ..sagas.persistence import TimerRow
 from ..sagas.runtime import Sagas
 
 __all__ = ["DEFAULT_START", "Applied", "SagaTest", "SagaTestError", "Sent"]
@@ -99,13 +104,6 @@ class Applied:
         return [t.kind for t in self.transitions]
 
 
-@dataclass
-class _Timer:
-    due: float
-    token: str
-    order: int
-
-
 class SagaTest(Generic[S]):
     """One saga of ``saga_class`` under test, on a virtual clock starting at ``start``
     (Unix seconds or an aware datetime; :data:`DEFAULT_START` unless given).
@@ -130,49 +128,56 @@ class SagaTest(Generic[S]):
         self.definition: SagaDefinition = saga_class.definition
         self._start = start.timestamp() if isinstance(start, datetime) else float(start)
         self._now = self._start
-        self._state: bytes | None = None
-        self._control: bytes | None = None
-        self._history: list[bytes] = []
-        self._timers: dict[str, _Timer] = {}
-        self._superseded: dict[str, list[str]] = {}  # timer name -> old tokens, newest last
-        self._timer_order = 0
+        self._store = MemoryStore(clock=self._clock)
+        self._sagas = Sagas(
+            self._store, _DECODER, _SOURCE, clock=self._clock, check=self._check_state
+        )
+        self._key: str | None = None
+        self._state: bytes | None = None  # the saga's fields as last saved
+        self._control: Control | None = None
+        self._history: list[Transition] = []
+        self._superseded: dict[str, list[Timer]] = {}  # timer name -> old settings, newest last
         self._inputs = 0
         self._sent: list[Sent] = []
         self._applied: list[Applied] = []
         self._inputs_by_type = {c.event_type: c for c in self.definition.input_types()}
-        # The runtime's own path from an outcome to envelopes (it reads no store).
-        self._envelopes = Sagas(MemoryStore(), _DECODER, _SOURCE)
+
+    def _clock(self) -> float:
+        return self._now
 
     # -- what the test sees ---------------------------------------------------------------
 
     @property
     def started(self) -> bool:
         """True once :meth:`given` started the saga."""
-        return self._state is not None
+        return self._control is not None and self._control.status is not Status.PENDING
 
     @property
     def saga(self) -> S:
         """The saga as loaded after the last input: its fields, ``status``, ``reason``,
         ``key``, ``id`` and ``history`` (a fresh copy each time)."""
         self._require_started("read .saga")
-        saga, _control = self._load()
+        assert self._state is not None
+        saga = self.saga_class.model_validate(orjson.loads(self._state))
+        c = self._control_now()
+        saga._meta.update(key=c.key, status=c.status.value, reason=c.reason)
         saga._meta["history"] = self.history
         return saga
 
     @property
     def status(self) -> str:
-        """The saga's status (``running``, ``completed``, ``compensating``, ...)."""
-        return self._control_now().status
+        """The saga's status (``pending``, ``running``, ``completed``, ``compensating``, ...)."""
+        return self._control_now().status.value
 
     @property
     def control(self) -> Control:
         """A copy of the saga's control state (where it is, what it waits for)."""
-        return self._control_now()
+        return Control.from_dict(self._control_now().as_dict())
 
     @property
     def history(self) -> list[Transition]:
         """Every transition so far, oldest first (as the saga's stream holds them)."""
-        return [Transition.from_dict(orjson.loads(raw)) for raw in self._history]
+        return list(self._history)
 
     @property
     def sent(self) -> list[Sent]:
@@ -205,20 +210,24 @@ class SagaTest(Generic[S]):
     def timers(self) -> dict[str, float]:
         """The timers set: name -> seconds until due (``step:<step>`` is a step's or a
         compensation's deadline, ``retry:<step>`` a backoff, others the saga's own)."""
-        return {name: t.due - self._now for name, t in self._ordered_timers()}
+        if self._control is None:
+            return {}
+        ordered = sorted(self._control.timers.values(), key=lambda t: t.due)
+        return {t.key: t.due - self._now for t in ordered}
 
     @property
     def waits_for(self) -> str:
         """What the saga waits for, in words."""
         if not self.started:
+            kept = "" if self._control is None else f" ({len(self._control.kept)} inputs kept)"
             return (
-                f"the saga has not started: start it with "
+                f"the saga has not started{kept}: start it with "
                 f".given({self.definition.start.__name__}(...))"
             )
         c = self._control_now()
         if c.status in ENDED:
             return f"the saga is {c.status} and waits for nothing"
-        if c.status == FAILED:
+        if c.status is Status.FAILED:
             return (
                 f"the saga is failed ({c.reason}) and waits for a person: "
                 ".retry(by=...) issues the step again, .skip(by=...) goes on past it"
@@ -226,28 +235,29 @@ class SagaTest(Generic[S]):
         w = c.waiting
         if w is None:
             return "nothing"
-        s = self.definition.step(w["step"])
-        timer = self._timers.get(f"{'retry' if w['kind'] == 'retry' else 'step'}:{s.name}")
+        s = self.definition.find(w.step)
+        if s is None:
+            return f"step {w.step}, which the saga's definition no longer has"
+        timer = c.timers.get(f"{'retry' if w.wait is Wait.BACKOFF else 'step'}:{s.name}")
         due = "" if timer is None else f", due in {timer.due - self._now:g}s"
-        if w["kind"] == "retry":
+        if w.wait is Wait.BACKOFF:
             attempt = c.attempts.get(s.name, 1) + 1
             return f"step {s.name} waits for its attempt {attempt}{due}: call .advance(...)"
-        if w["kind"] == "undo":
+        if w.wait is Wait.UNDO:
             assert s.compensation is not None
             return (
                 f"compensation {s.compensation.name} of step {s.name} waits for "
-                f"{_names(s.compensation.reply)} (command {w['command_id']}{due})"
+                f"{_names(s.compensation.reply)} (command {w.command_id}{due})"
             )
         return (
-            f"step {s.name} waits for {_names((*s.reply, *s.reject))} "
-            f"(command {w['command_id']}{due})"
+            f"step {s.name} waits for {_names((*s.reply, *s.reject))} (command {w.command_id}{due})"
         )
 
     # -- inputs ---------------------------------------------------------------------------
 
     async def given(self, event: Event, *, key: str | None = None) -> Applied:
         """Start the saga with its start event (``key``: the message key, used when the
-        event's key field is empty)."""
+        event's key field is empty). Inputs sent before it are applied right after it."""
         if self.started:
             raise SagaTestError(
                 "the saga has already started; a second start event is an input like any "
@@ -258,40 +268,42 @@ class SagaTest(Generic[S]):
                 f"{self.definition.name} starts with {self.definition.start.__name__}, not "
                 f"{type(event).__name__}"
             )
-        key = _key_of(self.definition, event, key)
+        key = key_of(self.definition, event, key)
         if key is None:
             raise SagaTestError(
                 f"{type(event).__name__}.{self.definition.key} is empty: give the saga's "
                 "key there or as .given(event, key=...)"
             )
+        self._check_key(event, key)
         env, decoded = self._input(event, key, correlation_id=None, causation_id=None)
-        saga = self.saga_class()
-        machine = Machine(saga, Control(key=key), self._now)
-        await machine.start(decoded, env.id, env.correlation_id)
-        return self._save(f"start {type(event).__name__}", env.id, saga, machine, env)
+        return await self._message(f"start {type(event).__name__}", decoded, env, key)
 
-    async def when(self, event: Event, *, causation_id: str | None = None) -> Applied:
+    async def when(
+        self, event: Event, *, causation_id: str | None = None, key: str | None = None
+    ) -> Applied:
         """Any input event for the saga's key (a reply, a rejection, an abort event, a
         second start event), as the runtime would hand it over. ``causation_id``: the
-        command it answers (None: a foreign producer's message, matched by type)."""
-        self._require_started(f"send {type(event).__name__}")
-        c = self._control_now()
-        if _key_of(self.definition, event, c.key) != c.key:
-            raise SagaTestError(
-                f"{type(event).__name__}.{self.definition.key} is "
-                f"{getattr(event, self.definition.key)!r}: it is for another saga than "
-                f"this one ({c.key!r})"
-            )
-        env, decoded = self._input(
-            event, c.key, correlation_id=c.correlation_id, causation_id=causation_id
-        )
-        saga, control = self._load()
-        machine = Machine(saga, control, self._now)
-        if event.event_type == self.definition.start.event_type:
-            machine.ignored(env.id, f"a second {env.type} for {c.key}: starts nothing")
+        command it answers (None: a foreign producer's message, matched by type). Before
+        the start it is kept and applied after it (``key``: the saga's key, when the
+        event's key field does not give it)."""
+        if self._key is None:
+            key = key_of(self.definition, event, key)
+            if key is None:
+                raise SagaTestError(
+                    f"the saga has not started and {type(event).__name__} names no key: "
+                    "give it as .when(event, key=...)"
+                )
         else:
-            await machine.message(decoded, env.id, env.causation_id)
-        return self._save(f"message {type(event).__name__}", env.id, saga, machine, env)
+            key = self._key
+        self._check_key(event, key)
+        c = self._control
+        env, decoded = self._input(
+            event,
+            key,
+            correlation_id=c.correlation_id if c is not None else None,
+            causation_id=causation_id,
+        )
+        return await self._message(f"message {type(event).__name__}", decoded, env, key)
 
     async def when_reply(self, event: Event, *, to: Sent | str | None = None) -> Applied:
         """A participant's reply to the command the saga waits for (its causation id is
@@ -303,13 +315,15 @@ class SagaTest(Generic[S]):
         c = self._control_now()
         w = c.waiting
         what = type(event).__name__
-        if c.status in (*ENDED, FAILED) or w is None or w["kind"] == "retry":
+        if c.status in ENDED or c.status is Status.FAILED or w is None or w.wait is Wait.BACKOFF:
             raise SagaTestError(
                 f"{what} replies to nothing: {self.waits_for}. To send it anyway (a late or "
                 "stray reply), use .when(event) or .when_reply(event, to=<a Sent>)"
             )
-        s = self.definition.step(w["step"])
-        if w["kind"] == "undo":
+        s = self.definition.find(w.step)
+        if s is None:
+            raise SagaTestError(f"{what} replies to nothing: {self.waits_for}")
+        if w.wait is Wait.UNDO:
             assert s.compensation is not None
             takes, answering = s.compensation.reply, f"compensation {s.compensation.name}"
         else:
@@ -319,12 +333,12 @@ class SagaTest(Generic[S]):
                 f"{what} does not answer {answering}, which waits for {_names(takes)}; "
                 "to send it anyway, use .when(event)"
             )
-        return await self.when(event, causation_id=w["command_id"])
+        return await self.when(event, causation_id=w.command_id)
 
     async def advance(self, seconds: float) -> list[Applied]:
         """Move the virtual clock ``seconds`` on, firing every timer due on the way (step
-        deadlines, retry backoffs, named timers) at its due time, earliest first; timers
-        that firing sets are fired too when due within the span."""
+        deadlines, retry backoffs, named timers) at its due time, earliest first, as the
+        timer loop fires them; timers that firing sets are fired too when due in the span."""
         if seconds < 0:
             raise SagaTestError(f"advance({seconds!r}): the clock only goes forward")
         self._require_started("advance the clock")
@@ -332,25 +346,25 @@ class SagaTest(Generic[S]):
         fired: list[Applied] = []
         at_once = 0  # firings without the clock moving
         while True:
-            due = [(name, t) for name, t in self._ordered_timers() if t.due <= target]
-            if not due:
+            rows, _ = await self._sagas.persistence.earliest(self.definition.name, 1)
+            if not rows or rows[0].due > target:
                 self._now = target
                 return fired
-            name, timer = due[0]
-            at_once = at_once + 1 if timer.due <= self._now else 1
+            row = rows[0]
+            at_once = at_once + 1 if row.due <= self._now else 1
             if at_once > _MAX_AT_ONCE:
                 raise SagaTestError(
                     f"{_MAX_AT_ONCE} timers fired at one instant ({self.elapsed:g}s in), the "
-                    f"last {name}: a timer keeps setting itself due at once"
+                    f"last {row.timer}: a timer keeps setting itself due at once"
                 )
-            self._now = max(self._now, timer.due)
-            fired.append(await self._fire(name, timer.token))
+            self._now = max(self._now, row.due)
+            fired.append(await self._fire(row))
 
     async def elapse(self, timer: str) -> list[Applied]:
         """Move the clock to when ``timer`` is due and fire it (and every timer due before
         it), e.g. ``await t.elapse("step:ship")``."""
         self._require_started(f"elapse {timer}")
-        current = self._timers.get(timer)
+        current = self._control_now().timers.get(timer)
         if current is None:
             raise SagaTestError(f"timer {timer} is not set; set timers: {self.timers or 'none'}")
         return await self.advance(max(0.0, current.due - self._now))
@@ -362,20 +376,46 @@ class SagaTest(Generic[S]):
         old = self._superseded.get(timer)
         if not old:
             raise SagaTestError(f"timer {timer} has no rescheduled or cancelled setting")
-        return await self._fire(timer, old.pop())
+        c, stale = self._control_now(), old.pop()
+        saga_id = self.definition.stream_prefix + c.key
+        row = TimerRow(saga_id, stale.row, self.definition.name, c.key, stale.due, stale.token)
+        return await self._fire(row, stale.key)
 
     async def retry(self, *, by: str | None = None) -> Applied:
         """``eventflow sagas retry``: issue the failed step (or compensation) again under a
-        new attempt (on a saga that is not failed it is recorded as ignored)."""
-        return await self._person(f"retry by {by}", lambda m: m.retry(by, None))
+        new attempt, or fire again the timer that raised (on a saga that is not failed it
+        is recorded as ignored)."""
+        return await self._person(
+            f"retry by {by}", lambda: self._sagas.retry(self.saga_class, self._keyed(), by=by)
+        )
 
     async def skip(self, *, by: str | None = None) -> Applied:
         """``eventflow sagas skip``: a person handled the failed step by hand; go on."""
-        return await self._person(f"skip by {by}", lambda m: m.skip(by, None))
+        return await self._person(
+            f"skip by {by}", lambda: self._sagas.skip(self.saga_class, self._keyed(), by=by)
+        )
 
     async def abort(self, *, by: str | None = None, reason: str = "aborted") -> Applied:
         """``eventflow sagas abort``: compensate what was done (ignored after the pivot)."""
-        return await self._person(f"abort by {by}", lambda m: m.abort(reason, None, by))
+        return await self._person(
+            f"abort by {by}",
+            lambda: self._sagas.abort(self.saga_class, self._keyed(), by=by, reason=reason),
+        )
+
+    def deploy(self, saga_class: type[Saga]) -> None:
+        """A deploy: the saga runs on with ``saga_class`` (declared with the same
+        ``name=``), its stored fields and control state as they are, as an app's saga
+        does after a release that adds, removes or reorders steps."""
+        if not (isinstance(saga_class, type) and "definition" in vars(saga_class)):
+            raise SagaTestError(f"deploy takes a Saga subclass, got {saga_class!r}")
+        if saga_class.definition.name != self.definition.name:
+            raise SagaTestError(
+                f"deploy({saga_class.__name__}): it is the saga {saga_class.definition.name!r}, "
+                f"this test's saga is {self.definition.name!r} (a deploy keeps the name)"
+            )
+        self.saga_class = saga_class  # type: ignore[assignment]
+        self.definition = saga_class.definition
+        self._inputs_by_type = {c.event_type: c for c in self.definition.input_types()}
 
     # -- checks ---------------------------------------------------------------------------
 
@@ -413,7 +453,7 @@ class SagaTest(Generic[S]):
         """Check the saga waits on ``step``: for its reply (``do``), its compensation's
         reply (``undo``) or its next attempt (``retry``)."""
         w = self._control_now().waiting
-        if w is None or w["step"] != step or w["kind"] != kind:
+        if w is None or w.step != step or w.wait.value != kind:
             raise AssertionError(f"expected to wait on {step} ({kind}); {self.waits_for}")
         return self
 
@@ -434,7 +474,7 @@ class SagaTest(Generic[S]):
             f"{self._history_table()}"
         )
 
-    # -- the machinery --------------------------------------------------------------------
+    # -- the machinery: the runtime's own handling on the memory store ---------------------
 
     def _require_started(self, what: str) -> None:
         if not self.started:
@@ -443,15 +483,19 @@ class SagaTest(Generic[S]):
     def _control_now(self) -> Control:
         if self._control is None:
             raise SagaTestError(self.waits_for)
-        return Control.from_dict(orjson.loads(self._control))
+        return self._control
 
-    def _load(self) -> tuple[S, Control]:
-        """The saga and its control state as the runtime loads them."""
-        assert self._state is not None
-        saga = self.saga_class.model_validate(orjson.loads(self._state))
-        control = self._control_now()
-        saga._meta.update(key=control.key, status=control.status, reason=control.reason)
-        return saga, control
+    def _keyed(self) -> str:
+        assert self._key is not None
+        return self._key
+
+    def _check_key(self, event: Event, key: str) -> None:
+        if self._key is not None and key_of(self.definition, event, key) != self._key:
+            raise SagaTestError(
+                f"{type(event).__name__}.{self.definition.key} is "
+                f"{getattr(event, self.definition.key)!r}: it is for another saga than "
+                f"this one ({self._key!r})"
+            )
 
     def _input(
         self, event: Event, key: str, *, correlation_id: str | None, causation_id: str | None
@@ -479,64 +523,75 @@ class SagaTest(Generic[S]):
         wire = Envelope.from_bytes(env.to_bytes())
         return wire, _DECODER.decode_as(wire, cls)
 
-    async def _fire(self, name: str, token: str) -> Applied:
-        """A timer firing, as the runtime's timer loop applies it."""
-        saga, control = self._load()
-        message_id = hashed_id(0, "saga-timer", saga.id, name, token)
-        machine = Machine(saga, control, self._now)
-        outcome = await machine.timer(name, token, message_id)
-        current = self._timers.get(name)
-        if not outcome.changed and current is not None and current.token == token:
-            del self._timers[name]  # the runtime drops the row that fired for nothing
-        return self._save(f"timer {name}", message_id, saga, machine, None)
+    async def _message(self, what: str, event: Event, env: Envelope, key: str) -> Applied:
+        """A message, as the saga's handler applies it (in the handling's transaction)."""
+        handling = self._sagas.handling
+        await self._sagas.persistence.setup()
+        async with self._store.transaction() as tx:
+            machine = await handling.message(tx, self.saga_class, event, env)
+            assert machine is not None  # the key was checked
+        self._key = key
+        sent = handling.sends(self.definition, machine, env)
+        return await self._saved(what, env.id, machine.out, sent)
 
-    async def _person(self, what: str, act: Any) -> Applied:
+    async def _fire(self, row: TimerRow, name: str | None = None) -> Applied:
+        """A timer firing, through the timer loop's own code (``name``: the timer's, when
+        its setting is not the current one)."""
+        current = self._control_now().timer_at(row.timer)
+        if name is None:
+            name = current.key if current is not None else row.timer
+        handling = self._sagas.handling
+        machine = await handling.fire(self.saga_class, row)
+        assert machine is not None  # the saga exists
+        sent = handling.sends(self.definition, machine, None)
+        return await self._saved(f"timer {name}", timer_message_id(row), machine.out, sent)
+
+    async def _person(self, what: str, act: Callable[[], Awaitable[Outcome]]) -> Applied:
         self._require_started(what)
-        saga, control = self._load()
-        machine = Machine(saga, control, self._now)
-        await act(machine)
-        return self._save(what, None, saga, machine, None)
+        out = await act()
+        loaded = await self._sagas.persistence.load(self.definition, self._keyed())
+        assert loaded is not None
+        sent = envelopes(self.definition, loaded.control, out, None, source=_SOURCE)
+        return await self._saved(what, None, out, sent)
 
-    def _save(
-        self,
-        what: str,
-        message_id: str | None,
-        saga: S,
-        machine: Machine,
-        cause: Envelope | None,
+    async def _saved(
+        self, what: str, message_id: str | None, out: Outcome, pairs: list[tuple[str, Envelope]]
     ) -> Applied:
-        """Keep the outcome as the runtime's store would: the state (checked to read back
-        the same), the history, the timers; and what was sent."""
-        out, control = machine.out, machine.control
-        state = self._checked_state(saga)
-        sent = self._sent_of(out, control, cause)
-        self._state = state
-        self._control = orjson.dumps(control.as_dict())
-        self._history.extend(orjson.dumps(t.as_dict()) for t in out.transitions)
-        for name in out.timers_cancelled:
-            old = self._timers.pop(name, None)
-            if old is not None:
-                self._superseded.setdefault(name, []).append(old.token)
-        for name, (due, token) in out.timers_set.items():
-            old = self._timers.get(name)
-            if old is not None and old.token != token:
-                self._superseded.setdefault(name, []).append(old.token)
-            self._timer_order += 1
-            self._timers[name] = _Timer(due, token, self._timer_order)
+        """Read back what the store now holds, and record what the input did."""
+        loaded = await self._sagas.persistence.load(self.definition, self._keyed())
+        assert loaded is not None
+        before = self._control
+        self._state = orjson.dumps(loaded.state)
+        self._control = loaded.control
+        saga_id = self.definition.stream_prefix + self._keyed()
+        self._history = [
+            Transition.from_dict(d) for d in await self._sagas.persistence.history(saga_id)
+        ]
+        old = {} if before is None else dict(before.timers)
+        after = self._control.timers
+        gone = {k for k, t in old.items() if k not in after or after[k].token != t.token}
+        for name in gone:
+            self._superseded.setdefault(name, []).append(old[name])
+        # The outcome names timer rows; the test names timers (a saga's deadline and
+        # backoff share one row, moved from step to step).
+        set_now = {t.key: t.due - self._now for t in after.values() if t.row in out.timers_set}
+        cancelled = {k for k in gone if old[k].row in out.timers_cancelled or k not in after}
+        sent = [_sent(n, out, env) for n, (_topic, env) in enumerate(pairs)]
         self._sent.extend(sent)
         applied = Applied(
             what,
             message_id,
             tuple(out.transitions),
             tuple(sent),
-            {name: due - self._now for name, (due, _) in out.timers_set.items()},
-            frozenset(out.timers_cancelled),
+            set_now,
+            frozenset(cancelled - set(set_now)),
         )
         self._applied.append(applied)
         return applied
 
-    def _checked_state(self, saga: S) -> bytes:
-        """The saga's fields as saved, after checking they load back equal."""
+    def _check_state(self, saga: Saga) -> None:
+        """The saga's fields as saved must load back equal (the runtime loads the saga
+        before every input)."""
         cls = type(saga).__name__
         try:
             raw = orjson.dumps(saga.model_dump(mode="json", warnings=False))
@@ -560,29 +615,6 @@ class SagaTest(Generic[S]):
                     "runtime loads the saga before every input): assign it a value of its "
                     "declared type"
                 )
-        return raw
-
-    def _sent_of(self, out: Outcome, control: Control, cause: Envelope | None) -> list[Sent]:
-        """What an outcome sends, with the envelopes the runtime would publish."""
-        pairs = self._envelopes.commands(self.definition, control, out, cause)
-        issuing = [t for t in out.transitions if t.kind in ("command-sent", "compensation-sent")]
-        assert len(issuing) == len(out.commands), "a command without its transition"
-        found: list[Sent] = []
-        for n, (_topic, env) in enumerate(pairs):
-            if n < len(out.commands):
-                event, _id = out.commands[n]
-                t = issuing[n]
-                undo = t.kind == "compensation-sent"
-                attempt = control.attempts.get(f"undo:{t.step}" if undo else str(t.step))
-                kind = "compensation" if undo else "command"
-                found.append(Sent(event, env.id, kind, t.step, attempt, env))
-            else:
-                event = out.messages[n - len(out.commands)]
-                found.append(Sent(event, env.id, "message", None, None, env))
-        return found
-
-    def _ordered_timers(self) -> list[tuple[str, _Timer]]:
-        return sorted(self._timers.items(), key=lambda item: (item[1].due, item[1].order))
 
     def _sent_table(self) -> str:
         if not self._sent:
@@ -599,12 +631,13 @@ class SagaTest(Generic[S]):
         return "history:\n" + ("\n".join(rows) if rows else "  (empty)")
 
 
-def _key_of(definition: SagaDefinition, event: Event, message_key: str | None) -> str | None:
-    """The saga key the runtime reads from an input: its key field, else the message key."""
-    value = getattr(event, definition.key, None)
-    if value is not None and value != "":
-        return str(value)
-    return message_key
+def _sent(n: int, out: Outcome, env: Envelope) -> Sent:
+    """The ``n``-th thing an input sends (its commands come first, then its messages)."""
+    if n < len(out.commands):
+        c = out.commands[n]
+        kind = "command" if c.action is Action.DO else "compensation"
+        return Sent(c.event, env.id, kind, c.step, c.attempt, env)
+    return Sent(out.messages[n - len(out.commands)], env.id, "message", None, None, env)
 
 
 def _names(classes: Sequence[type[Event]]) -> str:

@@ -239,6 +239,28 @@ def url(tmp_path: Path) -> str:
 # -- list and show -------------------------------------------------------------------------
 
 
+async def test_a_saga_with_inputs_kept_before_its_start_is_listed_pending(
+    url: str, broker_url: str, waiter: Wait, capsys: pytest.CaptureFixture[str]
+) -> None:
+    desk = Desk()
+    app = App("trips", broker=broker_url, store=url, handlers=_participants(desk), sagas=[TripSaga])
+    async with app:
+        await app.publish(TripCancelled(trip_id="t-early"), key="t-early")  # before its start
+        await app.publish(TripRequested(trip_id="t-late"), key="t-late")  # the control
+        await _until(app, "t-early", "pending", waiter)
+        await _until(app, "t-late", "completed", waiter)
+        capsys.readouterr()
+        assert await _cli(["sagas", "list", "--store", url, "--status", "pending"]) == 0
+        rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+        assert [(r[0], r[3]) for r in rows] == [("saga-clisaga.trip-t-early", "pending")]
+        assert await _cli(["sagas", "show", "saga-clisaga.trip-t-early", "--store", url]) == 0
+        out = capsys.readouterr().out
+        assert "kept:        1 inputs before its start" in out
+        await app.publish(TripRequested(trip_id="t-early"), key="t-early")
+        await _until(app, "t-early", "compensated", waiter)  # ended at the start
+    assert not any(key == "t-early" for _, key in desk.log)  # nothing was done for it
+
+
 async def test_list_filters_and_json(
     url: str, broker_url: str, waiter: Wait, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -379,6 +401,11 @@ async def test_abort_a_running_saga(
         assert await _cli([*argv, "--store", url, "--saga", SAGA]) == 0
         out = capsys.readouterr().out
         assert "aborted" in out and "customer called" in out and "by carol" in out
+        # Its flight is in flight: the abort waits for the flight's outcome (DESIGN 5).
+        assert "is compensating" in out
+        row = await app.sagas.find(sid)
+        assert row is not None and row.status == "compensating"
+        await app.publish(FlightRejected(trip_id="t-wait"), key="t-wait")
         await _until(app, "t-wait", "compensated", waiter)
         saga = await app.sagas.get(TripSaga, "t-wait")
         assert saga is not None and saga.reason == "customer called"

@@ -282,6 +282,12 @@ def participants(gate: ShippingGate | None = None) -> list[Any]:
         await _effect(ctx, cmd.order_id, "shipped")
         await ctx.publish(FxShipped(order_id=cmd.order_id))
 
+    @subscribe(FxHold.event_type, group="fx.holder", concurrency=8)
+    async def hold(cmd: FxHold, ctx: Context) -> None:
+        """Takes the hold and never answers: the step times out. Its group has handled the
+        command, so the compensation undoes it (one it had not handled would be cancelled
+        instead, and ``unhold`` not called)."""
+
     @subscribe(FxRemind.event_type, group="fx.holder", concurrency=8)
     async def remind(msg: FxRemind, ctx: Context) -> None:
         await _effect(ctx, msg.hold_id, "reminded")
@@ -290,7 +296,7 @@ def participants(gate: ShippingGate | None = None) -> list[Any]:
     async def unhold(cmd: FxUnhold, ctx: Context) -> None:
         await _effect(ctx, cmd.hold_id, "unheld")
 
-    return [reserve, release, charge, refund, ship, remind, unhold]
+    return [reserve, release, charge, refund, ship, hold, remind, unhold]
 
 
 # -- for the tests: the saga process from outside, and reading the stores -------------------

@@ -29,6 +29,7 @@ import pytest
 
 from eventflow import App, Saga, open_store
 from eventflow.events import EventRegistry
+from eventflow.sagas.control import WAIT_ROW
 from eventflow.sagas.runtime import Sagas
 from eventflow.testing import eventually, unique_name
 from eventflow.testing.nats_server import nats_service_url
@@ -297,8 +298,13 @@ async def test_a_reply_in_a_killed_members_partition_before_the_deadline_wins(
                 return int(n) == 1
 
             await eventually(shipped, timeout=10, message="the order shipped")
+            # The saga waits on its ship step: its one deadline row (WAIT_ROW) is that step's.
             due = float(
-                await saga_db.fetchval("SELECT due FROM ef_saga_timers WHERE timer = 'step:ship'")
+                await saga_db.fetchval(
+                    "SELECT due FROM ef_saga_timers WHERE timer = $1 AND token LIKE $2",
+                    WAIT_ROW,
+                    "%:step:ship",
+                )
             )
             at = await fx_db.fetchval("SELECT at FROM fx_effects WHERE what = 'shipped'")
             assert at.timestamp() < due - 0.3  # the reply was out well before the deadline

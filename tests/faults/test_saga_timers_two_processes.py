@@ -91,6 +91,10 @@ async def holder(conn: asyncpg.Connection) -> tuple[int, int] | None:
     return int(row["owner"].split(":")[-2]), int(row["epoch"])
 
 
+async def _held(conn: asyncpg.Connection) -> bool:
+    return await holder(conn) is not None
+
+
 @pytest.mark.timeout(120)
 async def test_two_saga_processes_fire_every_timer_once_and_a_paused_holder_nothing_twice(
     broker_url: str, saga_store_url: str, effects_store_url: str
@@ -120,6 +124,10 @@ async def test_two_saga_processes_fire_every_timer_once_and_a_paused_holder_noth
                 return int(n) == SAGAS
 
             await eventually(started, timeout=30, message="every saga started")
+            # A live holder (under load a renewal can come late and the lease lapse a moment).
+            await eventually(
+                lambda: _held(saga_db), timeout=30, message="a process holds the timer lease"
+            )
             found = await holder(saga_db)
             assert found is not None and found[0] in by_pid, found
             paused_pid, epoch = found

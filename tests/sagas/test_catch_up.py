@@ -1,7 +1,8 @@
-"""The catch-up rule of overdue saga timers: a timer that came due while no instance ran
-fires once the broker's backlog of the saga's group is 0 on every pattern (at most
-``catch_up_limit`` after the start); with a broker that cannot tell (None), once every saga
-consumer had an empty fetch. The fault tests show it with a killed NATS member."""
+"""The reply-in-the-broker rule of saga deadlines (``sagas.catch_up``): a due deadline fires
+once every message of the saga's group the broker accepted before it was handled (the
+oldest pending message on each pattern was published after it, or none is pending), at
+most ``catch_up_limit`` past it; a failed lag call fires nothing. Unit tests of the rule,
+then apps on the memory broker with a member of the saga's group holding a reply."""
 
 from __future__ import annotations
 
@@ -10,94 +11,156 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from eventflow import App
 from eventflow.adapters.memory.broker import MemoryBroker, MemoryBrokerConfig
 from eventflow.errors import BrokerError, ConfigurationError
-from eventflow.events import default_registry
-from eventflow.ports import Subscription
-from eventflow.sagas.persistence import TimerRow
-from eventflow.sagas.runtime import SagaRuntime, Sagas
-from eventflow.stores import store_for
+from eventflow.ports import Broker, Lag, Subscription
+from eventflow.sagas.catch_up import MIN_RECHECK, RECHECK, CatchUp
+from eventflow.sagas.control import WAIT_ROW, Timer, TimerKind, timer_row
+from eventflow.sagas.persistence import SagaStore
+from eventflow.sagas.timers import answering
+from eventflow.stores import open_store
 
-from .shop import Effects, OrderPlaced, OrderSaga, OrderShipped, Script, participants
+from .shop import (
+    Effects,
+    OrderPlaced,
+    OrderSaga,
+    OrderShipped,
+    Script,
+    StockRejected,
+    StockReserved,
+    participants,
+)
 
 Wait = Callable[..., Awaitable[None]]
 
 
-class FakeConsumer:
-    """A saga consumer whose broker tells ``values`` (one per ask; the last repeats)."""
+class ScriptedLag:
+    """What ``Broker.lag`` answers for the saga's group, per pattern, or raises: a unit
+    test of the rule (the app tests below use the memory broker's real lag)."""
 
-    def __init__(self, group: str, *values: int | Exception | None) -> None:
-        self.group = group
-        self.caught_up_at = 0.0
-        self.values = list(values)
-        self.asked = 0
+    def __init__(self) -> None:
+        self.answers: dict[str, Lag | Exception] = {}
+        self.asked: list[str] = []
 
-    async def backlog(self) -> int | None:
-        self.asked += 1
-        value = self.values[0] if len(self.values) == 1 else self.values.pop(0)
-        if isinstance(value, Exception):
-            raise value
-        return value
-
-
-def _runtime(*consumers: FakeConsumer, limit: float = 30.0) -> SagaRuntime:
-    sagas = Sagas(store_for("memory://"), default_registry, "test")
-    runtime = SagaRuntime([OrderSaga], sagas, default_registry, catch_up_limit=limit)
-    runtime.begin(consumers)
-    return runtime
-
-
-def _row(due: float) -> TimerRow:
-    return TimerRow("saga-order-k", "step:ship", "order", "k", due, "t")
+    async def lag(self, pattern: str, *, group: str) -> Lag:
+        assert group == GROUP
+        self.asked.append(pattern)
+        answer = self.answers.get(pattern, Lag(0, None))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
 
 GROUP = f"saga.{OrderSaga.definition.name}"
+PATTERNS = [t.event_type for t in OrderSaga.definition.input_types()]
 
 
-async def _may_fire(runtime: SagaRuntime, due: float, now: float | None = None) -> bool:
-    return await runtime._may_fire(OrderSaga.definition, _row(due), now or time.time())
+def _catch_up(broker: ScriptedLag, *, limit: float = 30.0, started_at: float = 0.0) -> CatchUp:
+    return CatchUp(cast(Broker, broker), GROUP, limit=limit, started_at=started_at)
 
 
-async def test_an_overdue_timer_waits_for_a_zero_backlog_on_every_pattern() -> None:
-    held = FakeConsumer(GROUP, 1, 0)
-    idle = FakeConsumer(GROUP, 0)
-    other = FakeConsumer("billing", 7)  # not a saga group: not asked
-    runtime = _runtime(held, idle, other)
-    held.caught_up_at = idle.caught_up_at = time.time() + 1  # empty fetches do not decide
-    start = runtime._started_at
-    now = start + 1.0
-    assert not await _may_fire(runtime, start - 5, now)
-    assert not await _may_fire(runtime, start - 5, now + 0.1)  # cached for 0.2 s
-    assert held.asked == 1
-    assert await _may_fire(runtime, start - 5, now + 0.3)
-    assert held.asked == 2 and other.asked == 0
+def _at(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
 
 
-async def test_timers_due_after_the_start_and_past_the_limit_do_not_wait() -> None:
-    held = FakeConsumer(GROUP, 3)
-    runtime = _runtime(held, limit=5.0)
-    start = runtime._started_at
-    assert await _may_fire(runtime, start + 0.5, start + 1)  # came due while running
-    assert not await _may_fire(runtime, start - 1, start + 1)
-    assert await _may_fire(runtime, start - 1, start + 5)  # catch_up_limit
-    assert held.asked == 1
+async def test_a_deadline_fires_once_nothing_accepted_before_it_is_pending() -> None:
+    broker = ScriptedLag()
+    catch_up = _catch_up(broker)
+    due = time.time() - 5
+    broker.answers[OrderShipped.event_type] = Lag(1, _at(due - 1))  # a reply, before it
+    assert await catch_up.wait_for(due, due + 1, PATTERNS) == RECHECK
+    assert sorted(broker.asked) == sorted(PATTERNS)  # every pattern of the group
+    # Asked again within MIN_RECHECK: no ask, a shorter wait.
+    pause = await catch_up.wait_for(due, due + 1, PATTERNS)
+    assert pause is not None and 0 < pause <= MIN_RECHECK and catch_up.asks == 1
+    await asyncio.sleep(MIN_RECHECK)
+    broker.answers[OrderShipped.event_type] = Lag(1, _at(due + 0.5))  # after it: late
+    assert await catch_up.wait_for(due, due + 1, PATTERNS) is None
+    assert catch_up.asks == 2
+    # What the ask showed stays true: an earlier deadline needs no ask.
+    assert await catch_up.wait_for(due - 3, due + 1, PATTERNS) is None
+    assert catch_up.asks == 2
+    # A later one (after the oldest pending message) waits again.
+    assert await catch_up.wait_for(due + 1, due + 2, PATTERNS) is not None
 
 
-@pytest.mark.parametrize("answer", [None, BrokerError("down")])
-async def test_a_broker_that_cannot_tell_leaves_the_empty_fetch_rule(
-    answer: Exception | None,
-) -> None:
-    consumer = FakeConsumer(GROUP, answer)
-    runtime = _runtime(consumer)
-    start = runtime._started_at
-    assert not await _may_fire(runtime, start - 1, start + 1)
-    consumer.caught_up_at = start + 0.5  # a fetch since the start found nothing left
-    assert await _may_fire(runtime, start - 1, start + 1.5)
+async def test_nothing_pending_clears_every_deadline_up_to_the_ask() -> None:
+    broker = ScriptedLag()
+    catch_up = _catch_up(broker)
+    now = time.time()
+    assert await catch_up.wait_for(now - 0.01, now, PATTERNS) is None
+    assert catch_up.asks == 1 and min(catch_up.clear_until.values()) >= now
+
+
+def _timer(kind: TimerKind, name: str) -> Timer:
+    """A typed timer as the saga's control holds it (the deadline row is shared)."""
+    return Timer(kind, name, 0.0, "1:x", timer_row(kind, name))
+
+
+def test_a_step_deadline_is_answered_on_its_reply_and_reject_topics_only() -> None:
+    definition = OrderSaga.definition
+    assert answering(definition, _timer(TimerKind.DEADLINE, "ship")) == [OrderShipped.event_type]
+    assert answering(definition, _timer(TimerKind.BACKOFF, "reserve")) == [
+        StockReserved.event_type,
+        StockRejected.event_type,
+    ]
+    named = answering(definition, _timer(TimerKind.NAMED, "reminder"))
+    assert OrderPlaced.event_type not in named  # a start answers no timer
+    assert set(named) == set(PATTERNS) - {OrderPlaced.event_type}
+    assert answering(definition, _timer(TimerKind.DEADLINE, "gone")) == named  # removed step
+    assert answering(definition, None) == named  # a row whose timer the saga no longer has
+
+
+async def test_a_start_in_flight_holds_no_step_deadline() -> None:
+    """Under load a start (of another saga) is always in flight: it must not delay every
+    step deadline (it did, by the recheck interval, when every topic counted)."""
+    broker = ScriptedLag()
+    catch_up = _catch_up(broker)
+    due = time.time() - 0.01
+    broker.answers[OrderPlaced.event_type] = Lag(1, _at(due - 0.005))
+    broker.answers[OrderShipped.event_type] = Lag(1, _at(due - 0.005))  # the control
+    ship = answering(OrderSaga.definition, _timer(TimerKind.DEADLINE, "ship"))
+    reserve = answering(OrderSaga.definition, _timer(TimerKind.DEADLINE, "reserve"))
+    assert await catch_up.wait_for(due, due + 0.01, reserve) is None
+    assert await catch_up.wait_for(due, due + 0.01, ship) is not None
+    assert OrderPlaced.event_type not in broker.asked
+
+
+async def test_a_failed_lag_call_never_fires_a_deadline() -> None:
+    """A broker that cannot answer means wait and ask again (main fired the timer)."""
+    broker = ScriptedLag()
+    catch_up = _catch_up(broker)
+    due = time.time() - 5
+    broker.answers[StockReserved.event_type] = BrokerError("down")
+    for _ in range(3):
+        assert await catch_up.wait_for(due, due + 1, PATTERNS) == RECHECK
+        await asyncio.sleep(MIN_RECHECK)
+    assert catch_up.failed == 3
+    del broker.answers[StockReserved.event_type]  # the broker is back: nothing pending
+    assert await catch_up.wait_for(due, due + 1, PATTERNS) is None
+
+
+async def test_the_limit_bounds_the_wait_from_the_deadline_or_the_start() -> None:
+    broker = ScriptedLag()
+    broker.answers[OrderShipped.event_type] = BrokerError("down")
+    start = time.time()
+    catch_up = _catch_up(broker, limit=5.0, started_at=start)
+    # A deadline while running: at most 5 s past it.
+    assert await catch_up.wait_for(start + 10, start + 14.9, PATTERNS) is not None
+    assert await catch_up.wait_for(start + 10, start + 15, PATTERNS) is None
+    # A deadline that passed before the start (an outage): 5 s past the start.
+    assert await catch_up.wait_for(start - 100, start + 4.9, PATTERNS) is not None
+    assert await catch_up.wait_for(start - 100, start + 5, PATTERNS) is None
+    # No broker (a test kit's clock): nothing can be pending.
+    no_broker = CatchUp(None, GROUP, limit=5.0, started_at=start)
+    assert await no_broker.wait_for(start - 1, start, PATTERNS) is None
 
 
 @dataclass(frozen=True)
@@ -111,54 +174,90 @@ class _Held:
 async def _a_reply_held_past_its_deadline(
     broker_name: str, tmp_path: Path, waiter: Wait, effects: Effects
 ) -> AsyncIterator[_Held]:
-    """The saga process ran until its ship step's command went out, then stopped; the reply
-    reached the broker before the step's deadline (1 s), but a member of the saga's group
-    that no longer answers holds it (unacked: only a member's leaving gives it back); the
-    deadline has passed. Yields where (:class:`_Held`), while the participants still run."""
+    """The saga process ran until the ship commands of o-2 (the control), then o-1, went
+    out, about half a second apart, then stopped. o-1's reply reached the broker after the
+    control's deadline and before its own (1 s), and a member of the saga's group that no
+    longer answers holds it (unacked: only a member's leaving gives it back); the control
+    gets no reply. Both deadlines have passed on the store's clock. Yields where
+    (:class:`_Held`), while the participants still run."""
     url, store = f"memory://{broker_name}", f"sqlite:///{tmp_path / 'sagas.db'}"
     hub = MemoryBroker(MemoryBrokerConfig(name=broker_name))  # keeps the hub's groups
     await hub.start()
     try:
         async with App(
-            "shop", broker=url, handlers=participants(Script(never_ship={"o-1"}), effects)
+            "shop",
+            broker=url,
+            handlers=participants(Script(never_ship={"o-1", "o-2"}), effects),
         ) as shop:
             async with App("orders", broker=url, store=store, sagas=[OrderSaga]) as orders:
-                await shop.publish(OrderPlaced(order_id="o-1"), key="o-1")
 
-                async def shipping() -> bool:
-                    saga = await orders.sagas.get(OrderSaga, "o-1")
+                async def shipping(key: str) -> bool:
+                    saga = await orders.sagas.get(OrderSaga, key)
                     return saga is not None and any(
                         t.kind == "command-sent" and t.step == "ship" for t in saga.history
                     )
 
-                await waiter(shipping)
+                await shop.publish(OrderPlaced(order_id="o-2"), key="o-2")
+                await waiter(lambda: shipping("o-2"))
+                await asyncio.sleep(0.5)
+                await shop.publish(OrderPlaced(order_id="o-1"), key="o-1")
+                await waiter(lambda: shipping("o-1"))
+                due = {k: await _ship_due(orders, k) for k in ("o-1", "o-2")}
+                assert time.time() < due["o-2"], "the control's deadline passed too early"
             group = f"saga.{OrderSaga.definition.name}"
             stuck = await hub.subscribe(OrderShipped.event_type, group=group)
+            await asyncio.sleep(max(0.0, due["o-2"] + 0.05 - time.time()))
             await shop.publish(OrderShipped(order_id="o-1"), key="o-1")
+            assert time.time() < due["o-1"], "the reply came after o-1's deadline"
             held = await stuck.fetch(1, 5.0)
             assert len(held) == 1  # the reply, before the deadline, held and never acked
             assert (await hub.lag(OrderShipped.event_type, group=group)).messages == 1
-            await asyncio.sleep(1.2)  # past the ship step's deadline (1 s)
+            async with open_store(store) as saga_store:
+                tables = SagaStore(saga_store)
+
+                async def both_due() -> bool:
+                    rows, now = await tables.earliest(OrderSaga.definition.name)
+                    return len(rows) == 2 and all(r.due <= now for r in rows)
+
+                await waiter(both_due, what="both deadlines passed on the store's clock")
             yield _Held(url, store, stuck)
     finally:
         await hub.close()
+
+
+async def _ship_due(app: App, key: str) -> float:
+    rows, _ = await app.sagas.persistence.earliest(OrderSaga.definition.name)
+    return next(r.due for r in rows if r.key == key and r.timer == WAIT_ROW)
 
 
 async def test_a_reply_held_by_a_stuck_member_wins_over_the_overdue_timeout(
     broker_name: str, tmp_path: Path, waiter: Wait
 ) -> None:
     """A reply held past its deadline (see the helper above): the saga process starts after
-    the deadline, its fetches find nothing, yet the backlog is 1, so the timer waits, and
-    once the member is gone the reply is handled and the saga completes."""
+    both deadlines. The control, whose deadline came before the reply was published, times
+    out; in the same look o-1's deadline waits (the reply is pending on its topic, published
+    before it), and once the member is gone the reply is handled and o-1 completes."""
     effects = Effects()
     async with (
         _a_reply_held_past_its_deadline(broker_name, tmp_path, waiter, effects) as held,
         App("orders", broker=held.url, store=held.store, sagas=[OrderSaga]) as orders,
     ):
-        # Several timer polls (0.5 s) with every fetch of the new process empty.
-        await asyncio.sleep(1.5)
+
+        async def control_compensated() -> bool:
+            saga = await orders.sagas.get(OrderSaga, "o-2")
+            return saga is not None and saga.status == "compensated"
+
+        await waiter(control_compensated, what="the control timed out and compensated")
+        control = await orders.sagas.get(OrderSaga, "o-2")
+        assert control is not None
+        assert [t.kind for t in control.history if t.step == "ship"] == [
+            "command-sent",
+            "timed-out",
+        ]
+        # The loop judged o-1 in the same look (due order: the control's first).
         saga = await orders.sagas.get(OrderSaga, "o-1")
         assert saga is not None and saga.status == "running", saga
+        assert not any(t.kind == "timed-out" for t in saga.history)
         await held.stuck.close()  # the member leaves: the reply goes back to the group
 
         async def ended() -> bool:

@@ -4,7 +4,8 @@ returns)."""
 
 from __future__ import annotations
 
-from eventflow.sagas.machine import Control, Machine
+from eventflow.sagas.control import Control, Timer, TimerKind
+from eventflow.sagas.machine import Machine
 from eventflow.sagas.persistence import SagaStore
 from eventflow.stores import store_for
 
@@ -12,18 +13,18 @@ from .shop import OrderPlaced, OrderSaga, StockReserved
 
 
 def test_from_dict_and_as_dict_share_nothing_with_their_input() -> None:
-    data = Control(key="k", done=["reserve"], timers={"step:charge": {"due": 1.0}}).as_dict()
+    charge = Timer(TimerKind.DEADLINE, "charge", 1.0, "t1", "step:")
+    data = Control(key="k", done=["reserve"], timers={charge.key: charge}).as_dict()
     control = Control.from_dict(data)
     control.done.append("charge")
-    control.timers["step:charge"]["due"] = 2.0
-    control.timers["step:ship"] = {"due": 3.0}
+    control.timers["step:ship"] = Timer(TimerKind.DEADLINE, "ship", 3.0, "t2", "step:")
     assert data["done"] == ["reserve"]
-    assert data["timers"] == {"step:charge": {"due": 1.0}}
+    assert [t["name"] for t in data["timers"]] == ["charge"]
     out = control.as_dict()
     control.done.append("ship")
-    control.timers["step:charge"]["due"] = 4.0
+    control.timers.clear()
     assert out["done"] == ["reserve", "charge"]
-    assert out["timers"]["step:charge"] == {"due": 2.0}
+    assert [t["name"] for t in out["timers"]] == ["charge", "ship"]
 
 
 async def test_a_handling_that_rolls_back_leaves_the_stored_saga_as_it_was() -> None:
@@ -58,7 +59,7 @@ async def test_a_handling_that_rolls_back_leaves_the_stored_saga_as_it_was() -> 
         await again.message(
             StockReserved(order_id="o-1"),
             "m-2",
-            loaded.control.issued[-1],
+            loaded.control.issued[-1].id,
         )
         assert loaded.control.done == ["reserve"]  # the machine did change its copy
         after = await persistence.load(definition, "o-1")

@@ -311,7 +311,9 @@ async def test_a_step_returning_a_non_event_raises_type_error(
     assert not t.started  # nothing was saved: the input failed as a whole
 
 
-async def test_a_timer_method_returning_a_non_event_raises_type_error() -> None:
+async def test_a_timer_method_returning_a_non_event_fails_its_saga(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     class Timed(Saga, name="ut.sagadef.timed", start=Begun, key="order_id"):
         order_id: str = ""
 
@@ -328,5 +330,8 @@ async def test_a_timer_method_returning_a_non_event_raises_type_error() -> None:
 
     t = SagaTest(Timed)
     await t.given(Begun(order_id="o-1"))
-    with pytest.raises(TypeError, match="_nudge returned 'not an event'; a timer method returns"):
-        await t.advance(5.0)
+    (fired,) = await t.advance(5.0)  # contained to the saga: the timer loop goes on
+    assert fired.kinds == ["failed"]
+    t.then_status("failed", reason="_nudge returned 'not an event'; a timer method returns")
+    assert "timer nudge of saga-ut.sagadef.timed-o-1 raised TypeError" in caplog.text
+    t.then_waiting("first")  # what it waited for is kept for when a person resumes it

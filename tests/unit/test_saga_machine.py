@@ -329,7 +329,9 @@ async def test_a_compensation_without_its_reply_in_time_fails_the_saga() -> None
     (fired,) = await t.advance(1.0)
     assert fired.kinds == ["timed-out", "failed"]
     t.then_status("failed", reason="compensation refund got no reply within 10.0s")
-    assert t.control.resume == {"step": "charge", "kind": "undo", "reason": "ship timed out"}
+    resume = t.control.resume
+    assert resume is not None
+    assert (resume.step, resume.action, resume.reason) == ("charge", "undo", "ship timed out")
     assert "waits for a person" in t.waits_for
     assert t.timers == {}
     await t.advance(3600.0)  # nothing more happens by itself
@@ -374,8 +376,8 @@ async def test_retry_and_skip_of_a_saga_that_is_not_failed_are_recorded_as_ignor
     for act in (t.retry(by="ana"), t.skip(by="ana")):
         applied = await act
         assert applied.kinds == ["ignored"] and applied.sent == ()
-    t.then_recorded("ignored", detail="retry asked of a saga that is running")
-    t.then_recorded("ignored", detail="skip asked of a saga that is running")
+    t.then_recorded("ignored", detail="retry of a saga that is running: only a failed saga")
+    t.then_recorded("ignored", detail="skip of a saga that is running: only a failed saga")
     t.then_waiting("reserve")
 
 
@@ -469,26 +471,51 @@ async def test_a_foreign_reply_is_matched_by_the_message_key() -> None:
 # -- abort ---------------------------------------------------------------------------------
 
 
-async def test_abort_before_the_pivot_compensates_the_waiting_step_too() -> None:
+async def test_an_abort_in_flight_waits_for_the_steps_reply_then_compensates_it() -> None:
     t = await started()
     await t.when_reply(StockReserved(order_id="o-1"))
     aborted = await t.when(OrderCancelled(order_id="o-1"))
-    assert aborted.kinds == [
-        "aborted",
-        "compensating",
+    # The charge's command is out: nothing goes forward, nothing is undone yet.
+    assert aborted.kinds == ["aborted", "compensating"]
+    assert aborted.sent == () and "step:charge" not in aborted.timers_cancelled
+    t.then_status("compensating", reason="aborted by ut.saga.order.cancelled")
+    t.then_waiting("charge")
+    replied = await t.when_reply(PaymentCharged(order_id="o-1", charge_id="ch-1"))
+    assert replied.kinds == [
+        "replied",
         "compensation-sent",
         "compensation-sent",
         "compensated",
     ]
-    assert "step:charge" in aborted.timers_cancelled
     t.then_status("compensated", reason="aborted by ut.saga.order.cancelled")
-    t.then_sent(
-        ReserveStock, ChargePayment, RefundPayment(order_id="o-1", charge_id=None), ReleaseStock
+    t.then_sent(  # compensated with the reply's data
+        ReserveStock, ChargePayment, RefundPayment(order_id="o-1", charge_id="ch-1"), ReleaseStock
     )
     assert t.timers == {}
-    # The charge's reply, late: the saga is over.
+    # A second copy of the reply, late: the saga is over.
     late = await t.when(PaymentCharged(order_id="o-1", charge_id="ch-1"), causation_id=t.sent[1].id)
     assert late.kinds == ["ignored"] and "already compensated" in late.transitions[0].detail
+
+
+async def test_an_abort_in_flight_then_a_rejection_does_not_compensate_the_step() -> None:
+    t = await started()
+    await t.when_reply(StockReserved(order_id="o-1"))
+    await t.when(OrderCancelled(order_id="o-1"))
+    await t.when_reply(PaymentDeclined(order_id="o-1"))
+    t.then_status("compensated", reason="aborted by").then_sent(
+        ReserveStock, ChargePayment, ReleaseStock
+    )
+
+
+async def test_an_abort_in_flight_then_the_deadline_compensates_the_step_without_data() -> None:
+    t = await started()
+    await t.when_reply(StockReserved(order_id="o-1"))
+    await t.when(OrderCancelled(order_id="o-1"))
+    (fired,) = await t.advance(30.0)
+    assert fired.kinds == ["timed-out", "compensation-sent", "compensation-sent", "compensated"]
+    t.then_status("compensated", reason="aborted by").then_sent(
+        ReserveStock, ChargePayment, RefundPayment(order_id="o-1", charge_id=None), ReleaseStock
+    )
 
 
 async def test_abort_by_a_person_is_recorded_with_the_name() -> None:
@@ -496,6 +523,8 @@ async def test_abort_by_a_person_is_recorded_with_the_name() -> None:
     aborted = await t.abort(by="ana", reason="customer called")
     assert aborted.transitions[0].kind == "aborted"
     assert (aborted.transitions[0].detail, aborted.transitions[0].by) == ("customer called", "ana")
+    t.then_status("compensating", reason="customer called").then_waiting("reserve")
+    await t.when_reply(StockReserved(order_id="o-1"))
     t.then_status("compensated", reason="customer called").then_sent(ReserveStock, ReleaseStock)
 
 
@@ -505,7 +534,7 @@ async def test_abort_after_the_pivot_is_ignored_and_recorded() -> None:
     by_person = await t.abort(by="ana")
     for applied in (by_event, by_person):
         assert applied.kinds == ["ignored"] and applied.sent == ()
-        assert "after the pivot: the saga only goes forward" in applied.transitions[0].detail
+        assert "it is past its pivot step and only goes forward" in applied.transitions[0].detail
     t.then_status("running").then_waiting("ship")
     assert t.timers == {"step:ship": 10.0}
 
@@ -514,10 +543,16 @@ async def test_abort_of_a_finished_or_compensating_saga_is_ignored() -> None:
     t = await started()
     await t.when_reply(StockRejected(order_id="o-1"))
     applied = await t.when(OrderCancelled(order_id="o-1"))
-    assert applied.kinds == ["ignored"] and "already compensated" in applied.transitions[0].detail
+    assert (
+        applied.kinds == ["ignored"]
+        and "compensated: nothing to abort" in applied.transitions[0].detail
+    )
     r = await _refund_waiting()  # compensating, waiting for the refund
     applied = await r.abort(by="ana")
-    assert applied.kinds == ["ignored"] and "already compensating" in applied.transitions[0].detail
+    assert (
+        applied.kinds == ["ignored"]
+        and "it is already compensating" in applied.transitions[0].detail
+    )
     r.then_waiting("charge", "undo")
 
 
@@ -659,16 +694,46 @@ async def test_a_late_reply_to_an_earlier_command_is_recorded_as_ignored() -> No
     t.then_waiting("charge").then_sent(ReserveStock, ChargePayment)
 
 
-async def test_a_late_reply_to_an_earlier_attempt_is_ignored() -> None:
+async def test_past_the_pivot_a_late_success_of_an_earlier_attempt_is_the_success() -> None:
     t = await _past_the_pivot()
     await t.when_reply(ShipRefused(order_id="o-1"))
     await t.advance(2.0)
     first, second = t.sent[2], t.sent[3]
+    assert (first.attempt, second.attempt) == (1, 2)
     late = await t.when_reply(OrderShipped(order_id="o-1"), to=first)
+    assert late.kinds == ["replied", "completed"]
+    assert late.transitions[0].detail == "ut.saga.shipping.shipped (to attempt 1)"
+    assert "step:ship" in late.timers_cancelled
+    t.then_status("completed").then_sent(ReserveStock, ChargePayment, ShipOrder, ShipOrder)
+    again = await t.when_reply(OrderShipped(order_id="o-1"), to=second)
+    assert again.kinds == ["ignored"] and "already completed" in again.transitions[0].detail
+
+
+async def test_past_the_pivot_a_late_success_during_the_backoff_cancels_the_retry() -> None:
+    t = await _past_the_pivot()
+    timed_out = await t.advance(10.0)  # attempt 1 times out: the backoff starts
+    assert timed_out[0].kinds == ["timed-out", "retry-scheduled"]
+    t.then_waiting("ship", "retry")
+    late = await t.when_reply(OrderShipped(order_id="o-1"), to=t.sent[2])
+    assert late.kinds == ["replied", "completed"] and "retry:ship" in late.timers_cancelled
+    assert await t.advance(60.0) == []  # no second attempt
+    t.then_status("completed").then_sent(ReserveStock, ChargePayment, ShipOrder)
+
+
+async def test_past_the_pivot_a_late_rejection_of_an_earlier_attempt_changes_nothing() -> None:
+    t = await _past_the_pivot()
+    await t.advance(12.0)  # attempt 1 timed out, attempt 2 sent
+    first = t.sent[2]
+    late = await t.when_reply(ShipRefused(order_id="o-1"), to=first)
     assert late.kinds == ["ignored"] and "an earlier command" in late.transitions[0].detail
     t.then_waiting("ship")
-    await t.when_reply(OrderShipped(order_id="o-1"), to=second)
-    t.then_status("completed")
+    assert t.timers == {"step:ship": 10.0}
+    during = await t.advance(10.0)  # attempt 2 times out: its backoff
+    assert during[0].kinds == ["timed-out", "retry-scheduled"]
+    rejected = await t.when_reply(ShipRefused(order_id="o-1"), to=t.sent[3])
+    assert rejected.kinds == ["ignored"]  # the attempt that timed out, rejected late
+    assert "waits for its backoff" in rejected.transitions[0].detail
+    t.then_waiting("ship", "retry")
 
 
 async def test_a_reply_for_a_finished_saga_is_ignored() -> None:
@@ -913,14 +978,13 @@ class AsyncUndo(Saga, name="ut.asyncundo", start=OrderPlaced, key="order_id"):
 async def test_async_compensations_and_timer_methods() -> None:
     t = await started(AsyncUndo)
     (fired,) = await t.advance(10.0)
-    assert fired.kinds == [
-        "timer-fired",
-        "aborted",
-        "compensating",
-        "compensation-sent",
-    ]
-    assert types_of(fired.sent) == ["ReleaseStock", "Remind"]
-    t.then_status("compensating", reason="gave up").then_waiting("reserve", "undo")
+    assert fired.kinds == ["timer-fired", "aborted", "compensating"]
+    assert types_of(fired.sent) == ["Remind"]  # the reservation is in flight: its outcome first
+    t.then_status("compensating", reason="gave up").then_waiting("reserve")
+    replied = await t.when_reply(StockReserved(order_id="o-1"))
+    assert types_of(replied.sent) == ["ReleaseStock"]
+    assert replied.sent[0].envelope.headers["eventflow-compensates"] == t.sent[0].id
+    t.then_waiting("reserve", "undo")
     await t.when_reply(PaymentRefunded(order_id="o-1"))
     t.then_status("compensated")
 
