@@ -21,10 +21,10 @@ def test_readme_starts_with_the_two_commands() -> None:
     commands = [line.split("#")[0].strip() for line in _block("bash").splitlines()]
     assert commands == [
         "pip install -e . && eventflow demo",
-        "pip install -e '.[test]' && python -m pytest -n 4",
+        "pip install -e '.[test]' && python -m pytest -n 8",
     ]
     ci = (REPO / ".ci" / "run").read_text()
-    assert re.search(r"^python -m pytest -n 4$", ci, re.M), ".ci/run must run the README's command"
+    assert re.search(r"^python -m pytest -n 8$", ci, re.M), ".ci/run must run the README's command"
 
 
 def test_quick_start_runs_and_prints_what_the_readme_says(tmp_path: Path) -> None:
