@@ -95,6 +95,23 @@ async def _publish(nats: str, topic: str, count: int) -> None:
             await publisher.publish(Job(n=n), key=f"k{n}", topic=topic)
 
 
+async def _serve_all(
+    nats: str, store: str, service: Service, config: dict[str, object], count: int, wait: float
+) -> None:
+    """Start PROCESSES members, publish ``count`` jobs, wait until the service served each
+    (at most ``wait`` seconds), and end the members."""
+    procs = await _members(nats, store, service, config, PROCESSES)
+    try:
+        await _publish(nats, str(config["topic"]), count)
+        await eventually(
+            lambda: len(set(service.ok)) == count,
+            timeout=wait,
+            message=f"{count} requests served",
+        )
+    finally:
+        await _end(procs)
+
+
 @pytest.mark.service("nats")
 async def test_cluster_concurrency_is_never_exceeded_across_processes(
     nats_url: str, backend: tuple[str, dict[str, str]]
@@ -108,14 +125,7 @@ async def test_cluster_concurrency_is_never_exceeded_across_processes(
         "limit": {"concurrency": 5, "timeout": 30.0, **extra},
     }
     async with Service(delay=0.05) as service:
-        procs = await _members(nats_url, store, service, config, PROCESSES)
-        try:
-            await _publish(nats_url, topic, 500)
-            await eventually(
-                lambda: len(set(service.ok)) == 500, timeout=90, message="500 requests served"
-            )
-        finally:
-            await _end(procs)
+        await _serve_all(nats_url, store, service, config, 500, wait=90)
     # Never above 5; and the limit binds (24 handlers wanted in): near 5 at the busiest
     # moment (a slot freed and not yet taken again by a poller may leave one idle).
     assert 4 <= service.peak <= 5, f"at most 5 at once, and near it; saw {service.peak}"
@@ -134,17 +144,9 @@ async def test_cluster_rate_holds_across_processes(
         "limit": {"rate": 20.0, "timeout": 30.0, **extra},
     }
     async with Service(delay=0.0) as service:
-        procs = await _members(nats_url, store, service, config, PROCESSES)
-        try:
-            await _publish(nats_url, topic, 80)
-            await eventually(
-                lambda: len(set(service.ok)) == 80, timeout=60, message="80 requests served"
-            )
-        finally:
-            await _end(procs)
-    # Begin times as the members took them (one wall clock: every process is on this
-    # machine), so a test process paused by a loaded machine does not bunch them up.
-    # The backend spaces the grants 1/rate apart; a member the loaded machine pauses for
+        await _serve_all(nats_url, store, service, config, 80, wait=60)
+    # Begin times are the members' (one wall clock: every process is on this machine). The
+    # backend spaces the grants 1/rate apart; a member the loaded machine pauses for
     # 0.2 s after its grant arrived resumes several granted handlers at once, so the
     # busiest one-second window can hold a few more than rate + 1 per process (seen: 24-25
     # at a load of 7 on 2 cores). Over the whole run (4 s) such pauses average out: the
