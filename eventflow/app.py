@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._logging import Throttled
 from .brokers import open_broker
@@ -40,6 +40,10 @@ from .sourcing.repository import Repository
 from .stores import dedup_for, store_for
 from .subscribe import HandlerSpec, check_reachable, collect_handlers, inspect_handler
 from .supervision import Component, Health, RestartPolicy, Supervisor
+from .telemetry import TracingSetting, tracing_for
+
+if TYPE_CHECKING:
+    from .telemetry.tracing import Tracing
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "MESSAGE_ID_HEADER", "App"]
 
@@ -75,6 +79,10 @@ class App:
     handlers' ``hard_timeout`` (see ``docs/downstream.md``).
     ``limits`` lists ``Limit`` declarations that handlers take with ``ctx.limit(name)``
     (concurrency, rate and a circuit breaker per dependency; see ``docs/downstream.md``).
+    ``tracing``: OpenTelemetry spans (``eventflow[otel]``). None (the default) traces when
+    opentelemetry is imported and a tracer provider is set when the app starts; True
+    traces with the global provider; False never; a ``TracerProvider`` traces with it
+    (see ``docs/observability.md``).
     """
 
     def __init__(
@@ -95,6 +103,7 @@ class App:
         catch_up_limit: float = DEFAULT_CATCH_UP_LIMIT,
         loop_block_warning: float | None = DEFAULT_LOOP_BLOCK_WARNING,
         limits: Iterable[object] = (),
+        tracing: TracingSetting = None,
     ) -> None:
         if not name or any(c in name for c in " \t\n"):
             raise ConfigurationError(f"app name {name!r} must be non-empty without spaces")
@@ -155,6 +164,11 @@ class App:
         self._started = False
         self._lock = asyncio.Lock()
         self._log = Throttled(_log)
+        # None: off (tested with `is not None` on the hot paths). Automatic: decided at start.
+        self._tracing_auto = tracing is None
+        self._tracing: Tracing | None = (
+            None if tracing is None else tracing_for(tracing, broker_url=self.broker.url)
+        )
 
     def _check_groups(self) -> None:
         seen: list[tuple[str, HandlerSpec]] = []
@@ -280,8 +294,7 @@ class App:
             topic = env.type
         else:
             validate_topic(topic)
-        await self._send(topic, env)
-        return env
+        return await self._send(topic, env)
 
     def _not_running(self) -> None:
         raise BrokerError(
@@ -289,9 +302,16 @@ class App:
             "or after `await app.start()`"
         )
 
-    async def _send(self, topic: str, env: Envelope) -> None:
+    async def _send(self, topic: str, env: Envelope) -> Envelope:
+        """Send ``env`` to ``topic``; return it as sent (traced: carrying its send span)."""
         if not self._started:
             self._not_running()
+        if self._tracing is not None:
+            return await self._tracing.send(topic, env, self._publish)
+        await self._publish(topic, env)
+        return env
+
+    async def _publish(self, topic: str, env: Envelope) -> None:
         await self.broker.publish(
             topic, env.to_bytes(), key=env.key, headers={MESSAGE_ID_HEADER: env.id}
         )
@@ -362,6 +382,10 @@ class App:
                 f"app {self.name}", self.restart_policy, on_failure=self._component_failed
             )
             try:
+                if self._tracing_auto:
+                    self._tracing = tracing_for(None, broker_url=self.broker.url)
+                tracing = self._tracing
+                self.sagas.handling.tracing = tracing
                 await self.broker.start(supervisor)
                 await self.store.open(supervisor)
                 if self._dedup_override is not None:
@@ -374,7 +398,13 @@ class App:
                 guard = self._start_guard()
                 consumers = [
                     Consumer(
-                        self, spec, group, signature, grace_period=self.grace_period, guard=guard
+                        self,
+                        spec,
+                        group,
+                        signature,
+                        grace_period=self.grace_period,
+                        guard=guard,
+                        tracing=tracing,
                     )
                     for spec, group, signature in self._bindings
                 ]
@@ -396,7 +426,9 @@ class App:
                         supervisor.spawn(f"consumer {consumer.name}", consumer.run)
                     )
                 for projection in self.projections:
-                    runner = ProjectionRunner(projection, self.store, registry=self.registry)
+                    runner = ProjectionRunner(
+                        projection, self.store, registry=self.registry, tracing=tracing
+                    )
                     self._projection_runners.append(runner)
                     supervisor.spawn(f"projection {projection.name}", runner.run)
                 for saga_cls in saga_classes:
@@ -406,7 +438,7 @@ class App:
                     )
                 if self.limits.clustered:
                     supervisor.spawn("limit slot renewals", self.limits.renew)
-                outbox = OutboxRelay(self.store, self.broker)
+                outbox = OutboxRelay(self.store, self.broker, tracing=tracing)
                 self._relays.append(outbox)
                 supervisor.spawn("outbox relay", outbox.run)
                 if self.relay_events:

@@ -38,6 +38,7 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError, LeaseLostError
 from ..events import EventRegistry, default_registry
@@ -52,6 +53,9 @@ from .projection import (
     ProjectionStatus,
     lease_name,
 )
+
+if TYPE_CHECKING:
+    from ..telemetry.tracing import Tracing
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -100,6 +104,7 @@ class ProjectionRunner:
         retry_max_delay: float = DEFAULT_RETRY_MAX_DELAY,
         atomic_state: bool | None = None,
         registry: EventRegistry | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         if not isinstance(projection, Projection):
             raise ConfigurationError(
@@ -119,6 +124,7 @@ class ProjectionRunner:
             atomic_state = bool(declared(store, Store, "supports_sql"))
         self.atomic_state = atomic_state
         self._registry = registry or default_registry
+        self._tracing = tracing
         self._handlers = projection.handlers()  # also checks the projection has a name
         self._active = False
         self._running = False
@@ -275,6 +281,14 @@ class ProjectionRunner:
         of the batch goes into the next): a store busy with one long transaction could not
         renew the lease in time (SQLite has one writer), and the batch would be refused for
         ever."""
+        if self._tracing is not None:
+            first, last = batch[0].position, batch[-1].position
+            with self._tracing.projecting(self.name, len(batch), first, last):
+                await self._apply_all(batch, lease)
+        else:
+            await self._apply_all(batch, lease)
+
+    async def _apply_all(self, batch: list[RecordedEvent], lease: Lease) -> None:
         while batch:
             batch = batch[await self._apply_some(batch, lease) :]
 

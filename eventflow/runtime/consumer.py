@@ -21,6 +21,7 @@ starts a new run on a new subscription.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..limits.errors import GivenBack
 from ..limits.pause import Pause
@@ -31,6 +32,9 @@ from .host import ConsumerHost
 from .pipeline import ConsumerStats, CrashLoopError, Pipeline
 from .stall import StallGuard
 from .watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from ..telemetry.tracing import Tracing
 
 __all__ = ["Consumer", "ConsumerStats", "CrashLoopError"]
 
@@ -48,6 +52,7 @@ class Consumer:
         grace_period: float,
         max_inflight: int | None = None,
         guard: StallGuard | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.host = host
         self.spec = spec
@@ -56,7 +61,7 @@ class Consumer:
         self.grace_period = grace_period
         self.max_inflight = max_inflight or max(64, spec.concurrency * 16)
         self._guard = guard  # times the handler's hard_timeout, if it has one
-        self._pipeline = Pipeline(host, spec, group, signature, self.name)
+        self._pipeline = Pipeline(host, spec, group, signature, self.name, tracing=tracing)
         self._pause = Pause(host.limits, self.name, self._pipeline.stats)
         self._sub: Subscription | None = None
         self._dispatcher: Dispatcher | None = None  # the current run's

@@ -11,12 +11,16 @@ from __future__ import annotations
 import logging
 import traceback
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from ..envelope import new_id
 from ..errors import DecodeError
 from ..headers import SEND_ID_HEADER, TARGET_GROUP_HEADER
 from ..ports import DeadLetter, Delivery, Store
 from .stats import ConsumerStats
+
+if TYPE_CHECKING:
+    from ..telemetry.tracing import Tracing
 
 __all__ = ["Letters"]
 
@@ -29,13 +33,21 @@ class Letters:
     """Files the dead letters of one consumer (one group), counting them in its stats."""
 
     def __init__(
-        self, store: Store, group: str, name: str, stats: ConsumerStats, *, keep: bool
+        self,
+        store: Store,
+        group: str,
+        name: str,
+        stats: ConsumerStats,
+        *,
+        keep: bool,
+        tracing: Tracing | None = None,
     ) -> None:
         self.store = store
         self.group = group
         self.name = name
         self.stats = stats
         self.keep = keep
+        self.tracing = tracing
 
     async def file(
         self,
@@ -51,6 +63,8 @@ class Letters:
         (``dead_letter=False``), then ack it."""
         if reason is None:
             reason = getattr(error, "reason", "handler-failed")
+        if self.tracing is not None:
+            self.tracing.failed(error)  # the delivery's process span
         text = f"{type(error).__name__}: {error}"
         if not isinstance(error, DecodeError) and error.__traceback__ is not None:
             tb = "".join(traceback.format_exception(error, limit=5))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._logging import Throttled
 from ..context import Context
@@ -50,6 +50,9 @@ from .settlement import Settlement
 from .stats import ConsumerStats
 from .watchdog import Watch
 
+if TYPE_CHECKING:
+    from ..telemetry.tracing import Tracing
+
 __all__ = ["ConsumerStats", "CrashLoopError", "Pipeline"]
 
 _log = logging.getLogger("eventflow.consumer")
@@ -68,7 +71,14 @@ class Pipeline:
     """Handles the deliveries of one ``@subscribe`` handler in one group."""
 
     def __init__(
-        self, host: ConsumerHost, spec: HandlerSpec, group: str, signature: Signature, name: str
+        self,
+        host: ConsumerHost,
+        spec: HandlerSpec,
+        group: str,
+        signature: Signature,
+        name: str,
+        *,
+        tracing: Tracing | None = None,
     ) -> None:
         self.host = host
         self.spec = spec
@@ -78,8 +88,13 @@ class Pipeline:
         self.dedup = host.dedup
         self.stats = ConsumerStats()
         self._log = Throttled(_log)
-        self._settlement = Settlement(host.store, group, idempotent=spec.idempotent, name=name)
-        self._letters = Letters(host.store, group, name, self.stats, keep=spec.dead_letter)
+        self._tracing = tracing
+        self._settlement = Settlement(
+            host.store, group, idempotent=spec.idempotent, name=name, tracing=tracing
+        )
+        self._letters = Letters(
+            host.store, group, name, self.stats, keep=spec.dead_letter, tracing=tracing
+        )
         self._compensations = Compensations(
             host.store, group, idempotent=spec.idempotent, name=name
         )
@@ -120,6 +135,15 @@ class Pipeline:
             await self._letters.file(delivery, None, exc, attempts=0)
             return False
         env_id: str = fields["id"]
+        if self._tracing is not None:
+            with self._tracing.processing(delivery.topic, fields, self.group, delivery.metadata):
+                return await self._guarded(delivery, fields, env_id, watch)
+        return await self._guarded(delivery, fields, env_id, watch)
+
+    async def _guarded(
+        self, delivery: Delivery, fields: dict[str, Any], env_id: str, watch: Watch
+    ) -> bool:
+        """``_handle``, one copy of a message at a time (see ``process``)."""
         if not self._guard_ids:
             return await self._handle(delivery, fields, env_id, watch)
         # Two copies of one message in flight at once (a republish without a key): the
@@ -196,6 +220,8 @@ class Pipeline:
                     )
                     break
                 stats.retries += 1
+                if self._tracing is not None:
+                    self._tracing.attempt_failed(error, attempt, decision.verdict is Verdict.LATER)
                 # Recorded before the next attempt: a redelivery after a crash goes on from
                 # here instead of starting over.
                 await self._record_failure(env_id, error)

@@ -46,6 +46,7 @@ from ..ports import Broker, DeadLetter, Outbox, OutboxMessage, RecordedEvent, St
 
 if TYPE_CHECKING:
     from ..leases import Lease
+    from ..telemetry.tracing import Tracing
 
 __all__ = [
     "EVENT_RELAY_CHECKPOINT",
@@ -143,9 +144,10 @@ def _parked(
 class OutboxRelay:
     """Sends ``store.outbox`` messages to the broker, oldest first."""
 
-    def __init__(self, store: Store, broker: Broker) -> None:
+    def __init__(self, store: Store, broker: Broker, *, tracing: Tracing | None = None) -> None:
         self.store = store
         self.broker = broker
+        self.tracing = tracing
         self.sent = 0
         self.parked = 0
         # Checked here, so a store without it fails the app's start, not the relay later.
@@ -168,13 +170,11 @@ class OutboxRelay:
                     sent: list[int] = []
                     for msg in batch:
                         try:
-                            await _publish(
-                                self.broker,
-                                msg.topic,
-                                msg.payload,
-                                msg.key,
-                                {MESSAGE_ID_HEADER: msg.message_id},
-                            )
+                            if self.tracing is None:
+                                await self._send(msg)
+                            else:  # continues the trace of the row's send span
+                                with self.tracing.relaying(msg.topic, msg.payload, msg.message_id):
+                                    await self._send(msg)
                         except MessageRefusedError as exc:
                             await self._park(msg, exc, sent, lease)
                             sent = []
@@ -200,6 +200,11 @@ class OutboxRelay:
                         await added.wait()  # set by adds in every process the store can tell
                 except TimeoutError:
                     pass  # the safety net: a wake-up the store could not give, or lost
+
+    async def _send(self, msg: OutboxMessage) -> None:
+        await _publish(
+            self.broker, msg.topic, msg.payload, msg.key, {MESSAGE_ID_HEADER: msg.message_id}
+        )
 
     async def _park(
         self, msg: OutboxMessage, error: MessageRefusedError, sent: list[int], lease: Lease

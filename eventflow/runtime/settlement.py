@@ -18,10 +18,14 @@ attempt: it raises, and the consumer gives the message back.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ..context import Context
 from ..errors import AlreadyHandled
 from ..ports import Store
+
+if TYPE_CHECKING:
+    from ..telemetry.tracing import Tracing
 
 __all__ = ["Settlement"]
 
@@ -31,11 +35,20 @@ _log = logging.getLogger("eventflow.consumer")
 class Settlement:
     """Commits or rolls back the handlings' transactions of one consumer (one group)."""
 
-    def __init__(self, store: Store, group: str, *, idempotent: bool, name: str) -> None:
+    def __init__(
+        self,
+        store: Store,
+        group: str,
+        *,
+        idempotent: bool,
+        name: str,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.store = store
         self.group = group
         self.idempotent = idempotent
         self.name = name
+        self.tracing = tracing
 
     async def settle(
         self, ctx: Context, env_id: str, error: BaseException | None
@@ -62,7 +75,9 @@ class Settlement:
             if self.idempotent:
                 await store.mark_handled(self.group, env_id, tx)
             outbox = ctx._take_outbox()
-            if outbox:
+            if outbox and self.tracing is not None:  # each in a send span it carries
+                await self.tracing.send_to_outbox(outbox, lambda m: store.outbox.add(m, tx=tx))
+            elif outbox:
                 await store.outbox.add(outbox, tx=tx)
         except BaseException as exc:
             await self.roll_back(ctx, exc)

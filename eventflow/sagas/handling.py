@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import orjson
 
@@ -35,6 +35,9 @@ from .control import Control, Status
 from .definition import Saga, SagaDefinition
 from .machine import Early, Machine
 from .persistence import Loaded, SagaStore, TimerRow
+
+if TYPE_CHECKING:
+    from ..telemetry.tracing import Tracing
 
 __all__ = ["Handling", "Run", "build", "key_of", "timer_message_id"]
 
@@ -73,6 +76,8 @@ class Handling:
         """Messages that name no saga key (logged, acked)."""
         self.failed_timers = 0
         """Timer firings whose saga code raised (each left its saga failed)."""
+        self.tracing: Tracing | None = None
+        """Set by the app whose tracing is on: each transition is a ``saga <name>`` span."""
 
     async def apply(
         self, tx: Transaction, cls: type[Saga], key: str, run: Run, *, cause: Envelope | None
@@ -80,6 +85,18 @@ class Handling:
         """Load the saga of ``key``, let ``run`` apply one input and save the outcome in
         ``tx``, again while the stream moved meanwhile. Returns the machine saved, or None
         when ``run`` declined."""
+        if self.tracing is None:
+            return await self._apply(tx, cls, key, run, cause)
+        with self.tracing.saga(cls.definition.name, key) as span:
+            machine = await self._apply(tx, cls, key, run, cause)
+            if machine is not None:
+                control = machine.control
+                self.tracing.saga_state(span, control.at, control.status.value)
+            return machine
+
+    async def _apply(
+        self, tx: Transaction, cls: type[Saga], key: str, run: Run, cause: Envelope | None
+    ) -> Machine | None:
         definition = cls.definition
         for _ in range(_MAX_CONFLICTS):
             loaded = await self.persistence.load(definition, key)
