@@ -231,7 +231,7 @@ class App:
         handler."""
         return Repository(
             cls,
-            self.store,
+            self.store if self._tracing is None else self._tracing.events(self.store),
             snapshot_every=snapshot_every,
             stream_prefix=stream_prefix,
             source=self.name,
@@ -442,7 +442,7 @@ class App:
                 self._relays.append(outbox)
                 supervisor.spawn("outbox relay", outbox.run)
                 if self.relay_events:
-                    events = EventRelay(self.store, self.broker)
+                    events = EventRelay(self.store, self.broker, tracing=tracing)
                     self._relays.append(events)
                     supervisor.spawn("event relay", events.run)
                 hb = Heartbeater(

@@ -52,6 +52,7 @@ class Context:
     _tx_failed: BaseException | None = None
     _tx_scope: AbstractAsyncContextManager[Transaction] | None = None
     _commit_hooks: list[Callable[[], None]] | None = None
+    _events: EventStore | None = None  # the store seen through the app's tracing, if on
 
     def __init__(
         self,
@@ -177,7 +178,8 @@ class Context:
         dedup entry + the queued messages together; a ``store.transaction()`` of its own
         (still there on ``ctx.app.store``) commits only your writes, so a crash after it and
         before the message is marked handled re-runs the handler: its writes happen twice."""
-        return self._app.store
+        events = self._events
+        return self._app.store if events is None else events
 
     async def publish(
         self,

@@ -89,6 +89,7 @@ class Pipeline:
         self.stats = ConsumerStats()
         self._log = Throttled(_log)
         self._tracing = tracing
+        self._events = None if tracing is None else tracing.events(host.store)
         self._settlement = Settlement(
             host.store, group, idempotent=spec.idempotent, name=name, tracing=tracing
         )
@@ -198,6 +199,8 @@ class Pipeline:
             while True:
                 attempt += 1
                 ctx = Context(self.host, env, group, attempt, fields=fields)
+                if self._events is not None:
+                    ctx._events = self._events  # ctx.store appends are spans
                 error = await self._call(ctx, arg, watch)
                 if ctx._tx is not None:
                     error = await self._settlement.settle(ctx, env_id, error)

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from .._logging import Throttled
-from ..envelope import new_id
+from ..envelope import Envelope, new_id
 from ..errors import ConfigurationError, LeaseLostError, MessageRefusedError
 from ..events import is_internal_type
 from ..headers import MESSAGE_ID_HEADER
@@ -237,9 +237,12 @@ class EventRelay:
         broker: Broker,
         checkpoint: str = EVENT_RELAY_CHECKPOINT,
         checkpoint_every: int = _BATCH,
+        *,
+        tracing: Tracing | None = None,
     ) -> None:
         self.store = store
         self.broker = broker
+        self.tracing = tracing
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
         self.sent = 0
@@ -302,12 +305,14 @@ class EventRelay:
         dead-letter queue instead, with the checkpoint moved past it in the same
         transaction (False)."""
         env = rec.envelope
-        payload = env.to_bytes()
         try:
-            await _publish(
-                self.broker, env.type, payload, rec.stream_id, {MESSAGE_ID_HEADER: env.id}
-            )
+            if self.tracing is None:
+                await self._publish(env, rec.stream_id)
+            else:  # a send span continuing the event's trace, whose context it carries
+                with self.tracing.sending_stored(env.type, env) as env:
+                    await self._publish(env, rec.stream_id)
         except MessageRefusedError as exc:
+            payload = env.to_bytes()
             letter = _parked(
                 EVENT_RELAY_GROUP,
                 env.type,
@@ -324,3 +329,6 @@ class EventRelay:
             self.parked += 1
             return False
         return True
+
+    async def _publish(self, env: Envelope, key: str) -> None:
+        await _publish(self.broker, env.type, env.to_bytes(), key, {MESSAGE_ID_HEADER: env.id})

@@ -24,7 +24,7 @@ process configured another), into and out of the envelope's ``headers``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,9 +44,12 @@ from opentelemetry.trace import (
 
 from ..envelope import Envelope
 from ..errors import ConfigurationError
+from ..events import Event
 from ..headers import TRACEPARENT_HEADER
+from ..ports import EventStore, RecordedEvent, Snapshot
+from ..sourcing.append import prepare_append
 
-__all__ = ["Tracing", "configured_provider", "messaging_system"]
+__all__ = ["TracedEvents", "Tracing", "configured_provider", "messaging_system"]
 
 _SCOPE = "eventflow"
 _TRACESTATE = "tracestate"
@@ -157,6 +160,21 @@ class Tracing:
             await publish(topic, sent)
         return sent
 
+    @contextmanager
+    def sending_stored(self, topic: str, env: Envelope) -> Iterator[Envelope]:
+        """The event relay's ``send <topic>`` span of a stored event, a child of the context
+        the event carries (where it was appended); yields the event carrying the span's."""
+        attributes = self._send_attributes(topic, env)
+        attributes["eventflow.event_relay"] = True
+        span = self.tracer.start_span(
+            f"send {topic}",
+            context=_parent(env.headers if TRACEPARENT_HEADER in env.headers else None),
+            kind=SpanKind.PRODUCER,
+            attributes=attributes,
+        )
+        with _current(span):
+            yield _carrying(env, span)
+
     async def send_to_outbox(self, messages: Sequence[tuple[str, Envelope]], add: Add) -> None:
         """Write ``messages`` to the outbox with ``add``, each in a ``send <topic>`` span
         (children of the current one, the handler's ``process``) whose context it carries."""
@@ -265,13 +283,14 @@ class Tracing:
 
     # -- store, projections, sagas -----------------------------------------------------------
 
+    def events(self, store: EventStore) -> TracedEvents:
+        """``store`` seen through this tracing: each append is an ``append`` span."""
+        return TracedEvents(store, self)
+
     @contextmanager
-    def appending(self, stream_id: str, count: int, expected_version: int | None) -> Iterator[Span]:
+    def appending(self, stream_id: str, expected_version: int | None) -> Iterator[Span]:
         """The ``append <category>`` span of one append to the event store."""
-        attributes: dict[str, Any] = {
-            "eventflow.stream.id": stream_id,
-            "eventflow.events.count": count,
-        }
+        attributes: dict[str, Any] = {"eventflow.stream.id": stream_id}
         if expected_version is not None:
             attributes["eventflow.expected_version"] = expected_version
         span = self.tracer.start_span(
@@ -315,3 +334,71 @@ class Tracing:
         if step is not None:
             span.set_attribute("eventflow.saga.step", step)
         span.set_attribute("eventflow.saga.status", status)
+
+
+class TracedEvents:
+    """An event store whose appends are ``append <category>`` spans: what ``ctx.store`` and
+    ``app.repository`` use while tracing is on. Everything else goes to the store as is."""
+
+    def __init__(self, store: EventStore, tracing: Tracing) -> None:
+        self._store = store
+        self._tracing = tracing
+
+    async def append(
+        self,
+        stream_id: str,
+        events: Sequence[Event | Envelope],
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        """``EventStore.append`` in a span (``eventflow.stream.version``: the new version).
+        An ``Event`` gets the span's context as its ``traceparent`` (the event relay's send
+        continues it); an ``Envelope`` keeps its own."""
+        with self._tracing.appending(stream_id, expected_version) as span:
+            envelopes = [
+                env if isinstance(given, Envelope) else _carrying(env, span)
+                for given, env in zip(events, prepare_append(stream_id, events), strict=True)
+            ]
+            span.set_attribute("eventflow.events.count", len(envelopes))
+            version = await self._store.append(
+                stream_id, envelopes, expected_version=expected_version
+            )
+            span.set_attribute("eventflow.stream.version", version)
+            return version
+
+    def read_stream(
+        self,
+        stream_id: str,
+        *,
+        from_version: int | None = None,
+        backwards: bool = False,
+        limit: int | None = None,
+    ) -> AsyncIterator[RecordedEvent]:
+        """``EventStore.read_stream``."""
+        return self._store.read_stream(
+            stream_id, from_version=from_version, backwards=backwards, limit=limit
+        )
+
+    def read_all(self, *, after: int = 0, limit: int | None = None) -> AsyncIterator[RecordedEvent]:
+        """``EventStore.read_all``."""
+        return self._store.read_all(after=after, limit=limit)
+
+    def subscribe(self, *, after: int = 0) -> AsyncIterator[RecordedEvent]:
+        """``EventStore.subscribe``."""
+        return self._store.subscribe(after=after)
+
+    async def stream_version(self, stream_id: str) -> int:
+        """``EventStore.stream_version``."""
+        return await self._store.stream_version(stream_id)
+
+    async def last_position(self) -> int:
+        """``EventStore.last_position``."""
+        return await self._store.last_position()
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        """``EventStore.save_snapshot``."""
+        await self._store.save_snapshot(snapshot)
+
+    async def load_snapshot(self, stream_id: str) -> Snapshot | None:
+        """``EventStore.load_snapshot``."""
+        return await self._store.load_snapshot(stream_id)

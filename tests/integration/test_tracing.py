@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from eventflow import App, Context, Event, subscribe
+from eventflow import App, Context, Event, Saga, step, subscribe
 from eventflow.headers import TRACEPARENT_HEADER
 from eventflow.testing import unique_name
 from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
@@ -262,3 +262,111 @@ async def test_projection_batches_and_appends_are_spans(
     assert span.attributes is not None
     assert span.attributes["eventflow.projection.name"] == Orders.name
     assert span.attributes["eventflow.events.count"] == 1
+
+
+async def test_a_handler_append_is_a_span_the_event_relay_continues(
+    traced: Traced, broker_url: str, tmp_path: Path, waiter: Waiter
+) -> None:
+    tag = unique_name("tr")
+    relayed: list[Context] = []
+
+    @subscribe(f"{tag}.order", group=f"{tag}-orders", any_topic=True)
+    async def record(event: TracedOrder, ctx: Context) -> None:
+        await ctx.store.append(f"order-{event.order_id}", [TracedReply(order_id=event.order_id)])
+
+    @subscribe("tracing.reply", group=f"{tag}-relayed")
+    async def follow(event: TracedReply, ctx: Context) -> None:
+        relayed.append(ctx)
+
+    async with App(
+        "traced",
+        broker=broker_url,
+        store=f"sqlite:///{tmp_path / 'store.db'}",
+        handlers=[record, follow],
+        relay_events=True,
+        tracing=traced.provider,
+    ) as app:
+        await app.publish(TracedOrder(order_id="o-1"), topic=f"{tag}.order")
+        await waiter(lambda: bool(relayed), timeout=30, what="the relayed event handled")
+        await waiter(lambda: bool(traced.named("process tracing.reply")), what="its span")
+
+    process_order = _one(traced.named(f"process {tag}.order"), "process order")
+    append = _one(traced.named("append order"), "append")
+    send_event = _one(traced.named("send tracing.reply"), "the event relay's send")
+    process_event = _one(traced.named("process tracing.reply"), "process event")
+    assert append.kind is SpanKind.INTERNAL and _parent_is(append, process_order)
+    assert dict(append.attributes or {}) == {
+        "eventflow.stream.id": "order-o-1",
+        "eventflow.events.count": 1,
+        "eventflow.stream.version": 1,
+    }
+    assert send_event.kind is SpanKind.PRODUCER and _parent_is(send_event, append)
+    assert send_event.attributes is not None and send_event.attributes["eventflow.event_relay"]
+    assert _parent_is(process_event, send_event)
+    assert len({s.context.trace_id for s in traced.spans() if s.context is not None}) == 1
+
+
+class SagaStarted(Event, type="tracing.saga.started", version=1):
+    order_id: str
+
+
+class SagaReserve(Event, type="tracing.saga.reserve", version=1):
+    order_id: str
+
+
+class SagaReserved(Event, type="tracing.saga.reserved", version=1):
+    order_id: str
+
+
+class TracedSaga(Saga, name="tracing_order", start=SagaStarted, key="order_id"):
+    order_id: str = ""
+
+    def started(self, e: SagaStarted) -> None:
+        self.order_id = e.order_id
+
+    @step(reply=SagaReserved, timeout=30.0)
+    def reserve(self) -> Event:
+        return SagaReserve(order_id=self.order_id)
+
+
+@subscribe("tracing.saga.reserve", group="tracing-stock")
+async def reserve_stock(event: SagaReserve, ctx: Context) -> None:
+    await ctx.publish(SagaReserved(order_id=event.order_id))
+
+
+async def test_saga_transitions_are_spans(
+    traced: Traced, broker_url: str, tmp_path: Path, waiter: Waiter
+) -> None:
+    async with App(
+        "traced",
+        broker=broker_url,
+        store=f"sqlite:///{tmp_path / 'store.db'}",
+        handlers=[reserve_stock],
+        sagas=[TracedSaga],
+        tracing=traced.provider,
+    ) as app:
+        await app.publish(SagaStarted(order_id="o-7"), key="o-7")
+
+        async def completed() -> bool:
+            saga = await app.sagas.get(TracedSaga, "o-7")
+            return saga is not None and saga.status == "completed"
+
+        await waiter(completed, timeout=30, what="the saga completed")
+        await waiter(lambda: len(traced.named("saga tracing_order")) == 2, what="the spans")
+
+    started, replied = sorted(traced.named("saga tracing_order"), key=lambda s: s.start_time or 0)
+    assert dict(started.attributes or {}) == {
+        "eventflow.saga.name": "tracing_order",
+        "eventflow.saga.key": "o-7",
+        "eventflow.saga.step": "reserve",
+        "eventflow.saga.status": "running",
+    }
+    assert replied.attributes is not None
+    assert replied.attributes["eventflow.saga.status"] == "completed"
+    assert _parent_is(started, _one(traced.named("process tracing.saga.started"), "start"))
+    assert _parent_is(replied, _one(traced.named("process tracing.saga.reserved"), "reply"))
+    # The command goes through the outbox within the saga's process span, so the
+    # participant's handling and the reply stay in the trace.
+    command = _one(traced.named("send tracing.saga.reserve"), "the command")
+    assert _parent_is(command, _one(traced.named("process tracing.saga.started"), "start"))
+    assert len({s.context.trace_id for s in traced.spans() if s.context is not None}) == 1
