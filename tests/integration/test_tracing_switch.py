@@ -7,6 +7,7 @@ global tracer provider (settable once per process), are per process.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -120,3 +121,22 @@ def test_tracing_true_without_the_extra_names_it(tmp_path: Path) -> None:
         """,
     )
     assert "pip install 'eventflow[otel]'" in out
+
+
+def test_the_tracing_docs_example_prints_what_they_say(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
+    code = re.findall(r"^```python\n(.*?)^```", doc, re.M | re.S)[0]
+    promised = re.findall(r"^```text\n(.*?)^```", doc, re.M | re.S)[0]
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == promised.splitlines()
