@@ -136,16 +136,9 @@ class Pipeline:
             await self._letters.file(delivery, None, exc, attempts=0)
             return False
         env_id: str = fields["id"]
-        if self._tracing is not None:
-            with self._tracing.processing(delivery.topic, fields, self.group, delivery.metadata):
-                return await self._guarded(delivery, fields, env_id, watch)
-        return await self._guarded(delivery, fields, env_id, watch)
-
-    async def _guarded(
-        self, delivery: Delivery, fields: dict[str, Any], env_id: str, watch: Watch
-    ) -> bool:
-        """``_handle``, one copy of a message at a time (see ``process``)."""
         if not self._guard_ids:
+            if self._tracing is not None:
+                return await self._traced(delivery, fields, env_id, watch)
             return await self._handle(delivery, fields, env_id, watch)
         # Two copies of one message in flight at once (a republish without a key): the
         # second waits for the first's outcome, then finds it in the dedup store.
@@ -157,11 +150,21 @@ class Pipeline:
             await asyncio.shield(busy)
         handling[env_id] = None
         try:
+            if self._tracing is not None:
+                return await self._traced(delivery, fields, env_id, watch)
             return await self._handle(delivery, fields, env_id, watch)
         finally:
             busy = handling.pop(env_id)
             if busy is not None and not busy.done():
                 busy.set_result(None)
+
+    async def _traced(
+        self, delivery: Delivery, fields: dict[str, Any], env_id: str, watch: Watch
+    ) -> bool:
+        """``_handle`` in the delivery's ``process`` span (tracing on)."""
+        assert self._tracing is not None
+        with self._tracing.processing(delivery.topic, fields, self.group, delivery.metadata):
+            return await self._handle(delivery, fields, env_id, watch)
 
     async def _handle(
         self, delivery: Delivery, fields: dict[str, Any], env_id: str, watch: Watch

@@ -171,7 +171,13 @@ class OutboxRelay:
                     for msg in batch:
                         try:
                             if self.tracing is None:
-                                await self._send(msg)
+                                await _publish(
+                                    self.broker,
+                                    msg.topic,
+                                    msg.payload,
+                                    msg.key,
+                                    {MESSAGE_ID_HEADER: msg.message_id},
+                                )
                             else:  # continues the trace of the row's send span
                                 with self.tracing.relaying(msg.topic, msg.payload, msg.message_id):
                                     await self._send(msg)

@@ -24,12 +24,12 @@ process configured another), into and out of the envelope's ``headers``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
 import orjson
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context as OtelContext
 from opentelemetry.trace import (
@@ -55,6 +55,7 @@ _SCOPE = "eventflow"
 _TRACESTATE = "tracestate"
 _SYSTEMS = {"memory": "memory", "nats": "nats", "tls": "nats", "kafka": "kafka"}
 _ERROR_TYPE = "error.type"
+_T = TypeVar("_T")
 
 Publish = Callable[[str, Envelope], Awaitable[None]]
 Add = Callable[[Sequence[tuple[str, Envelope]]], Awaitable[None]]
@@ -88,16 +89,32 @@ def _fail(span: Span, exc: BaseException) -> None:
     span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:256]))
 
 
-@contextmanager
-def _current(span: Span) -> Iterator[Span]:
-    """Make ``span`` current for the block, mark it failed by an exception that leaves it
-    (not by a cancellation) and end it."""
-    with trace.use_span(span, end_on_exit=True, record_exception=False):
+class _Scope(Generic[_T]):
+    """``with`` it: ``span`` is the current span for the block (entering gives ``value``);
+    an exception that leaves the block (not a cancellation) marks it failed; it ends.
+    A class, not a generator: it runs twice per message."""
+
+    __slots__ = ("_span", "_token", "_value")
+
+    def __init__(self, span: Span, value: _T) -> None:
+        self._span = span
+        self._value = value
+        self._token: object = None
+
+    def __enter__(self) -> _T:
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return self._value
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        span = self._span
         try:
-            yield span
-        except Exception as exc:
-            _fail(span, exc)
-            raise
+            if isinstance(exc, Exception):
+                _fail(span, exc)
+        finally:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+            span.end()
 
 
 def _carrying(env: Envelope, span: Span) -> Envelope:
@@ -155,15 +172,19 @@ class Tracing:
         span = self.tracer.start_span(
             f"send {topic}", kind=SpanKind.PRODUCER, attributes=self._send_attributes(topic, env)
         )
-        with _current(span):
-            sent = _carrying(env, span)
+        sent = _carrying(env, span)
+        try:
             await publish(topic, sent)
+        except Exception as exc:
+            _fail(span, exc)
+            raise
+        finally:
+            span.end()
         return sent
 
-    @contextmanager
-    def sending_stored(self, topic: str, env: Envelope) -> Iterator[Envelope]:
+    def sending_stored(self, topic: str, env: Envelope) -> _Scope[Envelope]:
         """The event relay's ``send <topic>`` span of a stored event, a child of the context
-        the event carries (where it was appended); yields the event carrying the span's."""
+        the event carries (where it was appended); entering gives the event carrying the span's."""
         attributes = self._send_attributes(topic, env)
         attributes["eventflow.event_relay"] = True
         span = self.tracer.start_span(
@@ -172,8 +193,7 @@ class Tracing:
             kind=SpanKind.PRODUCER,
             attributes=attributes,
         )
-        with _current(span):
-            yield _carrying(env, span)
+        return _Scope(span, _carrying(env, span))
 
     async def send_to_outbox(self, messages: Sequence[tuple[str, Envelope]], add: Add) -> None:
         """Write ``messages`` to the outbox with ``add``, each in a ``send <topic>`` span
@@ -198,8 +218,7 @@ class Tracing:
             for span in spans:
                 span.end()
 
-    @contextmanager
-    def relaying(self, topic: str, payload: bytes, message_id: str) -> Iterator[Span]:
+    def relaying(self, topic: str, payload: bytes, message_id: str) -> _Scope[Span]:
         """A ``relay <topic>`` span around the relay's send of one outbox row, a child of
         the context its envelope carries."""
         headers: Mapping[str, str] | None = None
@@ -225,19 +244,17 @@ class Tracing:
             kind=SpanKind.INTERNAL,
             attributes=attributes,
         )
-        with _current(span):
-            yield span
+        return _Scope(span, span)
 
     # -- consuming ---------------------------------------------------------------------------
 
-    @contextmanager
     def processing(
         self,
         topic: str,
         fields: Mapping[str, Any],
         group: str,
         metadata: Mapping[str, Any],
-    ) -> Iterator[Span]:
+    ) -> _Scope[Span]:
         """The ``process <topic>`` span of one delivery (``fields``: its envelope's checked
         wire fields), a child of the producer's context from its ``traceparent``."""
         attributes: dict[str, Any] = {
@@ -260,8 +277,7 @@ class Tracing:
             kind=SpanKind.CONSUMER,
             attributes=attributes,
         )
-        with _current(span):
-            yield span
+        return _Scope(span, span)
 
     @staticmethod
     def attempt_failed(error: BaseException, attempt: int, given_back: bool) -> None:
@@ -287,8 +303,7 @@ class Tracing:
         """``store`` seen through this tracing: each append is an ``append`` span."""
         return TracedEvents(store, self)
 
-    @contextmanager
-    def appending(self, stream_id: str, expected_version: int | None) -> Iterator[Span]:
+    def appending(self, stream_id: str, expected_version: int | None) -> _Scope[Span]:
         """The ``append <category>`` span of one append to the event store."""
         attributes: dict[str, Any] = {"eventflow.stream.id": stream_id}
         if expected_version is not None:
@@ -296,11 +311,9 @@ class Tracing:
         span = self.tracer.start_span(
             f"append {_category(stream_id)}", kind=SpanKind.INTERNAL, attributes=attributes
         )
-        with _current(span):
-            yield span
+        return _Scope(span, span)
 
-    @contextmanager
-    def projecting(self, name: str, count: int, first: int, last: int) -> Iterator[Span]:
+    def projecting(self, name: str, count: int, first: int, last: int) -> _Scope[Span]:
         """The ``project <name>`` span of one projection batch (store positions
         ``first``..``last``)."""
         span = self.tracer.start_span(
@@ -313,11 +326,9 @@ class Tracing:
                 "eventflow.position.last": last,
             },
         )
-        with _current(span):
-            yield span
+        return _Scope(span, span)
 
-    @contextmanager
-    def saga(self, name: str, key: str) -> Iterator[Span]:
+    def saga(self, name: str, key: str) -> _Scope[Span]:
         """The ``saga <name>`` span of one transition of the saga ``key``; the caller adds
         ``eventflow.saga.step`` and ``.status`` once it knows them (:meth:`saga_state`)."""
         span = self.tracer.start_span(
@@ -325,8 +336,7 @@ class Tracing:
             kind=SpanKind.INTERNAL,
             attributes={"eventflow.saga.name": name, "eventflow.saga.key": key},
         )
-        with _current(span):
-            yield span
+        return _Scope(span, span)
 
     @staticmethod
     def saga_state(span: Span, step: str | None, status: str) -> None:
