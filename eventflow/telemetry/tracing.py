@@ -354,6 +354,11 @@ class TracedEvents:
         self._store = store
         self._tracing = tracing
 
+    def __getattr__(self, name: str) -> Any:
+        """What the port does not name goes to the store itself, so code that reached past
+        ``EventStore`` on ``ctx.store`` works the same with tracing on."""
+        return getattr(self._store, name)
+
     async def append(
         self,
         stream_id: str,

@@ -269,10 +269,12 @@ async def test_a_handler_append_is_a_span_the_event_relay_continues(
 ) -> None:
     tag = unique_name("tr")
     relayed: list[Context] = []
+    reached: list[object] = []
 
     @subscribe(f"{tag}.order", group=f"{tag}-orders", any_topic=True)
     async def record(event: TracedOrder, ctx: Context) -> None:
         await ctx.store.append(f"order-{event.order_id}", [TracedReply(order_id=event.order_id)])
+        reached.append(ctx.store.checkpoints)  # type: ignore[attr-defined]  # past the port
 
     @subscribe("tracing.reply", group=f"{tag}-relayed")
     async def follow(event: TracedReply, ctx: Context) -> None:
@@ -290,6 +292,7 @@ async def test_a_handler_append_is_a_span_the_event_relay_continues(
         await waiter(lambda: bool(relayed), timeout=30, what="the relayed event handled")
         await waiter(lambda: bool(traced.named("process tracing.reply")), what="its span")
 
+    assert reached == [app.store.checkpoints]  # what the store has beyond the port, as is
     process_order = _one(traced.named(f"process {tag}.order"), "process order")
     append = _one(traced.named("append order"), "append")
     send_event = _one(traced.named("send tracing.reply"), "the event relay's send")
