@@ -373,3 +373,29 @@ async def test_saga_transitions_are_spans(
     command = _one(traced.named("send tracing.saga.reserve"), "the command")
     assert _parent_is(command, _one(traced.named("process tracing.saga.started"), "start"))
     assert len({s.context.trace_id for s in traced.spans() if s.context is not None}) == 1
+
+
+async def test_a_message_given_back_for_later_ends_its_span_failed(
+    traced: Traced, broker_url: str, waiter: Waiter
+) -> None:
+    from eventflow import RetryLater
+
+    tag = unique_name("tr")
+    attempts: list[int] = []
+
+    @subscribe(f"{tag}.order", group=tag, retry=3, any_topic=True)
+    async def later(event: TracedOrder, ctx: Context) -> None:
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise RetryLater(after=0.0)
+
+    async with App("traced", broker=broker_url, handlers=[later], tracing=traced.provider) as app:
+        await app.publish(TracedOrder(order_id="o-1"), topic=f"{tag}.order")
+        await waiter(lambda: len(traced.named(f"process {tag}.order")) == 2, what="two spans")
+    first, second = sorted(traced.named(f"process {tag}.order"), key=lambda s: s.start_time or 0)
+    assert attempts == [1, 2]
+    assert first.status.status_code is StatusCode.ERROR
+    assert first.attributes is not None
+    assert first.attributes["error.type"] == "eventflow.errors.RetryLater"
+    assert second.status.status_code is StatusCode.UNSET
+    assert second.parent == first.parent  # both children of the message's send span
