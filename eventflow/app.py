@@ -389,7 +389,8 @@ class App:
                 if self._tracing_auto:
                     self._tracing = tracing_for(None, broker_url=self.broker.url)
                 tracing = self._tracing
-                self.sagas.handling.tracing = tracing
+                if tracing is not None or self._saga_runtime.classes:
+                    self.sagas.handling.tracing = tracing  # (made on first use otherwise)
                 await self.broker.start(supervisor)
                 await self.store.open(supervisor)
                 if self._dedup_override is not None:
