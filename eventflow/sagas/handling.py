@@ -130,6 +130,15 @@ class Handling:
         """What the saved input sends: (topic, envelope) pairs (:func:`.commands.envelopes`)."""
         return envelopes(definition, machine.control, machine.out, cause, source=self.source)
 
+    async def queue(self, tx: Transaction, sends: list[tuple[str, Envelope]]) -> None:
+        """Write ``sends`` to the store's outbox in ``tx`` (with tracing on, each in a
+        ``send`` span whose context it carries: a timer's or a person's commands)."""
+        outbox = self.persistence.store.outbox
+        if self.tracing is None:
+            await outbox.add(sends, tx=tx)
+        else:
+            await self.tracing.send_to_outbox(sends, lambda m: outbox.add(m, tx=tx))
+
     async def message(
         self, tx: Transaction, cls: type[Saga], event: Event, env: Envelope
     ) -> Machine | None:
@@ -216,7 +225,7 @@ class Handling:
             if machine is None or not machine.out.changed:
                 await self.persistence.drop_timer(tx, row)  # cancelled or rescheduled
             if machine is not None:
-                await store.outbox.add(self.sends(definition, machine, None), tx=tx)
+                await self.queue(tx, self.sends(definition, machine, None))
             if fence is not None:
                 await fence(tx)
         return machine

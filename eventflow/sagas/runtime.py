@@ -175,7 +175,7 @@ class Sagas:
         async with self._store.transaction() as tx:
             machine = await handling.apply(tx, cls, key, run, cause=None)
             assert machine is not None  # run never declines
-            await self._store.outbox.add(handling.sends(definition, machine, None), tx=tx)
+            await handling.queue(tx, handling.sends(definition, machine, None))
         if self.committed is not None:
             timers = machine.out.timers_set.values()
             self.committed(definition.name, [due - machine.now for due, _ in timers])

@@ -399,3 +399,86 @@ async def test_a_message_given_back_for_later_ends_its_span_failed(
     assert first.attributes["error.type"] == "eventflow.errors.RetryLater"
     assert second.status.status_code is StatusCode.UNSET
     assert second.parent == first.parent  # both children of the message's send span
+
+
+class TimedStarted(Event, type="tracing.timed.started", version=1):
+    order_id: str
+
+
+class TimedReserve(Event, type="tracing.timed.reserve", version=1):
+    order_id: str
+
+
+class TimedReserved(Event, type="tracing.timed.reserved", version=1):
+    order_id: str
+
+
+class TimedCharge(Event, type="tracing.timed.charge", version=1):
+    order_id: str
+
+
+class TimedCharged(Event, type="tracing.timed.charged", version=1):
+    order_id: str
+
+
+class TimedRelease(Event, type="tracing.timed.release", version=1):
+    order_id: str
+
+
+class TimedSaga(Saga, name="tracing_timed", start=TimedStarted, key="order_id"):
+    order_id: str = ""
+
+    def started(self, e: TimedStarted) -> None:
+        self.order_id = e.order_id
+
+    @step(reply=TimedReserved, timeout=30.0)
+    def reserve(self) -> Event:
+        return TimedReserve(order_id=self.order_id)
+
+    @reserve.compensate
+    def release(self) -> Event:
+        return TimedRelease(order_id=self.order_id)
+
+    @step(reply=TimedCharged, timeout=0.2)  # nobody answers: its deadline fires
+    def charge(self) -> Event:
+        return TimedCharge(order_id=self.order_id)
+
+
+@subscribe("tracing.timed.reserve", group="tracing-timed-stock")
+async def reserve_timed(event: TimedReserve, ctx: Context) -> None:
+    await ctx.publish(TimedReserved(order_id=event.order_id))
+
+
+@subscribe("tracing.timed.release", group="tracing-timed-stock")
+async def release_timed(event: TimedRelease) -> None:
+    pass
+
+
+async def test_a_command_a_saga_timer_issues_has_a_send_span(
+    traced: Traced, broker_url: str, tmp_path: Path, waiter: Waiter
+) -> None:
+    async with App(
+        "traced",
+        broker=broker_url,
+        store=f"sqlite:///{tmp_path / 'store.db'}",
+        handlers=[reserve_timed, release_timed],
+        sagas=[TimedSaga],
+        tracing=traced.provider,
+    ) as app:
+        await app.publish(TimedStarted(order_id="o-9"), key="o-9")
+
+        async def compensated() -> bool:
+            saga = await app.sagas.get(TimedSaga, "o-9")
+            return saga is not None and saga.status == "compensated"
+
+        await waiter(compensated, timeout=30, what="the saga compensated")
+        await waiter(lambda: bool(traced.named("process tracing.timed.release")), what="span")
+
+    send = _one(traced.named("send tracing.timed.release"), "the timer's command")
+    assert send.kind is SpanKind.PRODUCER and send.attributes is not None
+    assert send.attributes["eventflow.outbox"]
+    fired = [s for s in traced.named("saga tracing_timed") if s.parent is None]
+    assert fired, "the timer's transition is a saga span of its own"
+    relay = _one(traced.named("relay tracing.timed.release"), "its relay")
+    assert _parent_is(relay, send)
+    assert _parent_is(_one(traced.named("process tracing.timed.release"), "release"), send)
