@@ -3,9 +3,9 @@
 A two-hop flow: ``app.publish`` of an order inside a span of the test's own, a handler that
 answers with ``ctx.publish`` (outside ``ctx.transaction()``: sent when it returns; inside:
 through the SQLite outbox and its relay, and on NATS through PostgreSQL's too), and a
-second handler of the answer. It must be one trace: ``send`` (PRODUCER) -> ``process`` (CONSUMER) -> ``send`` (PRODUCER, a child of
-the handler's ``process``) [-> ``relay`` (INTERNAL)] -> ``process`` (CONSUMER), with the
-messaging attributes of the semantic conventions.
+second handler of the answer. It must be one trace: ``send`` (PRODUCER) -> ``process``
+(CONSUMER) -> ``send`` (PRODUCER, a child of the handler's ``process``) [-> ``relay``
+(INTERNAL)] -> ``process`` (CONSUMER), with the messaging attributes of the semantic conventions.
 
 Each test passes its own ``TracerProvider`` to ``App(tracing=...)``: OpenTelemetry's global
 provider can be set only once per process, and xdist runs many tests in one.
