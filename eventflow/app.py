@@ -16,7 +16,9 @@ import os
 import signal
 import socket
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
 
 from ._logging import Throttled
 from .brokers import open_broker
@@ -32,6 +34,7 @@ from .projections import Projection, ProjectionRunner
 from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
+from .runtime.http import HttpServer, Response
 from .runtime.relay import RELAY_GROUPS, EventRelay, OutboxRelay
 from .runtime.stall import DEFAULT_LOOP_BLOCK_WARNING, StallGuard, check_loop_block_warning
 from .sagas.runtime import DEFAULT_CATCH_UP_LIMIT, SagaRuntime, Sagas
@@ -40,6 +43,9 @@ from .sourcing.repository import Repository
 from .stores import dedup_for, store_for
 from .subscribe import HandlerSpec, check_reachable, collect_handlers, inspect_handler
 from .supervision import Component, Health, RestartPolicy, Supervisor
+
+if TYPE_CHECKING:
+    from .metrics.registry import AppMetrics
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "MESSAGE_ID_HEADER", "App"]
 
@@ -75,6 +81,10 @@ class App:
     handlers' ``hard_timeout`` (see ``docs/downstream.md``).
     ``limits`` lists ``Limit`` declarations that handlers take with ``ctx.limit(name)``
     (concurrency, rate and a circuit breaker per dependency; see ``docs/downstream.md``).
+    ``http_port`` (None: none; 0: any free port) serves ``/healthz``, ``/readyz`` and
+    ``/metrics`` on ``http_host`` (see ``docs/observability.md``). ``metrics`` keeps the
+    Prometheus metrics (``app.metrics``; needs ``eventflow[prometheus]``): True on, False
+    off, None (the default) on when there is an ``http_port`` and the extra is installed.
     """
 
     def __init__(
@@ -95,6 +105,9 @@ class App:
         catch_up_limit: float = DEFAULT_CATCH_UP_LIMIT,
         loop_block_warning: float | None = DEFAULT_LOOP_BLOCK_WARNING,
         limits: Iterable[object] = (),
+        http_port: int | None = None,
+        http_host: str = "0.0.0.0",
+        metrics: bool | None = None,
     ) -> None:
         if not name or any(c in name for c in " \t\n"):
             raise ConfigurationError(f"app name {name!r} must be non-empty without spaces")
@@ -155,6 +168,17 @@ class App:
         self._started = False
         self._lock = asyncio.Lock()
         self._log = Throttled(_log)
+        self.http_port = http_port
+        """The health and metrics port (None: none); ``eventflow run --port`` sets it."""
+        self.http_host = http_host
+        self._want_metrics = metrics
+        self._metrics: AppMetrics | None = None
+        self._http: HttpServer | None = None
+        if metrics:
+            from .metrics import PROMETHEUS_MISSING, prometheus_available
+
+            if not prometheus_available():
+                raise ImportError(f"App(metrics=True): {PROMETHEUS_MISSING}")
 
     def _check_groups(self) -> None:
         seen: list[tuple[str, HandlerSpec]] = []
@@ -338,6 +362,64 @@ class App:
             return Health("degraded", breakers)
         return Health(health.status, health.problems + breakers) if breakers else health
 
+    def readiness(self) -> tuple[bool, Health]:
+        """Whether the app is ready (``/readyz``): started, so every subscription is live,
+        and healthy; with the health that says why not."""
+        health = self.health()
+        return self._started and health.ok, health
+
+    @property
+    def metrics(self) -> AppMetrics | None:
+        """The app's metrics (``registry``, ``exposition()``) once started with metrics on."""
+        return self._metrics
+
+    @property
+    def http_address(self) -> tuple[str, int] | None:
+        """The (host, port) the health and metrics server listens on while running."""
+        return self._http.address if self._http is not None else None
+
+    async def _start_http(self, supervisor: Supervisor) -> None:
+        """Metrics (when wanted) and the HTTP port, bound before the subscriptions join."""
+        wanted = self._want_metrics
+        if wanted is None and self.http_port is not None:
+            from .metrics import prometheus_available
+
+            wanted = prometheus_available()
+        if wanted and self._metrics is None:
+            from .metrics.registry import AppMetrics
+
+            self._metrics = AppMetrics(self, self._saga_runtime)
+        if self.http_port is None:
+            return
+        server = HttpServer(
+            self.http_host,
+            self.http_port,
+            {"/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._scrape},
+            name=f"app {self.name}",
+        )
+        await server.open()
+        self._http = server
+        supervisor.spawn("http server", server.serve)
+
+    async def _healthz(self) -> Response:
+        return Response(200, b"ok\n")
+
+    async def _readyz(self) -> Response:
+        ready, health = self.readiness()
+        status = health.status if self._started or health.status != "ok" else "starting"
+        body = {"app": self.name, "status": status, "problems": list(health.problems)}
+        return Response(200 if ready else 503, orjson.dumps(body), "application/json")
+
+    async def _scrape(self) -> Response:
+        metrics = self._metrics
+        if metrics is None:
+            from .metrics import PROMETHEUS_MISSING, prometheus_available
+
+            why = PROMETHEUS_MISSING if not prometheus_available() else "App(metrics=False)"
+            return Response(503, f"no metrics: {why}\n".encode())
+        body, content_type = await metrics.exposition()
+        return Response(200, body, content_type)
+
     @property
     def failure(self) -> ComponentFailedError | None:
         """The first component failure of the current (or last) run, if one happened."""
@@ -362,6 +444,7 @@ class App:
                 f"app {self.name}", self.restart_policy, on_failure=self._component_failed
             )
             try:
+                await self._start_http(supervisor)
                 await self.broker.start(supervisor)
                 await self.store.open(supervisor)
                 if self._dedup_override is not None:
@@ -385,6 +468,8 @@ class App:
                 except BaseExceptionGroup as failed:  # the first join's own error, as before
                     raise failed.exceptions[0] from None
                 self._consumers.extend(consumers)
+                if self._metrics is not None:
+                    self._metrics.attach(consumers)
                 saga_classes = self._saga_runtime.classes
                 if saga_classes:
                     declared(self.broker, Broker, "lag")  # overdue timers ask it
@@ -490,6 +575,7 @@ class App:
             self._draining = []
             self._projection_runners = []
             self._relays = []
+            self._http = None  # closed by the supervisor with its component
             try:
                 await self._leave_heartbeat(supervisor)
             finally:
