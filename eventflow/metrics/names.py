@@ -110,6 +110,6 @@ COUNTERS: dict[str, str] = {
 
 EXPORTED: frozenset[str] = frozenset(
     [*CONSUMER_COUNTERS, *GAUGES, *COUNTERS]
-    + [f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count", "_created")]
+    + [f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")]
 )
 """Every sample name ``/metrics`` can carry."""

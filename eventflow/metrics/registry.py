@@ -3,7 +3,10 @@
 Counters are read from the consumers' ``ConsumerStats`` when Prometheus scrapes (the
 pipeline counts them anyway, so exporting them costs nothing per message); the handler
 duration and end-to-end histograms are observed per message through the consumer's
-``observe`` hook (one ``perf_counter`` pair and one histogram ``observe`` each); the
+``observe`` hook into plain :class:`~eventflow.metrics.histogram.Buckets` (one
+``perf_counter`` pair, a ``bisect`` and two additions: ``prometheus_client``'s own
+``Histogram`` takes a lock per bucket, which cost a tenth of the memory broker's
+throughput) and turned into histogram families at scrape time; the
 gauges that ask the broker or the store (lag, DLQ, outbox, projections, sagas) come from
 the :class:`~eventflow.metrics.collect.Sampler`, read at scrape time. Importing this
 module needs the ``prometheus`` extra.
@@ -19,10 +22,16 @@ from ..runtime.consumer import Consumer
 from ..sagas.runtime import SagaRuntime
 from . import names
 from .collect import DEFAULT_MIN_INTERVAL, DEFAULT_TIMEOUT, MetricsHost, Sampler
+from .histogram import Buckets
 
 try:
-    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
     from prometheus_client.exposition import generate_latest
 except ImportError as exc:  # pragma: no cover - exercised without the extra
     raise ImportError(
@@ -55,30 +64,20 @@ class AppMetrics:
         self.app = app
         self.registry = registry if registry is not None else CollectorRegistry()
         self.sampler = Sampler(app, sagas, min_interval=min_interval, timeout=timeout)
-        self._duration = Histogram(
-            names.HANDLER_DURATION,
-            names.HISTOGRAMS[names.HANDLER_DURATION],
-            _LABELS,
-            registry=self.registry,
-            buckets=DURATION_BUCKETS,
-        )
-        self._end_to_end = Histogram(
-            names.END_TO_END,
-            names.HISTOGRAMS[names.END_TO_END],
-            _LABELS,
-            registry=self.registry,
-            buckets=END_TO_END_BUCKETS,
-        )
+        # (group, topic pattern) -> buckets; kept across restarts of the app, as counters
+        # of a process are.
+        self.durations: dict[tuple[str, str], Buckets] = {}
+        self.end_to_end: dict[tuple[str, str], Buckets] = {}
         self.registry.register(_Collector(self))
 
     def attach(self, consumers: Sequence[Consumer]) -> None:
         """Observe the handler attempts and handled messages of ``consumers`` (the app
         calls it at start); their histogram series exist from then on."""
         for c in consumers:
-            labels = (c.group, c.spec.pattern)
-            c.observe(
-                self._duration.labels(*labels).observe, self._end_to_end.labels(*labels).observe
-            )
+            key = (c.group, c.spec.pattern)
+            duration = self.durations.setdefault(key, Buckets(DURATION_BUCKETS))
+            end_to_end = self.end_to_end.setdefault(key, Buckets(END_TO_END_BUCKETS))
+            c.observe(duration.observe, end_to_end.observe)
 
     async def exposition(self) -> tuple[bytes, str]:
         """Refresh the scrape-time gauges (see ``Sampler``) and return the body and content
@@ -94,7 +93,10 @@ class _Collector:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        app = self._metrics.app
+        metrics = self._metrics
+        yield _histogram(names.HANDLER_DURATION, metrics.durations)
+        yield _histogram(names.END_TO_END, metrics.end_to_end)
+        app = metrics.app
         consumers = app.consumers
         for name, (stat, text) in names.CONSUMER_COUNTERS.items():
             family = CounterMetricFamily(name, text, labels=_LABELS)
@@ -136,6 +138,13 @@ class _Collector:
         for part, n in sample.errors.items():
             errors.add_metric([part], n)
         yield errors
+
+
+def _histogram(name: str, series: dict[tuple[str, str], Buckets]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, names.HISTOGRAMS[name], labels=_LABELS)
+    for key, buckets in series.items():
+        family.add_metric(list(key), buckets.cumulative(), buckets.sum)
+    return family
 
 
 def _gauge(
