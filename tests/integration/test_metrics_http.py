@@ -11,7 +11,18 @@ from collections.abc import Awaitable, Callable, Sequence
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from eventflow import App, Event, Projection, ProjectionContext, Reject, RetryPolicy, on, subscribe
+from eventflow import (
+    App,
+    Event,
+    Projection,
+    ProjectionContext,
+    Reject,
+    RetryPolicy,
+    Saga,
+    on,
+    step,
+    subscribe,
+)
 from eventflow.adapters.memory import MemoryBroker
 from eventflow.adapters.memory.broker import MemoryBrokerConfig
 from eventflow.ports import Delivery, StartPosition, Subscription
@@ -241,3 +252,50 @@ async def test_a_port_in_use_fails_the_start_naming_it(broker_url: str) -> None:
         else:
             await second.stop()
             raise AssertionError("a second app bound the same port")
+
+
+class ProbeStarted(Event, type="it.metrics.probe.started"):
+    probe_id: str
+
+
+class Ping(Event, type="it.metrics.probe.ping"):
+    probe_id: str
+
+
+class Pong(Event, type="it.metrics.probe.pong"):
+    probe_id: str
+
+
+class ProbeSaga(Saga, name="it_metrics_probe", start=ProbeStarted, key="probe_id"):
+    probe_id: str = ""
+
+    def started(self, e: ProbeStarted) -> None:
+        self.probe_id = e.probe_id
+
+    @step(reply=Pong, timeout=600.0)
+    def ping(self) -> Event:
+        return Ping(probe_id=self.probe_id)
+
+
+async def test_sagas_by_status_and_their_timers(broker_url: str, waiter: Wait) -> None:
+    app = App(
+        "it-metrics-sagas",
+        broker=broker_url,
+        sagas=[ProbeSaga],
+        http_port=0,
+        http_host="127.0.0.1",
+    )
+    async with app:
+        for n in range(3):
+            await app.publish(ProbeStarted(probe_id=f"p{n}"))
+
+        async def started() -> bool:
+            return len(await app.sagas.list(name="it_metrics_probe")) == 3
+
+        await waiter(started, what="three sagas waiting for their reply")
+        found = await scrape(app)
+        saga = {"saga": "it_metrics_probe"}
+        assert value(found, "eventflow_sagas", status="running", **saga) == 3
+        assert value(found, "eventflow_saga_timers_pending", **saga) == 3
+        assert value(found, "eventflow_saga_timers_overdue_seconds", **saga) == 0
+        assert value(found, "eventflow_store_append_conflicts_total") == 0
