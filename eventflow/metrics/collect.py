@@ -77,6 +77,8 @@ class Sample:
 
     lag: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     """(group, topic pattern) -> (messages, seconds)."""
+    partition_lag: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
+    """(group, topic pattern, partition) -> (messages, seconds), where the broker has them."""
     dead_letters: dict[str, int] = field(default_factory=dict)
     outbox: tuple[float, float] = (math.nan, math.nan)
     """(pending messages, age of the oldest in seconds)."""
@@ -128,6 +130,9 @@ class Sampler:
         live = {(c.group, c.spec.pattern) for c in app.consumers}
         for gone in set(self.sample.lag) - live:  # series end with their subscription
             del self.sample.lag[gone]
+        partitions = self.sample.partition_lag
+        for ended in [k for k in partitions if k[:2] not in live]:
+            del partitions[ended]
         parts.append(("dead letters", self._dead_letters))
         parts.append(("outbox", self._outbox))
         for projection in app.projections:
@@ -152,7 +157,13 @@ class Sampler:
     async def _lag(self, key: tuple[str, str], read: Callable[[], Awaitable[Lag]]) -> None:
         self.sample.lag.setdefault(key, (math.nan, math.nan))
         lag = await read()
-        self.sample.lag[key] = (float(lag.messages), lag.age(datetime.now(UTC)))
+        now = datetime.now(UTC)
+        self.sample.lag[key] = (float(lag.messages), lag.age(now))
+        for part in lag.partitions:
+            self.sample.partition_lag[(*key, part.partition)] = (
+                float(part.messages),
+                part.age(now),
+            )
 
     async def _dead_letters(self) -> None:
         counts = await self.app.dead_letters.count()

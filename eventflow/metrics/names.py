@@ -23,6 +23,8 @@ __all__ = [
     "LAG_SECONDS",
     "OUTBOX_OLDEST",
     "OUTBOX_PENDING",
+    "PARTITION_LAG_MESSAGES",
+    "PARTITION_LAG_SECONDS",
     "PROJECTION_LAG_POSITIONS",
     "PROJECTION_LAG_SECONDS",
     "READY",
@@ -70,6 +72,8 @@ HISTOGRAMS: dict[str, str] = {
 
 LAG_MESSAGES = "eventflow_consumer_lag_messages"
 LAG_SECONDS = "eventflow_consumer_lag_seconds"
+PARTITION_LAG_MESSAGES = "eventflow_consumer_partition_lag_messages"
+PARTITION_LAG_SECONDS = "eventflow_consumer_partition_lag_seconds"
 OUTBOX_PENDING = "eventflow_outbox_pending_messages"
 OUTBOX_OLDEST = "eventflow_outbox_oldest_seconds"
 PROJECTION_LAG_POSITIONS = "eventflow_projection_lag_positions"
@@ -88,6 +92,12 @@ GAUGES: dict[str, str] = {
         "(the broker's count: Kafka end offset minus committed, NATS pending plus ack pending)."
     ),
     LAG_SECONDS: "Age in seconds of the oldest message the group has not handled yet (0: none).",
+    PARTITION_LAG_MESSAGES: (
+        "The group's lag in messages on one partition (NATS: its number; Kafka: topic/number)."
+    ),
+    PARTITION_LAG_SECONDS: (
+        "Age in seconds of the group's oldest unhandled message on one partition (0: none)."
+    ),
     OUTBOX_PENDING: "Messages committed to the store's outbox and not yet relayed (up to 1000).",
     OUTBOX_OLDEST: "Age in seconds of the oldest message waiting in the outbox (0: none).",
     PROJECTION_LAG_POSITIONS: "Events in the store past the projection's checkpoint.",

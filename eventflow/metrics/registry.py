@@ -107,6 +107,13 @@ class _Collector:
         lag = sample.lag
         yield _gauge(names.LAG_MESSAGES, _LABELS, ((k, v[0]) for k, v in lag.items()))
         yield _gauge(names.LAG_SECONDS, _LABELS, ((k, v[1]) for k, v in lag.items()))
+        parts, part_labels = sample.partition_lag, (*_LABELS, "partition")
+        yield _gauge(
+            names.PARTITION_LAG_MESSAGES, part_labels, ((k, v[0]) for k, v in parts.items())
+        )
+        yield _gauge(
+            names.PARTITION_LAG_SECONDS, part_labels, ((k, v[1]) for k, v in parts.items())
+        )
         letters = sample.dead_letters
         yield _gauge(names.DEAD_LETTERS, ("group",), (((g,), n) for g, n in letters.items()))
         yield _gauge(names.OUTBOX_PENDING, (), [((), sample.outbox[0])])

@@ -48,21 +48,27 @@ def network_url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 async def _native_lag(app: App, topic: str, group: str) -> int:
     """What the broker itself says the group has not handled on ``topic``."""
+    return sum((await _native_partitions(app, topic, group)).values())
+
+
+async def _native_partitions(app: App, topic: str, group: str) -> dict[str, int]:
+    """The same per partition, named as the ``partition`` label names them."""
     broker = app.broker
     if isinstance(broker, NatsBroker):
         cfg = broker.config
         client = await nats.connect(broker.url.split("?", 1)[0])
         try:
             js = client.jetstream()
-            total = 0
+            found: dict[str, int] = {}
             for partition in range(cfg.partitions):
                 name = consumer_name(group_id(group, topic), partition)
                 try:
                     info = await js.consumer_info(cfg.stream, name)
                 except NotFoundError:
                     continue
-                total += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
-            return total
+                pending = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+                found[str(partition)] = pending
+            return found
         finally:
             await client.close()
     assert isinstance(broker, KafkaBroker)
@@ -81,11 +87,11 @@ async def _native_lag(app: App, topic: str, group: str) -> int:
         ends = await reader.end_offsets(tps)
         committed = await admin.list_consumer_group_offsets(group, partitions=tps)
         firsts = await reader.beginning_offsets(tps)
-        total = 0
+        found = {}
         for tp in tps:
             done = committed[tp].offset if tp in committed else -1
-            total += ends[tp] - (done if done >= 0 else firsts[tp])
-        return total
+            found[f"{name}/{tp.partition}"] = ends[tp] - (done if done >= 0 else firsts[tp])
+        return found
     finally:
         await reader.stop()
         await admin.close()
@@ -93,17 +99,30 @@ async def _native_lag(app: App, topic: str, group: str) -> int:
 
 async def _lag(app: App, group: str, topic: str) -> tuple[float, float]:
     """(messages, seconds) as ``/metrics`` says, scraped over HTTP."""
+    found, _ = await _scrape_lag(app, group, topic)
+    return found["eventflow_consumer_lag_messages"], found["eventflow_consumer_lag_seconds"]
+
+
+async def _scrape_lag(
+    app: App, group: str, topic: str
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The group's lag samples by name, and its lag in messages per partition label."""
     assert app.metrics is not None and app.http_address is not None
     app.metrics.sampler.min_interval = 0.0  # read afresh on each scrape
     async with httpx.AsyncClient() as client:
         response = await client.get(f"http://127.0.0.1:{app.http_address[1]}/metrics")
     assert response.status_code == 200, response.text
     found: dict[str, float] = {}
+    partitions: dict[str, float] = {}
     for family in text_string_to_metric_families(response.text):
         for s in family.samples:
-            if s.labels.get("group") == group and s.labels.get("topic") == topic:
+            if s.labels.get("group") != group or s.labels.get("topic") != topic:
+                continue
+            if s.name == "eventflow_consumer_partition_lag_messages":
+                partitions[s.labels["partition"]] = s.value
+            else:
                 found[s.name] = s.value
-    return found["eventflow_consumer_lag_messages"], found["eventflow_consumer_lag_seconds"]
+    return found, partitions
 
 
 async def test_lag_matches_the_broker_grows_while_held_and_falls_after(
@@ -138,6 +157,11 @@ async def test_lag_matches_the_broker_grows_while_held_and_falls_after(
         await waiter(all_counted, timeout=30, what="the broker counting every message")
         messages, first_age = await _lag(app, group, topic)
         assert messages == HELD == await _native_lag(app, topic, group)  # the handler holds
+        # Per partition too: every partition the group reads, one key's all in one.
+        native = await _native_partitions(app, topic, group)
+        _, partitions = await _scrape_lag(app, group, topic)
+        assert partitions == {p: float(n) for p, n in native.items()}
+        assert sorted(partitions.values())[-1] == HELD
 
         async def older() -> bool:
             return (await _lag(app, group, topic))[1] >= first_age + 1.0
