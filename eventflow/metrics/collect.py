@@ -90,6 +90,8 @@ class Sample:
     """saga name -> (timers pending, seconds the most overdue one is late)."""
     errors: dict[str, int] = field(default_factory=dict)
     """part -> reads that failed since the app started."""
+    ready: bool = False
+    """What ``/readyz`` said at the reading."""
 
 
 class Sampler:
@@ -123,6 +125,7 @@ class Sampler:
 
     async def _take(self) -> None:
         app = self.app
+        self.sample.ready = app.readiness()[0]
         parts: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         for consumer in app.consumers:
             key = (consumer.group, consumer.spec.pattern)

@@ -87,7 +87,9 @@ class AppMetrics:
 
 
 class _Collector:
-    """Yields the counters from the consumers' stats and the gauges of the last sample."""
+    """Yields the counters from the consumers' stats and the gauges of the last sample.
+    ``collect`` only reads numbers (it calls nothing of the event loop), so a registry
+    served from another thread works, showing the gauges of the last ``exposition``."""
 
     def __init__(self, metrics: AppMetrics) -> None:
         self._metrics = metrics
@@ -133,7 +135,7 @@ class _Collector:
         timers = sample.timers
         yield _gauge(names.TIMERS_PENDING, ("saga",), (((s,), v[0]) for s, v in timers.items()))
         yield _gauge(names.TIMERS_OVERDUE, ("saga",), (((s,), v[1]) for s, v in timers.items()))
-        yield _gauge(names.READY, (), [((), 1.0 if app.readiness()[0] else 0.0)])
+        yield _gauge(names.READY, (), [((), 1.0 if sample.ready else 0.0)])
         conflicts = CounterMetricFamily(
             names.APPEND_CONFLICTS, names.COUNTERS[names.APPEND_CONFLICTS]
         )
