@@ -131,8 +131,7 @@ def hook_cost(n: int = 200_000) -> float:
     """Microseconds the metrics add per handled message, measured alone: the pipeline's
     two ``perf_counter`` reads, the end-to-end clock read, and two ``Buckets.observe``
     (the machine's noise between rounds is larger than this; it says where the floor is)."""
-    from eventflow.metrics.histogram import Buckets
-    from eventflow.metrics.registry import DURATION_BUCKETS, END_TO_END_BUCKETS
+    from eventflow.metrics.histogram import DURATION_BUCKETS, END_TO_END_BUCKETS, Buckets
 
     duration, end_to_end = Buckets(DURATION_BUCKETS), Buckets(END_TO_END_BUCKETS)
     sent = time.time()

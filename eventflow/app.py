@@ -18,8 +18,6 @@ import socket
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import orjson
-
 from ._logging import Throttled
 from .brokers import open_broker
 from .envelope import Envelope, new_id
@@ -28,13 +26,13 @@ from .events import Event, EventRegistry, default_registry, envelope_for, to_env
 from .groups import GroupSpec
 from .headers import MESSAGE_ID_HEADER
 from .limits import Limits
+from .metrics.wiring import Observability
 from .patterns import overlap, validate_topic
 from .ports import Broker, DedupStore, Store, declared
 from .projections import Projection, ProjectionRunner
 from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
-from .runtime.http import HttpServer, Response
 from .runtime.relay import RELAY_GROUPS, EventRelay, OutboxRelay
 from .runtime.stall import DEFAULT_LOOP_BLOCK_WARNING, StallGuard, check_loop_block_warning
 from .sagas.runtime import DEFAULT_CATCH_UP_LIMIT, SagaRuntime, Sagas
@@ -85,6 +83,7 @@ class App:
     ``/metrics`` on ``http_host`` (see ``docs/observability.md``). ``metrics`` keeps the
     Prometheus metrics (``app.metrics``; needs ``eventflow[prometheus]``): True on, False
     off, None (the default) on when there is an ``http_port`` and the extra is installed.
+    ``meter_provider`` (an OpenTelemetry ``MeterProvider``) reports the same metrics to it.
     """
 
     def __init__(
@@ -108,6 +107,7 @@ class App:
         http_port: int | None = None,
         http_host: str = "0.0.0.0",
         metrics: bool | None = None,
+        meter_provider: Any = None,
     ) -> None:
         if not name or any(c in name for c in " \t\n"):
             raise ConfigurationError(f"app name {name!r} must be non-empty without spaces")
@@ -171,14 +171,13 @@ class App:
         self.http_port = http_port
         """The health and metrics port (None: none); ``eventflow run --port`` sets it."""
         self.http_host = http_host
-        self._want_metrics = metrics
-        self._metrics: AppMetrics | None = None
-        self._http: HttpServer | None = None
-        if metrics:
-            from .metrics import PROMETHEUS_MISSING, prometheus_available
-
-            if not prometheus_available():
-                raise ImportError(f"App(metrics=True): {PROMETHEUS_MISSING}")
+        self._seen = Observability(
+            self,
+            self._saga_runtime,
+            name=name,
+            metrics=metrics,
+            meter_provider=meter_provider,
+        )
 
     def _check_groups(self) -> None:
         seen: list[tuple[str, HandlerSpec]] = []
@@ -364,61 +363,21 @@ class App:
 
     def readiness(self) -> tuple[bool, Health]:
         """Whether the app is ready (``/readyz``): started, so every subscription is live,
-        and healthy; with the health that says why not."""
+        and healthy; with the health that says why not (``starting`` while it joins)."""
         health = self.health()
+        if not self._started and health.ok:
+            return False, Health("starting")
         return self._started and health.ok, health
 
     @property
     def metrics(self) -> AppMetrics | None:
-        """The app's metrics (``registry``, ``exposition()``) once started with metrics on."""
-        return self._metrics
+        """The app's Prometheus metrics (``registry``, ``exposition()``) once started."""
+        return self._seen.metrics
 
     @property
     def http_address(self) -> tuple[str, int] | None:
         """The (host, port) the health and metrics server listens on while running."""
-        return self._http.address if self._http is not None else None
-
-    async def _start_http(self, supervisor: Supervisor) -> None:
-        """Metrics (when wanted) and the HTTP port, bound before the subscriptions join."""
-        wanted = self._want_metrics
-        if wanted is None and self.http_port is not None:
-            from .metrics import prometheus_available
-
-            wanted = prometheus_available()
-        if wanted and self._metrics is None:
-            from .metrics.registry import AppMetrics
-
-            self._metrics = AppMetrics(self, self._saga_runtime)
-        if self.http_port is None:
-            return
-        server = HttpServer(
-            self.http_host,
-            self.http_port,
-            {"/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._scrape},
-            name=f"app {self.name}",
-        )
-        await server.open()
-        self._http = server
-        supervisor.spawn("http server", server.serve)
-
-    async def _healthz(self) -> Response:
-        return Response(200, b"ok\n")
-
-    async def _readyz(self) -> Response:
-        ready, health = self.readiness()
-        status = health.status if self._started or health.status != "ok" else "starting"
-        body = {"app": self.name, "status": status, "problems": list(health.problems)}
-        return Response(200 if ready else 503, orjson.dumps(body), "application/json")
-
-    async def _scrape(self) -> Response:
-        metrics = self._metrics
-        if metrics is None:
-            from .metrics import PROMETHEUS_MISSING, prometheus_available
-
-            why = PROMETHEUS_MISSING if not prometheus_available() else "App(metrics=False)"
-            return Response(503, f"no metrics: {why}\n".encode())
-        body, content_type = await metrics.exposition()
-        return Response(200, body, content_type)
+        return self._seen.http.address if self._seen.http is not None else None
 
     @property
     def failure(self) -> ComponentFailedError | None:
@@ -444,7 +403,7 @@ class App:
                 f"app {self.name}", self.restart_policy, on_failure=self._component_failed
             )
             try:
-                await self._start_http(supervisor)
+                await self._seen.start(supervisor, self.http_host, self.http_port)
                 await self.broker.start(supervisor)
                 await self.store.open(supervisor)
                 if self._dedup_override is not None:
@@ -468,8 +427,7 @@ class App:
                 except BaseExceptionGroup as failed:  # the first join's own error, as before
                     raise failed.exceptions[0] from None
                 self._consumers.extend(consumers)
-                if self._metrics is not None:
-                    self._metrics.attach(consumers)
+                self._seen.attach(consumers)
                 saga_classes = self._saga_runtime.classes
                 if saga_classes:
                     declared(self.broker, Broker, "lag")  # overdue timers ask it
@@ -575,7 +533,6 @@ class App:
             self._draining = []
             self._projection_runners = []
             self._relays = []
-            self._http = None  # closed by the supervisor with its component
             try:
                 await self._leave_heartbeat(supervisor)
             finally:

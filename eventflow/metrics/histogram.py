@@ -11,7 +11,12 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable
 
-__all__ = ["Buckets"]
+__all__ = ["DURATION_BUCKETS", "END_TO_END_BUCKETS", "Buckets"]
+
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+"""Handler attempt buckets, in seconds."""
+END_TO_END_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+"""Publish-to-handled buckets, in seconds (they include retries and time spent queued)."""
 
 
 class Buckets:

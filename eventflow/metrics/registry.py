@@ -15,14 +15,14 @@ module needs the ``prometheus`` extra.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from ..runtime.consumer import Consumer
 from ..sagas.runtime import SagaRuntime
 from . import names
 from .collect import DEFAULT_MIN_INTERVAL, DEFAULT_TIMEOUT, MetricsHost, Sampler
-from .histogram import Buckets
+from .histogram import DURATION_BUCKETS, END_TO_END_BUCKETS, Buckets
 
 try:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
@@ -38,12 +38,8 @@ except ImportError as exc:  # pragma: no cover - exercised without the extra
         "eventflow's Prometheus metrics need prometheus-client: pip install 'eventflow[prometheus]'"
     ) from exc
 
-__all__ = ["DURATION_BUCKETS", "END_TO_END_BUCKETS", "AppMetrics"]
+__all__ = ["AppMetrics"]
 
-DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-"""Handler attempt buckets, in seconds."""
-END_TO_END_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
-"""Publish-to-handled buckets, in seconds (they include retries and time spent queued)."""
 _LABELS = ("group", "topic")
 
 
@@ -70,14 +66,13 @@ class AppMetrics:
         self.end_to_end: dict[tuple[str, str], Buckets] = {}
         self.registry.register(_Collector(self))
 
-    def attach(self, consumers: Sequence[Consumer]) -> None:
-        """Observe the handler attempts and handled messages of ``consumers`` (the app
-        calls it at start); their histogram series exist from then on."""
-        for c in consumers:
-            key = (c.group, c.spec.pattern)
-            duration = self.durations.setdefault(key, Buckets(DURATION_BUCKETS))
-            end_to_end = self.end_to_end.setdefault(key, Buckets(END_TO_END_BUCKETS))
-            c.observe(duration.observe, end_to_end.observe)
+    def hooks(self, consumer: Consumer) -> tuple[Callable[[float], None], Callable[[float], None]]:
+        """The per-message observers of ``consumer`` (attempt seconds, end-to-end seconds);
+        its histogram series exist from then on."""
+        key = (consumer.group, consumer.spec.pattern)
+        duration = self.durations.setdefault(key, Buckets(DURATION_BUCKETS))
+        end_to_end = self.end_to_end.setdefault(key, Buckets(END_TO_END_BUCKETS))
+        return duration.observe, end_to_end.observe
 
     async def exposition(self) -> tuple[bytes, str]:
         """Refresh the scrape-time gauges (see ``Sampler``) and return the body and content

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from ..errors import ConfigurationError
@@ -47,7 +47,7 @@ Route = Callable[[], Awaitable[Response]]
 class HttpServer:
     """Serves GET ``routes`` (path -> coroutine function) on ``host:port`` (0: any free)."""
 
-    def __init__(self, host: str, port: int, routes: dict[str, Route], *, name: str) -> None:
+    def __init__(self, host: str, port: int, routes: Mapping[str, Route], *, name: str) -> None:
         self.host = host
         self.port = port
         self.routes = routes
