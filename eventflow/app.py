@@ -427,13 +427,13 @@ class App:
                 except BaseExceptionGroup as failed:  # the first join's own error, as before
                     raise failed.exceptions[0] from None
                 self._consumers.extend(consumers)
-                self._seen.attach(consumers)
                 saga_classes = self._saga_runtime.classes
                 if saga_classes:
                     declared(self.broker, Broker, "lag")  # overdue timers ask it
                     await self.sagas.persistence.setup()
                     self._saga_runtime.begin(self.broker)
                 self._started = True
+                self._seen.attach(supervisor, consumers)
                 for consumer in self._consumers:
                     self._draining.append(
                         supervisor.spawn(f"consumer {consumer.name}", consumer.run)

@@ -62,15 +62,11 @@ class Observability:
             from .registry import AppMetrics
 
             self.metrics = AppMetrics(self.app, self.sagas)
-        if self.meter_provider is not None:
-            if self.otel is None:
-                from .otel import OtelMetrics
+        if self.meter_provider is not None and self.otel is None:
+            from .otel import OtelMetrics
 
-                sampler = self.metrics.sampler if self.metrics is not None else None
-                self.otel = OtelMetrics(
-                    sampler or Sampler(self.app, self.sagas), self.meter_provider
-                )
-            supervisor.spawn("metrics sampler", self.otel.run)
+            sampler = self.metrics.sampler if self.metrics is not None else None
+            self.otel = OtelMetrics(sampler or Sampler(self.app, self.sagas), self.meter_provider)
         self.http = None
         if port is None:
             return
@@ -80,8 +76,11 @@ class Observability:
         self.http = server
         supervisor.spawn("http server", server.serve)
 
-    def attach(self, consumers: Sequence[Consumer]) -> None:
-        """Give each consumer the per-message hooks of whatever metrics are on."""
+    def attach(self, supervisor: Supervisor, consumers: Sequence[Consumer]) -> None:
+        """Give each consumer the per-message hooks of whatever metrics are on; with OTel,
+        start the component that refreshes its gauges (from the consumers' start on)."""
+        if self.otel is not None:
+            supervisor.spawn("metrics sampler", self.otel.run)
         for consumer in consumers:
             pairs = [m.hooks(consumer) for m in (self.metrics, self.otel) if m is not None]
             if len(pairs) == 1:
