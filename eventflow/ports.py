@@ -623,6 +623,10 @@ class Outbox(Protocol):
     async def pending(self, limit: int = 100) -> list[OutboxMessage]:
         """The oldest queued messages."""
 
+    async def backlog(self, limit: int = 1000) -> tuple[int, OutboxMessage | None]:
+        """How many messages are queued (counted up to ``limit``) and the oldest of them,
+        for metrics: unlike ``pending`` it changes nothing the relay's wake-ups rely on."""
+
     async def remove(self, seqs: Sequence[int], *, lease: Lease | None = None) -> None:
         """Delete sent messages; with ``lease`` (the relay's) it raises ``LeaseLostError``
         and deletes nothing unless the lease still has that epoch."""

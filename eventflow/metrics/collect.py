@@ -176,12 +176,12 @@ class Sampler:
         }
 
     async def _outbox(self) -> None:
-        pending = await self.app.store.outbox.pending(limit=_CAP)
+        count, oldest = await self.app.store.outbox.backlog(limit=_CAP)
         age = 0.0
-        if pending:
-            sent = Envelope.from_bytes(pending[0].payload).time
+        if oldest is not None:
+            sent = Envelope.from_bytes(oldest.payload).time
             age = max(0.0, time.time() - sent.timestamp())
-        self.sample.outbox = (float(len(pending)), age)
+        self.sample.outbox = (float(count), age)
 
     async def _projection(self, name: str) -> None:
         store = self.app.store
