@@ -23,7 +23,7 @@ from typing import Protocol
 
 from .._logging import Throttled
 from ..envelope import Envelope
-from ..ports import Lag, Store
+from ..ports import Lag, Outbox, Store, declared
 from ..projections import Projection
 from ..runtime.consumer import Consumer
 from ..runtime.deadletters import DeadLetters
@@ -176,7 +176,8 @@ class Sampler:
         }
 
     async def _outbox(self) -> None:
-        count, oldest = await self.app.store.outbox.backlog(limit=_CAP)
+        backlog = declared(self.app.store.outbox, Outbox, "backlog")
+        count, oldest = await backlog(limit=_CAP)
         age = 0.0
         if oldest is not None:
             sent = Envelope.from_bytes(oldest.payload).time
