@@ -26,6 +26,7 @@ from .events import Event, EventRegistry, default_registry, envelope_for, to_env
 from .groups import GroupSpec
 from .headers import MESSAGE_ID_HEADER
 from .limits import Limits
+from .metrics.wiring import Observability
 from .patterns import overlap, validate_topic
 from .ports import Broker, DedupStore, Store, declared
 from .projections import Projection, ProjectionRunner
@@ -44,6 +45,9 @@ from .telemetry import TracingSetting, tracing_for
 
 if TYPE_CHECKING:
     from .telemetry.tracing import Tracing
+
+if TYPE_CHECKING:
+    from .metrics.registry import AppMetrics
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "MESSAGE_ID_HEADER", "App"]
 
@@ -83,6 +87,11 @@ class App:
     opentelemetry is imported and a tracer provider is set when the app starts; True
     traces with the global provider; False never; a ``TracerProvider`` traces with it
     (see ``docs/observability.md``).
+    ``http_port`` (None: none; 0: any free port) serves ``/healthz``, ``/readyz`` and
+    ``/metrics`` on ``http_host`` (see ``docs/observability.md``). ``metrics`` keeps the
+    Prometheus metrics (``app.metrics``; needs ``eventflow[prometheus]``): True on, False
+    off, None (the default) on when there is an ``http_port`` and the extra is installed.
+    ``meter_provider`` (an OpenTelemetry ``MeterProvider``) reports the same metrics to it.
     """
 
     def __init__(
@@ -104,6 +113,10 @@ class App:
         loop_block_warning: float | None = DEFAULT_LOOP_BLOCK_WARNING,
         limits: Iterable[object] = (),
         tracing: TracingSetting = None,
+        http_port: int | None = None,
+        http_host: str = "0.0.0.0",
+        metrics: bool | None = None,
+        meter_provider: Any = None,
     ) -> None:
         if not name or any(c in name for c in " \t\n"):
             raise ConfigurationError(f"app name {name!r} must be non-empty without spaces")
@@ -168,6 +181,16 @@ class App:
         self._tracing_auto = tracing is None
         self._tracing: Tracing | None = (
             None if tracing is None else tracing_for(tracing, broker_url=self.broker.url)
+        )
+        self.http_port = http_port
+        """The health and metrics port (None: none); ``eventflow run --port`` sets it."""
+        self.http_host = http_host
+        self._seen = Observability(
+            self,
+            self._saga_runtime,
+            name=name,
+            metrics=metrics,
+            meter_provider=meter_provider,
         )
 
     def _check_groups(self) -> None:
@@ -362,6 +385,24 @@ class App:
             return Health("degraded", breakers)
         return Health(health.status, health.problems + breakers) if breakers else health
 
+    def readiness(self) -> tuple[bool, Health]:
+        """Whether the app is ready (``/readyz``): started, so every subscription is live,
+        and healthy; with the health that says why not (``starting`` while it joins)."""
+        health = self.health()
+        if not self._started and health.ok:
+            return False, Health("starting")
+        return self._started and health.ok, health
+
+    @property
+    def metrics(self) -> AppMetrics | None:
+        """The app's Prometheus metrics (``registry``, ``exposition()``) once started."""
+        return self._seen.metrics
+
+    @property
+    def http_address(self) -> tuple[str, int] | None:
+        """The (host, port) the health and metrics server listens on while running."""
+        return self._seen.http.address if self._seen.http is not None else None
+
     @property
     def failure(self) -> ComponentFailedError | None:
         """The first component failure of the current (or last) run, if one happened."""
@@ -391,6 +432,7 @@ class App:
                 tracing = self._tracing
                 if tracing is not None or self._saga_runtime.classes:
                     self.sagas.handling.tracing = tracing  # (made on first use otherwise)
+                await self._seen.start(supervisor, self.http_host, self.http_port)
                 await self.broker.start(supervisor)
                 await self.store.open(supervisor)
                 if self._dedup_override is not None:
@@ -426,6 +468,7 @@ class App:
                     await self.sagas.persistence.setup()
                     self._saga_runtime.begin(self.broker)
                 self._started = True
+                self._seen.attach(supervisor, consumers)
                 for consumer in self._consumers:
                     self._draining.append(
                         supervisor.spawn(f"consumer {consumer.name}", consumer.run)

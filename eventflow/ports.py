@@ -39,6 +39,7 @@ __all__ = [
     "Leases",
     "Outbox",
     "OutboxMessage",
+    "PartitionLag",
     "RecordedEvent",
     "Snapshot",
     "StartPosition",
@@ -57,6 +58,23 @@ keeps (``"earliest"``). See :meth:`Broker.subscribe`."""
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionLag:
+    """One partition's share of a :class:`Lag`: ``partition`` names it as its broker does
+    (NATS: the partition number, ``"3"``; Kafka: the Kafka topic and partition,
+    ``"orders/3"``), ``messages`` and ``oldest`` as in ``Lag``."""
+
+    partition: str
+    messages: int
+    oldest: datetime | None
+
+    def age(self, now: datetime) -> float:
+        """Seconds from ``oldest`` to ``now``, at least 0; 0.0 when nothing is pending."""
+        if self.oldest is None:
+            return 0.0
+        return max(0.0, (now - self.oldest).total_seconds())
+
+
+@dataclass(frozen=True, slots=True)
 class Lag:
     """How far a consumer group is behind on a topic pattern, as its broker tells it
     (:meth:`Broker.lag`).
@@ -67,10 +85,15 @@ class Lag:
     on the clock :meth:`Broker.lag` names); None when ``messages`` is 0, or when none of
     them is still in the broker (deleted by a retention limit before the group handled
     it). Its age, ``now - oldest``, is the group's lag in seconds.
+
+    ``partitions``: the same per partition, where the broker has partitions (NATS and Kafka:
+    every partition the group reads, those with nothing pending included; the memory
+    broker: none). Left out of comparisons: two lags are equal when their totals are.
     """
 
     messages: int
     oldest: datetime | None
+    partitions: tuple[PartitionLag, ...] = field(default=(), compare=False)
 
     def age(self, now: datetime) -> float:
         """Seconds from ``oldest`` to ``now`` (an aware datetime), at least 0; 0.0 when
@@ -599,6 +622,10 @@ class Outbox(Protocol):
 
     async def pending(self, limit: int = 100) -> list[OutboxMessage]:
         """The oldest queued messages."""
+
+    async def backlog(self, limit: int = 1000) -> tuple[int, OutboxMessage | None]:
+        """How many messages are queued (counted up to ``limit``) and the oldest of them,
+        for metrics: unlike ``pending`` it changes nothing the relay's wake-ups rely on."""
 
     async def remove(self, seqs: Sequence[int], *, lease: Lease | None = None) -> None:
         """Delete sent messages; with ``lease`` (the relay's) it raises ``LeaseLostError``

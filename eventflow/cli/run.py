@@ -40,6 +40,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="DIR",
         help="directory put first on sys.path before importing (default: .)",
     )
+    parser.add_argument(
+        "--port",
+        type=int,
+        metavar="PORT",
+        help=(
+            "serve /healthz, /readyz and /metrics on this port (the app's http_port; "
+            "/metrics needs eventflow[prometheus]); one app per process"
+        ),
+    )
+    parser.add_argument(
+        "--host",
+        default=None,
+        metavar="HOST",
+        help="the address --port listens on (default: the app's http_host, 0.0.0.0)",
+    )
     add_log_level(parser, "INFO")
     parser.set_defaults(handler=command)
 
@@ -81,6 +96,19 @@ def command(args: argparse.Namespace) -> int:
     names = [app.name for app in apps]
     if len(set(names)) != len(names):
         raise CliError(f"two of the apps have the same name: {', '.join(names)}", 2)
+    if args.port is not None:
+        if len(apps) > 1:
+            raise CliError(
+                "--port serves one app: run each app in its own process with its own --port, "
+                "or give each App(http_port=...) in code",
+                2,
+            )
+        if not 0 <= args.port <= 65535:
+            raise CliError(f"--port {args.port} is not a TCP port (0 to 65535)", 2)
+        apps[0].http_port = args.port
+    if args.host is not None:
+        for app in apps:
+            app.http_host = args.host
     try:
         if len(apps) == 1:
             apps[0].run()

@@ -20,7 +20,7 @@ starts a new run on a new subscription.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ..limits.errors import GivenBack
@@ -84,6 +84,17 @@ class Consumer:
     def stats(self) -> ConsumerStats:
         """Counters since the consumer started."""
         return self._pipeline.stats
+
+    def observe(
+        self,
+        attempt: Callable[[float], None] | None,
+        handled: Callable[[float], None] | None,
+    ) -> None:
+        """Call ``attempt(seconds)`` after each handler attempt and ``handled(seconds)``
+        with each handled message's age since its publish (``eventflow.metrics``); None
+        stops observing."""
+        self._pipeline.observe_attempt = attempt
+        self._pipeline.observe_handled = handled
 
     @property
     def dedup(self) -> DedupStore:

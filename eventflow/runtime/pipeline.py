@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._logging import Throttled
@@ -115,6 +116,10 @@ class Pipeline:
         # waits on. Only with several workers: one worker never runs two handlings at once.
         self._handling: dict[str, asyncio.Future[None] | None] = {}
         self._guard_ids = spec.idempotent and spec.concurrency > 1
+        # Metrics (eventflow.metrics) observe each attempt's seconds and each handled
+        # message's seconds since its publish; None (the default) costs nothing.
+        self.observe_attempt: Callable[[float], None] | None = None
+        self.observe_handled: Callable[[float], None] | None = None
 
     async def process(self, delivery: Delivery, watch: Watch) -> bool:
         """Handle one delivery to its outcome (handled, duplicate, dead-lettered or dropped)
@@ -219,6 +224,7 @@ class Pipeline:
                 if error is None:
                     await self._succeeded(delivery, ctx, env_id, attempt)
                     break
+                stats.failed += 1
                 decision = decide(error, attempt, spec)
                 if decision.verdict is Verdict.DEAD:
                     await self._letters.file(
@@ -318,6 +324,8 @@ class Pipeline:
         returned). A cancellation that is not the watchdog's (shutdown) rolls back the
         handling's transaction and propagates: no attempt spent."""
         spec = self.spec
+        observe = self.observe_attempt
+        began = time.perf_counter() if observe is not None else 0.0
         watch.enter()
         try:
             await (spec.fn(arg, ctx) if self.signature.takes_context else spec.fn(arg))
@@ -331,6 +339,8 @@ class Pipeline:
             return exc
         finally:
             watch.leave()
+            if observe is not None:
+                observe(time.perf_counter() - began)
         return None
 
     async def _succeeded(self, delivery: Delivery, ctx: Context, env_id: str, attempt: int) -> None:
@@ -349,6 +359,10 @@ class Pipeline:
         if self.spec.idempotent and (not ctx._committed or dedup is not self.host.store.dedup):
             await self._compensations.mark(dedup, env_id, self.stats)
         self.stats.handled += 1
+        if self.observe_handled is not None:
+            fields = ctx._fields
+            sent = fields["time"] if fields is not None else ctx.envelope.time
+            self.observe_handled(time.time() - sent.timestamp())
         if self._failures:
             self._failures = 0
             self._log.clear("infrastructure")

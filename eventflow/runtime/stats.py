@@ -18,6 +18,8 @@ class ConsumerStats:
     received: int = 0
     handled: int = 0
     duplicates: int = 0
+    failed: int = 0
+    """Handler attempts that failed (raised or timed out), retried or dead-lettered after."""
     retries: int = 0
     dead_lettered: int = 0
     dropped: int = 0

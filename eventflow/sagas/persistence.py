@@ -166,6 +166,10 @@ class SagaStore:
         """The index row of ``saga_id``, if it exists."""
         return await self.tables.find(saga_id)
 
+    async def counts(self) -> dict[tuple[str, str], int]:
+        """How many sagas there are per (saga class name, status)."""
+        return await self.tables.counts()
+
     async def earliest(self, name: str, limit: int = 100) -> tuple[builtins.list[TimerRow], float]:
         """The earliest timers of the saga class ``name`` and the store clock's reading."""
         return await self.tables.earliest(name, limit)

@@ -94,6 +94,9 @@ class SagaTables(Protocol):
     async def find(self, saga_id: str) -> IndexRow | None:
         """The index row of ``saga_id``, if it exists."""
 
+    async def counts(self) -> dict[tuple[str, str], int]:
+        """How many sagas there are per (saga class name, status): one grouped read."""
+
     async def earliest(self, name: str, limit: int) -> tuple[builtins.list[TimerRow], float]:
         """The ``limit`` earliest timers of the saga class ``name`` (due or not), earliest
         first, and the store clock's reading when they were read."""
@@ -196,6 +199,14 @@ class SqlSagaTables:
             found = await tx.fetch(f"SELECT {_COLUMNS} FROM ef_sagas WHERE id = $1", saga_id)
         return _index_row(found[0]) if found else None
 
+    async def counts(self) -> dict[tuple[str, str], int]:
+        """One ``GROUP BY`` over the index."""
+        async with self.store.transaction() as tx:
+            found = await tx.fetch(
+                "SELECT name, status, COUNT(*) FROM ef_sagas GROUP BY name, status"
+            )
+        return {(str(r[0]), str(r[1])): int(r[2]) for r in found}
+
     async def earliest(self, name: str, limit: int) -> tuple[builtins.list[TimerRow], float]:
         """One query: the rows and the clock (read again when there is no row)."""
         async with self.store.transaction() as tx:
@@ -271,6 +282,13 @@ class MemorySagaTables:
     async def find(self, saga_id: str) -> IndexRow | None:
         """The row, or None."""
         return self._shared.index.get(saga_id)
+
+    async def counts(self) -> dict[tuple[str, str], int]:
+        """Counted on each call."""
+        found: dict[tuple[str, str], int] = {}
+        for r in self._shared.index.values():
+            found[(r.name, r.status)] = found.get((r.name, r.status), 0) + 1
+        return found
 
     async def earliest(self, name: str, limit: int) -> tuple[builtins.list[TimerRow], float]:
         """Sorted on each call (a memory store holds few timers)."""

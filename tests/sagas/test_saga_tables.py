@@ -132,3 +132,25 @@ async def test_the_index_lists_by_name_and_status_newest_first(store: Store) -> 
     assert found is not None and found.status == "completed"
     assert found.started == _row("x", at=1.0).started  # kept from the first write
     assert await tables.find("saga-order-x") is None
+
+
+async def test_counts_per_saga_name_and_status(store: Store) -> None:
+    tables = await _tables(store)
+    assert await tables.counts() == {}
+    async with store.transaction() as tx:
+        await tables.save(tx, _row("saga-order-a"), [], ())
+        await tables.save(tx, _row("saga-order-b", "failed"), [], ())
+        await tables.save(tx, _row("saga-order-c"), [], ())
+        pay = _row("saga-pay-d")
+        await tables.save(
+            tx, IndexRow(pay.id, "pay", "d", "running", pay.started, pay.updated), [], ()
+        )
+    assert await tables.counts() == {
+        ("order", "running"): 2,
+        ("order", "failed"): 1,
+        ("pay", "running"): 1,
+    }
+    async with store.transaction() as tx:
+        await tables.save(tx, _row("saga-order-b", "completed", at=2.0), [], ())
+    assert (await tables.counts())[("order", "completed")] == 1
+    assert ("order", "failed") not in await tables.counts()

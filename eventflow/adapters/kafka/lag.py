@@ -22,7 +22,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from ...ports import Lag
+from ...ports import Lag, PartitionLag
 
 __all__ = ["LAG_TIMEOUT", "PEEK_OPTIONS", "group_lag"]
 
@@ -60,26 +60,33 @@ async def group_lag(
         return Lag(0, None)  # no position anywhere: the group does not exist yet
     behind = [tp for tp, end in ends.items() if done.get(tp, -1) < end]
     if not behind:
-        return Lag(0, None)
+        return Lag(0, None, tuple(PartitionLag(_name(tp), 0, None) for tp in tps))
     firsts = await client.beginning_offsets(behind)
-    total = 0
+    counts = dict.fromkeys(tps, 0)
     oldest_at: dict[Any, int] = {}  # partition -> offset of its oldest record not handled
     for tp in behind:
         end, first = ends[tp], int(firsts[tp])
         position = done.get(tp, first)
-        total += max(0, end - position)
+        counts[tp] = max(0, end - position)
         if max(position, first) < end:
             oldest_at[tp] = max(position, first)
-    if not oldest_at:
-        return Lag(total, None)  # what is left to handle was deleted by retention
-    return Lag(total, await _oldest(client, peeking, oldest_at))
+    total = sum(counts.values())
+    stamps = await _oldest(client, peeking, oldest_at) if oldest_at else {}
+    parts = tuple(PartitionLag(_name(tp), counts[tp], stamps.get(tp)) for tp in tps)
+    # None when what is left to handle was deleted by retention.
+    return Lag(total, min(stamps.values()) if stamps else None, parts)
+
+
+def _name(tp: Any) -> str:
+    """A partition as ``PartitionLag`` names it: ``<kafka topic>/<partition>``."""
+    return f"{tp.topic}/{tp.partition}"
 
 
 async def _oldest(
     client: AIOKafkaConsumer, peeking: asyncio.Lock, offsets: Mapping[Any, int]
-) -> datetime | None:
-    """The earliest timestamp of the records at ``offsets`` (the first one at or after each
-    offset); the caller bounds the wait."""
+) -> dict[Any, datetime]:
+    """The timestamp of the record at each of ``offsets`` (the first one at or after each
+    offset; a partition whose record has none is left out); the caller bounds the wait."""
     tps = list(offsets)
     async with peeking:
         # No await between assign and seek: the client's fetcher starts at these offsets
@@ -98,5 +105,4 @@ async def _oldest(
         finally:
             client.pause(*tps)
     # -1: a record of the old message format, without a timestamp.
-    known = [ms for ms in stamps.values() if ms >= 0]
-    return datetime.fromtimestamp(min(known) / 1000, UTC) if known else None
+    return {tp: datetime.fromtimestamp(ms / 1000, UTC) for tp, ms in stamps.items() if ms >= 0}

@@ -53,6 +53,11 @@ class MemoryOutbox:
         """Oldest first."""
         return list(self._messages.values())[:limit]
 
+    async def backlog(self, limit: int = 1000) -> tuple[int, OutboxMessage | None]:
+        """Counted in the dict."""
+        oldest = next(iter(self._messages.values()), None)
+        return min(limit, len(self._messages)), oldest
+
     async def remove(self, seqs: Sequence[int], *, lease: Lease | None = None) -> None:
         """Delete sent messages (when the context's transaction commits, if one is open);
         with ``lease``, refused unless it still holds."""

@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from ...errors import BrokerError
-from ...ports import Lag
+from ...ports import Lag, PartitionLag
 from .config import NatsBrokerConfig, consumer_name
 
 __all__ = ["group_lag"]
@@ -35,7 +35,11 @@ async def group_lag(js: JetStreamContext, cfg: NatsBrokerConfig, gid: str, patte
         *(_partition(js, cfg, gid, pattern, p) for p in range(cfg.partitions))
     )
     times = [oldest for _, oldest in parts if oldest is not None]
-    return Lag(sum(count for count, _ in parts), min(times) if times else None)
+    return Lag(
+        sum(count for count, _ in parts),
+        min(times) if times else None,
+        tuple(PartitionLag(str(p), count, oldest) for p, (count, oldest) in enumerate(parts)),
+    )
 
 
 async def _partition(

@@ -135,6 +135,20 @@ class PostgresOutbox:
             )
         return [OutboxMessage(r[0], r[1], r[2], bytes(r[3]), r[4]) for r in rows]
 
+    async def backlog(self, limit: int = 1000) -> tuple[int, OutboxMessage | None]:
+        """One connection, two reads."""
+        async with self._db.connection() as conn:
+            counted = await conn.fetchval(
+                "SELECT count(*) FROM (SELECT 1 FROM ef_outbox LIMIT $1) AS o", limit
+            )
+            row = await conn.fetchrow(
+                "SELECT seq, topic, msg_key, payload, message_id FROM ef_outbox "
+                "ORDER BY seq LIMIT 1"
+            )
+        if row is None:
+            return int(counted), None
+        return int(counted), OutboxMessage(row[0], row[1], row[2], bytes(row[3]), row[4])
+
     async def remove(self, seqs: Sequence[int], *, lease: Lease | None = None) -> None:
         """Delete sent messages; with ``lease`` (the relay's), fenced like checkpoints."""
         async with writing(self._db, "remove sent outbox messages") as conn:

@@ -207,6 +207,21 @@ class SqliteOutbox:
             for s, t, k, p, m in rows
         ]
 
+    async def backlog(self, limit: int = 1000) -> tuple[int, OutboxMessage | None]:
+        """Two reads; the relay's high-water mark (``added.known``) is left alone, so a
+        message another process adds still wakes the relay."""
+        counted = await self._db.query(
+            "SELECT count(*) FROM (SELECT 1 FROM ef_outbox LIMIT ?)", (limit,)
+        )
+        rows = await self._db.query(
+            "SELECT seq, topic, msg_key, payload, message_id FROM ef_outbox ORDER BY seq LIMIT 1"
+        )
+        oldest = [
+            OutboxMessage(int(s), str(t), None if k is None else str(k), bytes(p), str(m))
+            for s, t, k, p, m in rows
+        ]
+        return int(counted[0][0]), oldest[0] if oldest else None
+
     async def remove(self, seqs: Sequence[int], *, lease: Lease | None = None) -> None:
         """Delete sent messages; with ``lease``, fenced like ``checkpoints.set``."""
         rows = [(s,) for s in seqs]

@@ -134,10 +134,14 @@ class TransactionContract(StoreContractBase):
         self._check_outbox(pending, sent)
         self._check_outbox(await store.outbox.pending(limit=2), sent[:2])
 
+        assert await store.outbox.backlog() == (5, pending[0])
+        assert await store.outbox.backlog(limit=3) == (3, pending[0])
         await store.outbox.remove([pending[0].seq, pending[2].seq])
+        assert await store.outbox.backlog() == (3, pending[1])
         self._check_outbox(await store.outbox.pending(), [sent[1], sent[3], sent[4]])
         await store.outbox.remove([m.seq for m in pending])
         assert await store.outbox.pending() == []
+        assert await store.outbox.backlog() == (0, None)
         await store.outbox.remove([pending[0].seq])  # already gone: no error
 
     async def test_outbox_rollback_discards(self, store: Store) -> None:
