@@ -125,6 +125,7 @@ def test_tracing_true_without_the_extra_names_it(tmp_path: Path) -> None:
 
 def test_the_tracing_docs_example_prints_what_they_say(tmp_path: Path) -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
+    doc = doc.split("\n## Tracing\n", 1)[1].split("\n## ", 1)[0]
     code = re.findall(r"^```python\n(.*?)^```", doc, re.M | re.S)[0]
     promised = re.findall(r"^```text\n(.*?)^```", doc, re.M | re.S)[0]
     script = tmp_path / "example.py"
