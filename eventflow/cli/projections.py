@@ -34,6 +34,7 @@ from ..projections import (
     ProjectionLockedError,
     ProjectionRunner,
     ProjectionStatus,
+    lease_name,
 )
 from ._common import (
     EXIT_USAGE,
@@ -133,7 +134,7 @@ def command(args: argparse.Namespace) -> int:
     if args.action == "status":
         names = list(args.names)
         rows = asyncio.run(_status(target.store, projections, names, args.lock_timeout))
-        _print_status(rows, json=args.json)
+        _print_status(rows, json=args.json, app=args.app)
         return 0
     projection = find_projection(projections, args.name)
     runner_options: dict[str, Any] = {}
@@ -206,7 +207,7 @@ async def statuses(
     if not projections:
         last = await store.last_position()
         return [
-            ProjectionStatus(name, position, last)
+            ProjectionStatus(name, position, last, await _held(store, name, lock_timeout))
             for name, position in sorted((await store.checkpoints.list()).items())
             if not names or name in names
         ]
@@ -216,6 +217,19 @@ async def statuses(
         probe = lock_timeout if lock_timeout > 0 else None
         out.append(await runner.status(probe_lock=probe))
     return out
+
+
+async def _held(store: Store, name: str, lock_timeout: float) -> bool | None:
+    """Whether an instance holds projection ``name``'s lease, as the store records it (the
+    lease is named after the projection, so no code is needed); None when not looked up
+    (``lock_timeout`` 0) or the store did not answer within it."""
+    if lock_timeout <= 0:
+        return None
+    try:
+        async with asyncio.timeout(lock_timeout):
+            return await store.leases.holder(lease_name(name)) is not None
+    except TimeoutError:
+        return None
 
 
 async def _status(
@@ -228,7 +242,7 @@ async def _status(
         await store.close()
 
 
-def _print_status(rows: Sequence[ProjectionStatus], *, json: bool) -> None:
+def _print_status(rows: Sequence[ProjectionStatus], *, json: bool, app: str | None = None) -> None:
     if json:
         for s in rows:
             data = {
@@ -241,7 +255,13 @@ def _print_status(rows: Sequence[ProjectionStatus], *, json: bool) -> None:
             print(orjson.dumps(data).decode())
         return
     if not rows:
-        print("no projections: pass --app MODULE:APP, or no checkpoint is stored yet")
+        if app:
+            print(f"the app {app} has no projections (App(..., projections=[MyProjection()]))")
+        else:
+            print(
+                "no projection checkpoint is stored yet (no projection has run against this "
+                "store); pass --app MODULE:APP to list an app's projections before they run"
+            )
         return
     running = {True: "yes", False: "no", None: "?"}
     table_rows = [

@@ -75,7 +75,16 @@ def command(args: argparse.Namespace) -> int:
     if args.json:
         print(orjson.dumps(_as_json(beats, counts, now, args.stale)).decode())
     else:
-        print(render(beats, counts, now=now, stale_after=args.stale, where=target.description))
+        print(
+            render(
+                beats,
+                counts,
+                now=now,
+                stale_after=args.stale,
+                where=target.description,
+                again=target.again,
+            )
+        )
     return 0
 
 
@@ -106,8 +115,10 @@ def render(
     now: datetime,
     stale_after: float = DEFAULT_STALE_AFTER,
     where: str = "",
+    again: str = "",
 ) -> str:
-    """The human-readable status report."""
+    """The human-readable status report; ``again`` is the options that name the store in
+    the hints (``--store URL``), empty when it came from ``$EVENTFLOW_STORE``."""
     lines: list[str] = []
     live = sum(1 for b in beats if not _is_stale(b, now, stale_after))
     header = f"app instances: {live} running"
@@ -126,7 +137,7 @@ def render(
                 b.health.upper() if b.health != "ok" else "ok",
                 format_time(b.last_seen),
                 format_age(b.last_seen, now) + (" stale" if _is_stale(b, now, stale_after) else ""),
-                ", ".join(b.subscriptions) or "-",
+                _subscriptions_cell(b.subscriptions),
                 format_stats(b.stats),
             ]
             for b in ordered
@@ -136,6 +147,10 @@ def render(
         for b in ordered:
             for problem in b.problems:
                 lines.append(f"  {b.instance}: {problem}")
+        for b in ordered:
+            if len(b.subscriptions) > _SHOWN_SUBSCRIPTIONS:
+                lines.append(f"  {b.instance} subscribes to {len(b.subscriptions)}:")
+                lines.extend(f"    {name}" for name in b.subscriptions)
     else:
         lines.append("  (none: no app is running against this store)")
     total = sum(counts.values())
@@ -144,8 +159,21 @@ def render(
     if counts:
         rows = [[group, str(n)] for group, n in sorted(counts.items())]
         lines.append(indent(table(["GROUP", "COUNT"], rows)))
-        lines.append("  inspect them with: eventflow dlq list --store URL")
+        lines.append(f"  inspect them with: eventflow dlq list{' ' + again if again else ''}")
     return "\n".join(lines)
+
+
+_SHOWN_SUBSCRIPTIONS = 2
+"""Subscriptions named in the table's cell; more are listed one a line under the table."""
+
+
+def _subscriptions_cell(subscriptions: tuple[str, ...] | list[str]) -> str:
+    if not subscriptions:
+        return "-"
+    if len(subscriptions) <= _SHOWN_SUBSCRIPTIONS:
+        return ", ".join(subscriptions)
+    shown = ", ".join(subscriptions[:_SHOWN_SUBSCRIPTIONS])
+    return f"{shown} +{len(subscriptions) - _SHOWN_SUBSCRIPTIONS} more"
 
 
 def _is_stale(beat: Heartbeat, now: datetime, stale_after: float) -> bool:
