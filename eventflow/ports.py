@@ -182,6 +182,11 @@ class Broker(Protocol):
     def url(self) -> str:
         """A URL naming this broker (without credentials)."""
 
+    def problems(self) -> tuple[str, ...]:
+        """What keeps the broker from working now, one line each naming the cause and since
+        when (UTC), such as ``disconnected from NATS at URL since ...``; empty while it
+        works. ``App.health`` reports them (``eventflow status`` shows ``DEGRADED``)."""
+
     async def start(self, supervisor: Supervisor | None = None) -> None:
         """Connect, failing within the adapter's connect timeout with a ``BrokerError`` that
         names the URL. Background work (pumps, group coordination) runs as components of

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 import orjson
 
 from ..app import App
-from ..ports import Store
+from ..ports import Heartbeat, Store
 from ..projections import (
     Projection,
     ProjectionLockedError,
@@ -133,8 +133,8 @@ def command(args: argparse.Namespace) -> int:
     projections = app_projections(target.app) if target.app is not None else ()
     if args.action == "status":
         names = list(args.names)
-        rows = asyncio.run(_status(target.store, projections, names, args.lock_timeout))
-        _print_status(rows, json=args.json, app=args.app)
+        rows, errors = asyncio.run(_status(target.store, projections, names, args.lock_timeout))
+        _print_status(rows, json=args.json, app=args.app, errors=errors)
         return 0
     projection = find_projection(projections, args.name)
     runner_options: dict[str, Any] = {}
@@ -234,15 +234,56 @@ async def _held(store: Store, name: str, lock_timeout: float) -> bool | None:
 
 async def _status(
     store: Store, projections: Sequence[Projection], names: Sequence[str], lock_timeout: float
-) -> list[ProjectionStatus]:
+) -> tuple[list[ProjectionStatus], dict[str, list[str]]]:
     await store.open()
     try:
-        return await statuses(store, projections, names, lock_timeout)
+        rows = await statuses(store, projections, names, lock_timeout)
+        beats = await store.heartbeats.list()
+        if not projections:
+            # A projection failing on its first batch has no checkpoint yet: the running
+            # instances' heartbeats name it.
+            listed = {r.name for r in rows}
+            last = await store.last_position()
+            for name in sorted(_reported(beats) - listed):
+                if not names or name in names:
+                    rows.append(
+                        ProjectionStatus(name, 0, last, await _held(store, name, lock_timeout))
+                    )
+        return rows, failing(beats, [r.name for r in rows])
     finally:
         await store.close()
 
 
-def _print_status(rows: Sequence[ProjectionStatus], *, json: bool, app: str | None = None) -> None:
+def _reported(beats: Sequence[Heartbeat]) -> set[str]:
+    """The projections that running instances report problems for."""
+    return {
+        p.split(":", 1)[0].removeprefix("projection ")
+        for b in beats
+        for p in b.problems
+        if p.startswith("projection ")
+    }
+
+
+def failing(beats: Sequence[Heartbeat], names: Sequence[str]) -> dict[str, list[str]]:
+    """Per projection name, the problem lines running instances report for it (its last
+    error, the event it fails on and since when), from their heartbeats."""
+    out: dict[str, list[str]] = {}
+    for beat in beats:
+        for problem in beat.problems:
+            for name in names:
+                if problem.startswith(f"projection {name}:"):
+                    out.setdefault(name, []).append(f"{beat.instance}: {problem}")
+    return out
+
+
+def _print_status(
+    rows: Sequence[ProjectionStatus],
+    *,
+    json: bool,
+    app: str | None = None,
+    errors: dict[str, list[str]] | None = None,
+) -> None:
+    errors = errors or {}
     if json:
         for s in rows:
             data = {
@@ -251,6 +292,7 @@ def _print_status(rows: Sequence[ProjectionStatus], *, json: bool, app: str | No
                 "last_position": s.last_position,
                 "lag": s.lag,
                 "running": s.running,
+                "problems": errors.get(s.name, []),
             }
             print(orjson.dumps(data).decode())
         return
@@ -269,6 +311,9 @@ def _print_status(rows: Sequence[ProjectionStatus], *, json: bool, app: str | No
         for s in rows
     ]
     print(table(["NAME", "CHECKPOINT", "LAST POSITION", "LAG", "RUNNING"], table_rows))
+    for s in rows:
+        for line in errors.get(s.name, []):
+            print(f"  {line}")
 
 
 # -- rebuild -----------------------------------------------------------------------------------

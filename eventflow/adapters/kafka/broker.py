@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -67,6 +68,7 @@ class KafkaBroker:
         self._lock = asyncio.Lock()
         self._supervisor: Supervisor | None = None
         self._own_supervisor: Supervisor | None = None  # when start() was given none
+        self._failing: tuple[datetime, KafkaError] | None = None  # publishes fail since then
 
     @classmethod
     def from_url(cls, url: str) -> KafkaBroker:
@@ -276,6 +278,8 @@ class KafkaBroker:
                     "it smaller than max_message_bytes (and the topic's max.message.bytes) or "
                     "check the client's permissions on the topic"
                 ) from exc
+            if self._failing is None:  # not a refusal: the brokers are away or slow
+                self._failing = (datetime.now(UTC), exc)
             if taken:  # the last try's error: an earlier one may have been stored
                 raise PublishUnconfirmedError(
                     f"kafka: publish to {topic!r} maybe sent: the brokers did not confirm it "
@@ -293,6 +297,7 @@ class KafkaBroker:
             raise BrokerError(
                 f"kafka: publishing to {topic!r} failed, not sent: {exc!r}; are the brokers up?"
             ) from exc
+        self._failing = None
 
     # -- subscribing -------------------------------------------------------------------------
 
@@ -392,6 +397,12 @@ class KafkaBroker:
         else:
             await (await self.subscribe(pattern, group=group, start=begin)).close()
         return False
+
+    def problems(self) -> tuple[str, ...]:
+        """From a failed publish until one succeeds (aiokafka reconnects silently)."""
+        if (failing := self._failing) is None:
+            return ()
+        return (f"broker: publishes to {self.url} fail since {failing[0]:%F %TZ} ({failing[1]!r})",)
 
     async def lag(self, pattern: str, *, group: str) -> Lag:
         """What ``group`` has not committed yet on ``pattern`` and the timestamp of the
