@@ -537,6 +537,11 @@ class EventStore(Protocol):
     def subscribe(self, *, after: int = 0) -> AsyncIterator[RecordedEvent]:
         """Like ``read_all``, then follows new events live, forever (cancel to stop)."""
 
+    async def correlated(self, correlation_id: str, *, limit: int = 100_000) -> list[RecordedEvent]:
+        """The committed events whose envelope has ``correlation_id``, oldest first, at most
+        ``limit``: found through an index on SQL stores (``eventflow trace``), not by
+        reading the log."""
+
     async def stream_version(self, stream_id: str) -> int:
         """The stream's current version (0 when it does not exist)."""
 

@@ -29,7 +29,7 @@ import orjson
 
 from ..envelope import Envelope
 from ..errors import DecodeError
-from ..ports import Store
+from ..ports import Store, declared
 from ..sagas.control import Control
 from ..sagas.persistence import TRANSITION_TYPE
 from ._common import (
@@ -98,8 +98,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 async def collect(store: Store, correlation_id: str) -> list[Node]:
     """Every stored message of ``correlation_id`` (event log, dead letters, outbox)."""
     nodes: list[Node] = []
-    async for rec in store.read_all(after=0):
-        if rec.envelope.correlation_id == correlation_id:
+    for rec in await declared(store, Store, "correlated")(correlation_id):
+        if rec.envelope.correlation_id == correlation_id:  # (an index is not a promise)
             where = f"store {rec.stream_id}@{rec.stream_version} (position {rec.position})"
             node = Node(rec.envelope, where)
             if rec.envelope.type == TRANSITION_TYPE:
