@@ -41,7 +41,7 @@ from ._common import (
     resolve_target,
 )
 
-__all__ = ["Node", "SagaMark", "add_parser", "collect", "render"]
+__all__ = ["Node", "SagaMark", "add_parser", "collect", "mermaid", "render"]
 
 
 @dataclass(slots=True)
@@ -89,7 +89,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         ),
     )
     parser.add_argument("correlation_id", metavar="CORRELATION_ID")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--mermaid", action="store_true", help="print a Mermaid flowchart of the tree")
     add_target_options(parser)
     add_log_level(parser, "WARNING")
     parser.set_defaults(handler=command)
@@ -323,9 +325,47 @@ def command(args: argparse.Namespace) -> int:
                 option=orjson.OPT_UTC_Z,
             ).decode()
         )
+    elif args.mermaid:
+        print(mermaid(nodes))
     else:
         print(render(args.correlation_id, nodes))
     return 0
+
+
+def mermaid(nodes: list[Node]) -> str:
+    """The tree as a Mermaid ``flowchart TD``: a box per message (type, id, where it was
+    found), a rounded one per saga transition, a dashed one per cause that is not stored,
+    and an arrow from each cause to what it caused."""
+    lines = ["flowchart TD"]
+    count = 0
+
+    def box(node: Node) -> str:
+        nonlocal count
+        count += 1
+        name = f"m{count}"
+        env = node.envelope
+        if env is None:
+            lines.append(f'    {name}["{_label(node.where)}"]:::missing')
+        elif node.saga is not None:
+            t = node.saga.transition
+            step = f" {t['step']}" if t.get("step") else ""
+            text = f"{t['kind']}{step}<br/>{node.saga.saga_id}@{node.saga.version}"
+            lines.append(f'    {name}("{_label(text)}")')
+        else:
+            text = f"{env.type} v{env.version}<br/>{env.id}<br/>{node.where}"
+            lines.append(f'    {name}["{_label(text)}"]')
+        for child in node.children:
+            lines.append(f"    {name} --> {box(child)}")
+        return name
+
+    for root in _tree(nodes):
+        box(root)
+    lines.append("    classDef missing stroke-dasharray: 4 4")
+    return "\n".join(lines)
+
+
+def _label(text: str) -> str:
+    return text.replace('"', "#quot;")
 
 
 def _as_json(node: Node) -> dict[str, Any]:
