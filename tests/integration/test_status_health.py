@@ -114,6 +114,13 @@ async def test_a_nats_outage_is_degraded_with_its_cause_and_ok_after(
             data, text = await _until_status(url, capsys, waiter, "ok")
             assert data["instances"][0]["problems"] == []
             await app.publish(Ping(n=1), key="k")  # publishes work again
+            # the group's lag, asked of the broker for what the heartbeat subscribes to
+            capsys.readouterr()
+            argv = ["status", "--store", url, "--broker", broker, "--json"]
+            assert await asyncio.to_thread(main, argv) == 0
+            (group,) = json.loads(capsys.readouterr().out)["groups"]
+            assert (group["group"], group["pattern"]) == ("health", "it.health.ping")
+            assert group["lag_messages"] in (0, 1) and group["lag_seconds"] is not None
         reconnects = [r.getMessage() for r in caplog.records if "reconnected" in r.getMessage()]
         assert reconnects and all("ParseResult" not in m for m in reconnects), reconnects
         assert all(isinstance(app.broker, NatsBroker) and "nats://" in m for m in reconnects)
