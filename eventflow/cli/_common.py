@@ -298,7 +298,12 @@ def resolve_target(args: argparse.Namespace) -> Target:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    """Format rows as left-aligned columns under upper-case headers."""
+    """Format rows as left-aligned columns under upper-case headers: drawn with rich when
+    stdout is a terminal, plain columns (what scripts parse) otherwise."""
+    from ._draw import terminal, terminal_table
+
+    if terminal():
+        return terminal_table(headers, rows)
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]

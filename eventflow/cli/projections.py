@@ -46,6 +46,7 @@ from ._common import (
     resolve_target,
     table,
 )
+from ._draw import progress_for
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
@@ -142,7 +143,7 @@ def command(args: argparse.Namespace) -> int:
         runner_options["batch_size"] = args.batch_size
     if target.app is not None:
         runner_options["registry"] = target.app.registry
-    bar = None if args.quiet else ProgressBar(sys.stderr, projection.name)
+    bar = None if args.quiet else progress_for(sys.stderr, projection.name, ProgressBar)
     position = asyncio.run(
         _rebuild(target.store, projection, args.force, args.lock_timeout, bar, runner_options)
     )

@@ -40,6 +40,7 @@ from ._common import (
     format_time,
     resolve_target,
 )
+from ._draw import terminal, terminal_tree
 
 __all__ = ["Node", "SagaMark", "add_parser", "collect", "mermaid", "render"]
 
@@ -253,11 +254,7 @@ def render(correlation_id: str, nodes: list[Node]) -> str:
     """The tree as indented text, oldest first at each level."""
     if not nodes:
         return f"no stored message has correlation id {correlation_id!r}"
-    sagas = sum(1 for n in nodes if n.saga is not None)
-    lines = [
-        f"correlation {correlation_id}: {len(nodes)} stored message(s)"
-        + (f", {sagas} of them saga transitions" if sagas else "")
-    ]
+    lines = [_heading(correlation_id, nodes)]
 
     def walk(node: Node, depth: int) -> None:
         pad = "  " * (depth + 1)
@@ -327,9 +324,46 @@ def command(args: argparse.Namespace) -> int:
         )
     elif args.mermaid:
         print(mermaid(nodes))
+    elif terminal():
+        print(
+            terminal_tree(
+                _heading(args.correlation_id, nodes), _branches(_tree(nodes), args.correlation_id)
+            )
+        )
     else:
         print(render(args.correlation_id, nodes))
     return 0
+
+
+def _heading(correlation_id: str, nodes: list[Node]) -> str:
+    sagas = sum(1 for n in nodes if n.saga is not None)
+    return f"correlation {correlation_id}: {len(nodes)} stored message(s)" + (
+        f", {sagas} of them saga transitions" if sagas else ""
+    )
+
+
+def _branches(
+    nodes: list[Node], correlation_id: str, top: bool = True
+) -> list[tuple[str, list[Any]]]:
+    """The tree as ``(text, children)`` pairs for the terminal: the same lines as
+    :func:`render`, a message's second line (where it was found) under its first."""
+    out: list[tuple[str, list[Any]]] = []
+    for node in nodes:
+        env = node.envelope
+        if env is None:
+            text = node.where
+        elif node.saga is not None:
+            text = _transition_line(node.saga, env)
+        else:
+            missing = ""
+            if top and env.causation_id and env.id != correlation_id:
+                missing = f"  (caused by {env.causation_id}, not stored)"
+            text = (
+                f"{env.type} v{env.version}  {env.id}  from {env.source or '?'}  "
+                f"{format_time(env.time)}{missing}\n{node.where}"
+            )
+        out.append((text, _branches(node.children, correlation_id, top=False)))
+    return out
 
 
 def mermaid(nodes: list[Node]) -> str:
