@@ -10,8 +10,11 @@ once. The schema is dropped at the end.
 
     python benchmarks/bench_trace.py [--events 1000000] [--postgres-url URL] [--lookups 20]
         [--scan]
+    python benchmarks/bench_trace.py --append-cost [--rounds 6]
 
 Prints the figures; it asserts nothing about time (the target is under 1 s per trace).
+``--append-cost`` instead measures what the index costs appends: rounds of 2,000 events
+(single-event appends) on SQLite and PostgreSQL, alternating with and without it.
 """
 
 from __future__ import annotations
@@ -131,14 +134,66 @@ async def main(args: argparse.Namespace) -> None:
         await _drop(url)
 
 
+async def append_cost(args: argparse.Namespace) -> None:
+    """Events/s of single-event appends with the correlation index and without it, in
+    alternating rounds on one store of each kind; the median ratio."""
+    import tempfile
+
+    from eventflow.testing.postgres import with_schema
+
+    n = 2000
+    tmp = tempfile.TemporaryDirectory()
+    pg = with_schema(args.postgres_url, f"bench_trace_{uuid.uuid4().hex[:8]}")
+    for kind, url in (("sqlite", f"sqlite:///{tmp.name}/cost.db"), ("postgresql", pg)):
+        store = store_for(url)
+        await store.open()
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        try:
+            for r in range(args.rounds):
+                indexed = r % 2 == 0
+                sql = _CREATE[kind] if indexed else "DROP INDEX IF EXISTS ef_events_correlation"
+                await _execute(store, kind, sql)
+                began = time.perf_counter()
+                for i in range(n):
+                    env = Envelope.create("bench.trace.cost", {"n": i}, correlation_id=f"c-{r}-{i}")
+                    await store.append(f"cost-{r}-{i % 50}", [env])
+                rates[indexed].append(n / (time.perf_counter() - began))
+        finally:
+            await store.close()
+            if kind == "postgresql":
+                await _drop(url)
+        with_index, without = statistics.median(rates[True]), statistics.median(rates[False])
+        print(
+            f"{kind}: appends/s with the index {with_index:,.0f}, without {without:,.0f} "
+            f"(ratio {with_index / without:.3f}, medians of {args.rounds // 2} rounds each)"
+        )
+    tmp.cleanup()
+
+
+_CREATE = {
+    "sqlite": "CREATE INDEX IF NOT EXISTS ef_events_correlation ON ef_events "
+    "(json_extract(CAST(envelope AS TEXT), '$.correlation_id'))",
+    "postgresql": "CREATE INDEX IF NOT EXISTS ef_events_correlation ON ef_events "
+    "(ef_correlation_v1(envelope))",
+}
+
+
+async def _execute(store: Any, kind: str, sql: str) -> None:
+    async with store.transaction() as tx:
+        await tx.execute(sql)
+
+
 def _parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
     parser.add_argument("--lookups", type=int, default=20)
     parser.add_argument("--scan", action="store_true", help="also time a whole-log scan")
+    parser.add_argument("--append-cost", action="store_true", help="the index's cost on appends")
+    parser.add_argument("--rounds", type=int, default=6)
     return parser.parse_args()
 
 
 if __name__ == "__main__":
-    asyncio.run(main(_parse()))
+    _args = _parse()
+    asyncio.run(append_cost(_args) if _args.append_cost else main(_args))
