@@ -70,6 +70,9 @@ class Node:
     children: list[Node] = field(default_factory=list)
     saga: SagaMark | None = None
     id: str = ""  # the placeholder's message id, if known
+    cause_handled_by: tuple[str, ...] = ()
+    """The groups whose dedup records say they handled this message's cause, when the
+    cause itself only travelled through the broker (not stored)."""
 
     @property
     def time(self) -> float:
@@ -127,7 +130,39 @@ async def collect(store: Store, correlation_id: str) -> list[Node]:
         if env.correlation_id == correlation_id:
             nodes.append(Node(env, f"outbox, not yet sent to {msg.topic}"))
     _saga_batches(nodes)  # names the commands on the transitions that sent them
+    await _broker_hops(store, nodes)
     return nodes
+
+
+_MAX_HOPS = 200  # causes looked up in the dedup records, at most
+
+
+async def _broker_hops(store: Store, nodes: list[Node]) -> None:
+    """For a message whose cause is not stored (it only travelled through the broker), the
+    consumer groups whose dedup records say they handled that cause: the groups the running
+    instances subscribe with and those with dead letters."""
+    stored = {n.envelope.id for n in nodes if n.envelope is not None}
+    missing = [
+        n
+        for n in nodes
+        if n.envelope is not None
+        and n.saga is None
+        and n.envelope.causation_id
+        and n.envelope.causation_id not in stored
+    ][:_MAX_HOPS]
+    if not missing:
+        return
+    groups = {
+        sub.rpartition(":")[0]
+        for beat in await store.heartbeats.list()
+        for sub in beat.subscriptions
+        if ":" in sub
+    } | set(await store.dead_letters.count())
+    dedup = store.dedup
+    for node in missing:
+        assert node.envelope is not None and node.envelope.causation_id is not None
+        cause = node.envelope.causation_id
+        node.cause_handled_by = tuple(sorted([g for g in groups if await dedup.seen(g, cause)]))
 
 
 def _tree(nodes: list[Node]) -> list[Node]:
@@ -269,7 +304,7 @@ def render(correlation_id: str, nodes: list[Node]) -> str:
             return
         missing = ""
         if depth == 0 and env.causation_id and env.id != correlation_id:
-            missing = f"  (caused by {env.causation_id}, not stored)"
+            missing = f"  (caused by {env.causation_id}, not stored{_hop(node)})"
         lines.append(
             f"{'  ' * (depth + 1)}{env.type} v{env.version}  {env.id}  from {env.source or '?'}"
             f"  {format_time(env.time)}{missing}"
@@ -281,6 +316,11 @@ def render(correlation_id: str, nodes: list[Node]) -> str:
     for root in _tree(nodes):
         walk(root, 0)
     return "\n".join(lines)
+
+
+def _hop(node: Node) -> str:
+    groups = node.cause_handled_by
+    return f"; handled by group {', '.join(groups)} on the broker" if groups else ""
 
 
 def _transition_line(mark: SagaMark, env: Envelope) -> str:
@@ -357,7 +397,7 @@ def _branches(
         else:
             missing = ""
             if top and env.causation_id and env.id != correlation_id:
-                missing = f"  (caused by {env.causation_id}, not stored)"
+                missing = f"  (caused by {env.causation_id}, not stored{_hop(node)})"
             text = (
                 f"{env.type} v{env.version}  {env.id}  from {env.source or '?'}  "
                 f"{format_time(env.time)}{missing}\n{node.where}"
@@ -405,6 +445,8 @@ def _label(text: str) -> str:
 def _as_json(node: Node) -> dict[str, Any]:
     assert node.envelope is not None
     out: dict[str, Any] = {"where": node.where, "envelope": node.envelope.to_dict()}
+    if node.cause_handled_by:
+        out["cause_handled_by"] = list(node.cause_handled_by)
     if node.saga is not None:
         out["saga_transition"] = {
             "saga_id": node.saga.saga_id,

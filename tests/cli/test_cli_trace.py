@@ -120,3 +120,33 @@ def test_trace_finds_a_correlation_in_a_store_made_before_the_index(
             (correlation,),
         ).fetchall()
     assert "ef_events_correlation" in str(plan)
+
+
+def test_trace_names_the_groups_that_handled_a_cause_only_the_broker_carried(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command that caused a stored event was never stored (it went through the broker
+    only), but the group that handled it recorded that in its dedup table: trace says so."""
+    from cli_support import fill, make_beat
+
+    url = f"sqlite:///{tmp_path / 'hops.db'}"
+    command_id = "0193aaaa-0000-7000-8000-00000000c0de"
+    effect = to_envelope(
+        TraceReserved(n=3), source="inventory", correlation_id="corr-hop", causation_id=command_id
+    )
+
+    async def run() -> None:
+        async with open_store(url) as store:
+            await store.append("stock-3", [effect])
+            await store.dedup.mark("inventory", command_id)
+            await store.dedup.mark("billing", "some-other-message")
+
+    asyncio.run(run())
+    fill(url, beats=[make_beat("inventory", subscriptions=("inventory:cli.trace.*",))])
+    fill(url, beats=[make_beat("billing", subscriptions=("billing:cli.trace.*",))])
+    assert main(["trace", "corr-hop", "--store", url]) == 0
+    out = capsys.readouterr().out
+    assert f"(caused by {command_id}, not stored; handled by group inventory on the broker)" in out
+    assert main(["trace", "corr-hop", "--store", url, "--json"]) == 0
+    (msg,) = orjson.loads(capsys.readouterr().out)["messages"]
+    assert msg["cause_handled_by"] == ["inventory"]
