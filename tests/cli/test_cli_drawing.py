@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("eventflow.cli._draw.terminal", lambda stream=None: True)
     monkeypatch.setattr("eventflow.cli.trace.terminal", lambda stream=None: True)
+    monkeypatch.setattr("eventflow.cli.store.terminal", lambda stream=None: True)
 
 
 def test_status_on_a_terminal_is_a_rich_table_with_health_in_colour(
@@ -97,3 +98,19 @@ def test_plain_is_forced_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert terminal(Tty())
     monkeypatch.setenv("EVENTFLOW_PLAIN", "1")
     assert not terminal(Tty())
+
+
+def test_store_read_on_a_terminal_is_a_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_cli_trace import _fill
+
+    url = f"sqlite:///{tmp_path / 'read.db'}"
+    _fill(url)
+    assert main(["store", "read", "--all", "--store", url]) == 0
+    plain = capsys.readouterr().out.splitlines()
+    assert len(plain) == 3 and plain[0].split()[0] == "1"  # one line per event, as before
+    _on_a_terminal(monkeypatch)
+    assert main(["store", "read", "--all", "--store", url]) == 0
+    drawn = capsys.readouterr().out
+    assert "POSITION" in drawn and "─" in drawn and "order-1@1" in drawn
