@@ -58,6 +58,7 @@ class Overview:
     groups_note: str = ""
     projections: list[ProjectionLag] = field(default_factory=list)
     sagas: dict[str, int] = field(default_factory=dict)
+    sagas_note: str = ""
 
 
 def subscriptions(beats: Sequence[Heartbeat]) -> list[tuple[str, str]]:
@@ -72,7 +73,7 @@ async def read_overview(
     """Read everything but the instances (the store is open)."""
     out = Overview()
     out.projections = await _projections(target.store, now)
-    out.sagas = await _sagas(target.store)
+    out.sagas, out.sagas_note = await _sagas(target.store)
     pairs = subscriptions(beats)
     if not pairs:
         return out
@@ -114,11 +115,14 @@ async def _projections(store: Store, now: datetime) -> list[ProjectionLag]:
     return out
 
 
-async def _sagas(store: Store) -> dict[str, int]:
+async def _sagas(store: Store) -> tuple[dict[str, int], str]:
     sagas = Sagas(store, default_registry, "eventflow-cli")
     counts: dict[str, int] = {}
-    for status in STATUSES:
-        n = len(await sagas.list(status=status, limit=SAGA_COUNT_CAP + 1))
-        if n:
-            counts[status] = n
-    return counts
+    try:
+        for status in STATUSES:
+            n = len(await sagas.list(status=status, limit=SAGA_COUNT_CAP + 1))
+            if n:
+                counts[status] = n
+    except Exception as exc:  # a read-only user cannot create the saga index: say so
+        return {}, f"cannot read the saga index ({type(exc).__name__}: {exc})"
+    return counts, ""

@@ -169,6 +169,8 @@ def render_overview(overview: Overview) -> str:
         cap = SAGA_COUNT_CAP
         parts = [f"{k}={'>' + str(cap) if v > cap else v}" for k, v in overview.sagas.items()]
         lines += ["", f"sagas: {' '.join(parts)}"]
+    if overview.sagas_note:
+        lines += ["", f"sagas: {overview.sagas_note}"]
     return "\n".join(lines)
 
 
