@@ -380,10 +380,25 @@ class App:
         if supervisor is None:
             return Health("stopped")
         health = supervisor.health()
-        breakers = self.limits.problems()  # an open breaker pauses subscriptions
-        if breakers and health.ok:
-            return Health("degraded", breakers)
-        return Health(health.status, health.problems + breakers) if breakers else health
+        # An open breaker pauses subscriptions; a broker away fails publishes; a projection
+        # failing on one event retries it inside its runner, unseen by the supervisor.
+        extra = (
+            *self._broker_problems(),
+            *(p for r in self._projection_runners if (p := r.problem()) is not None),
+            *self.limits.problems(),
+        )
+        if not extra:
+            return health
+        return Health("degraded" if health.ok else health.status, health.problems + extra)
+
+    def _broker_problems(self) -> tuple[str, ...]:
+        # A broker written before the port declared problems() still runs an app (as one
+        # without lag() does without sagas); its connection is then not in the health.
+        try:
+            problems = declared(self.broker, Broker, "problems")
+        except ConfigurationError:
+            return ()
+        return tuple(problems())
 
     def readiness(self) -> tuple[bool, Health]:
         """Whether the app is ready (``/readyz``): started, so every subscription is live,

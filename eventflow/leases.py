@@ -175,9 +175,26 @@ async def hold_lease(
     finally:
         lease._scope = None
         keeper.cancel()
-        await asyncio.wait({keeper})
-        if lease.lost is None:
-            await _release(backend, lease)
+        # The block often ends by a cancellation (its owner stops it), and a second one can
+        # follow (the owner's supervisor closing): the release must still happen, or a
+        # stopped app keeps the lease until it expires. It is one bounded statement, so the
+        # cleanup waits it out and the cancellation is raised after.
+        cleanup = asyncio.ensure_future(_wind_up(backend, lease, keeper))
+        cancelled = False
+        while not cleanup.done():
+            try:
+                await asyncio.wait({cleanup})
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError()
+
+
+async def _wind_up(backend: LeaseBackend, lease: Lease, keeper: asyncio.Task[None]) -> None:
+    """Wait for the renewing task to end, then release the lease unless it was lost."""
+    await asyncio.wait({keeper})
+    if lease.lost is None:
+        await _release(backend, lease)
 
 
 async def _acquire(backend: LeaseBackend, name: str, owner: str, ttl: float) -> int | None:

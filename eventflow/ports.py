@@ -205,6 +205,11 @@ class Broker(Protocol):
     def url(self) -> str:
         """A URL naming this broker (without credentials)."""
 
+    def problems(self) -> tuple[str, ...]:
+        """What keeps the broker from working now, one line each naming the cause and since
+        when (UTC), such as ``disconnected from NATS at URL since ...``; empty while it
+        works. ``App.health`` reports them (``eventflow status`` shows ``DEGRADED``)."""
+
     async def start(self, supervisor: Supervisor | None = None) -> None:
         """Connect, failing within the adapter's connect timeout with a ``BrokerError`` that
         names the URL. Background work (pumps, group coordination) runs as components of
@@ -554,6 +559,11 @@ class EventStore(Protocol):
 
     def subscribe(self, *, after: int = 0) -> AsyncIterator[RecordedEvent]:
         """Like ``read_all``, then follows new events live, forever (cancel to stop)."""
+
+    async def correlated(self, correlation_id: str, *, limit: int = 100_000) -> list[RecordedEvent]:
+        """The committed events whose envelope has ``correlation_id``, oldest first, at most
+        ``limit``: found through an index on SQL stores (``eventflow trace``), not by
+        reading the log."""
 
     async def stream_version(self, stream_id: str) -> int:
         """The stream's current version (0 when it does not exist)."""

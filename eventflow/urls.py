@@ -72,9 +72,16 @@ def seconds_option(url: str, options: Mapping[str, str], name: str, default: flo
 
 
 def count_option(
-    url: str, options: Mapping[str, str], name: str, default: int, *, minimum: int = 1
+    url: str,
+    options: Mapping[str, str],
+    name: str,
+    default: int,
+    *,
+    minimum: int = 1,
+    maximum: int | None = None,
 ) -> int:
-    """Option ``name`` as a whole number >= ``minimum``, else ``default``."""
+    """Option ``name`` as a whole number >= ``minimum`` (and <= ``maximum``), else
+    ``default``."""
     raw = options.get(name)
     if raw is None:
         return default
@@ -82,9 +89,10 @@ def count_option(
         value = int(raw)
     except ValueError:
         value = minimum - 1
-    if value < minimum:
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
         raise ConfigurationError(
             f"URL option {name}={raw!r} in {redact_url(url)!r} must be a whole number "
-            f">= {minimum}, e.g. {name}={default}"
+            f"{bounds}, e.g. {name}={default}"
         )
     return value

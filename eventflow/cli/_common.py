@@ -11,6 +11,7 @@ import importlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from ..errors import ConfigurationError, EventflowError
 from ..ports import Broker, Store, declared
 from ..runtime.deadletters import DeadLetters
 from ..stores import store_for
+from ..urls import redact_url
 
 __all__ = [
     "EXIT_FAILURE",
@@ -38,6 +40,7 @@ __all__ = [
     "load_object",
     "resolve_target",
     "table",
+    "where_raised",
 ]
 
 EXIT_FAILURE = 1
@@ -118,10 +121,13 @@ def load_object(
             EXIT_USAGE,
         ) from None
     except EventflowError as exc:
-        raise CliError(f"importing {module_name!r} failed: {exc}", EXIT_USAGE) from None
+        raise CliError(
+            f"importing {module_name!r} failed{where_raised(exc)}: {exc}", EXIT_USAGE
+        ) from None
     except Exception as exc:
         raise CliError(
-            f"importing {module_name!r} raised {type(exc).__name__}: {exc}", EXIT_USAGE
+            f"importing {module_name!r} raised {type(exc).__name__}{where_raised(exc)}: {exc}",
+            EXIT_USAGE,
         ) from None
     obj: Any = module
     for part in attr.split("."):
@@ -134,6 +140,34 @@ def load_object(
                 f"module {module_name!r} has no attribute {attr!r}{names}", EXIT_USAGE
             ) from None
     return obj
+
+
+def where_raised(exc: BaseException) -> str:
+    """`` at shop/orders.py:12`` : where the user's code raised ``exc`` (or a SyntaxError
+    points), so a person can go to the line; empty when no frame is known.
+
+    The innermost frame outside eventflow and the import machinery is the user's line (an
+    error raised by eventflow on the user's behalf, such as a bad ``App(...)`` argument,
+    points at the call in the user's module).
+    """
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {_short_path(exc.filename)}:{exc.lineno}"
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith(("<frozen", package))
+    ]
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" at {_short_path(last.filename)}:{last.lineno}"
+
+
+def _short_path(path: str) -> str:
+    """``path`` relative to the current directory when it is under it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
 
 
 def load_app(spec: str, app_dir: str | None = ".") -> App:
@@ -189,6 +223,8 @@ class Target:
     dead_letters: DeadLetters
     app: App | None
     description: str
+    again: str = ""
+    """The options that name this target again in a hint (``--store URL`` or ``--app X``)."""
 
 
 def is_memory_broker(broker: Broker) -> bool:
@@ -227,6 +263,9 @@ def resolve_target(args: argparse.Namespace) -> Target:
                 broker = open_broker(broker_url)
             dead_letters = DeadLetters(store.dead_letters, broker, app.dead_letter_groups)
             description = f"app {app.name!r} (store {store.url})"
+            again = f"--app {args.app}" + (
+                f" --app-dir {args.app_dir}" if args.app_dir not in (None, ".") else ""
+            )
         else:
             url = args.store or os.environ.get(STORE_ENV)
             if not url:
@@ -238,7 +277,8 @@ def resolve_target(args: argparse.Namespace) -> Target:
             store = store_for(url)
             broker = open_broker(broker_url or "memory://")
             dead_letters = DeadLetters(store.dead_letters, broker, None)
-            description = f"store {url}"
+            description = f"store {redact_url(url)}"
+            again = f"--store '{redact_url(url)}'" if args.store else ""
         durable = declared(store, Store, "durable")
     except ConfigurationError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
@@ -251,14 +291,19 @@ def resolve_target(args: argparse.Namespace) -> Target:
             EXIT_USAGE,
         )
     _check_sqlite_file(store)
-    return Target(store, broker, dead_letters, app, description)
+    return Target(store, broker, dead_letters, app, description, again)
 
 
 # -- output ------------------------------------------------------------------------------------
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    """Format rows as left-aligned columns under upper-case headers."""
+    """Format rows as left-aligned columns under upper-case headers: drawn with rich when
+    stdout is a terminal, plain columns (what scripts parse) otherwise."""
+    from ._draw import terminal, terminal_table
+
+    if terminal():
+        return terminal_table(headers, rows)
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]

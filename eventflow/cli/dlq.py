@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from ..errors import DeadLetterNotFound
 from ..ports import DeadLetter
 from ._common import (
     EXIT_USAGE,
@@ -33,6 +34,7 @@ from ._common import (
 __all__ = ["add_parser", "command", "letter_as_dict"]
 
 _ERROR_WIDTH = 60
+_ALL = 1_000_000  # "every letter" for list(limit=...)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,7 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--json", action="store_true", help="one JSON object per line")
 
     p = actions.add_parser("show", help="show one dead letter in full")
-    p.add_argument("id", metavar="ID")
+    p.add_argument("id", metavar="ID", help="the letter's id, or a prefix only it has")
     p.add_argument("--json", action="store_true", help="print it as a JSON object")
 
     p = actions.add_parser(
@@ -73,9 +75,15 @@ def command(args: argparse.Namespace) -> int:
     """Run one ``dlq`` action; return the exit code."""
     configure_logging(args.log_level)
     if args.action in ("replay", "purge") and bool(args.ids) == bool(args.all):
+        what = "not both" if args.all else "neither was given"
         raise CliError(
             f"dlq {args.action}: name the letters (IDs from `eventflow dlq list`) or pass "
-            "--all, not both",
+            f"--all ({what})",
+            EXIT_USAGE,
+        )
+    if args.action == "list" and args.limit < 1:
+        raise CliError(
+            f"dlq list: --limit must be 1 or more, got {args.limit} (the default is 100)",
             EXIT_USAGE,
         )
     target = resolve_target(args)
@@ -101,7 +109,7 @@ async def _run(args: argparse.Namespace, target: Target) -> int:
         if args.action == "show":
             return await _show(args, target)
         if args.action == "purge":
-            ids = None if args.all else list(args.ids)
+            ids = None if args.all else [await _resolve(target, i) for i in args.ids]
             n = await target.dead_letters.purge(ids)
             print(f"purged {n} dead letter{'s' if n != 1 else ''}")
             return 0
@@ -136,7 +144,7 @@ async def _list(args: argparse.Namespace, target: Target) -> int:
 
 
 async def _show(args: argparse.Namespace, target: Target) -> int:
-    letter = await target.dead_letters.get(args.id)
+    letter = await target.dead_letters.get(await _resolve(target, args.id))
     data = letter_as_dict(letter, full=True)
     if args.json:
         print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
@@ -155,9 +163,9 @@ async def _show(args: argparse.Namespace, target: Target) -> int:
 
 async def _replay(args: argparse.Namespace, target: Target) -> int:
     if args.all:
-        ids = [d.id for d in await target.dead_letters.list(limit=1_000_000)]
+        ids = [d.id for d in await target.dead_letters.list(limit=_ALL)]
     else:
-        ids = [(await target.dead_letters.get(i)).id for i in args.ids]  # unknown ids fail here
+        ids = [await _resolve(target, i) for i in args.ids]  # unknown ids fail here
     if not ids:
         print("no dead letters to replay")
         return 0
@@ -169,6 +177,30 @@ async def _replay(args: argparse.Namespace, target: Target) -> int:
         await target.broker.close()
     print(f"replayed {n} dead letter{'s' if n != 1 else ''}")
     return 0
+
+
+_AMBIGUOUS_SHOWN = 5
+
+
+async def _resolve(target: Target, given: str) -> str:
+    """The id of the one letter whose id is ``given`` or starts with it (as git takes a
+    commit's prefix); ``DeadLetterNotFound`` when none does, ``CliError`` naming the
+    candidates when several do."""
+    try:
+        return (await target.dead_letters.get(given)).id
+    except DeadLetterNotFound:
+        if not given:
+            raise
+        found = [d.id for d in await target.dead_letters.list(limit=_ALL) if d.id.startswith(given)]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise
+    shown = ", ".join(found[:_AMBIGUOUS_SHOWN]) + (", ..." if len(found) > _AMBIGUOUS_SHOWN else "")
+    raise CliError(
+        f"dead-letter id prefix {given!r} is ambiguous: {len(found)} letters start with it "
+        f"({shown}); give more of the id"
+    )
 
 
 def letter_as_dict(letter: DeadLetter, *, full: bool) -> dict[str, Any]:

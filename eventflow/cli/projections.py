@@ -28,12 +28,13 @@ from typing import Any, TextIO
 import orjson
 
 from ..app import App
-from ..ports import Store
+from ..ports import Heartbeat, Store
 from ..projections import (
     Projection,
     ProjectionLockedError,
     ProjectionRunner,
     ProjectionStatus,
+    lease_name,
 )
 from ._common import (
     EXIT_USAGE,
@@ -45,6 +46,7 @@ from ._common import (
     resolve_target,
     table,
 )
+from ._draw import progress_for
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
@@ -132,8 +134,8 @@ def command(args: argparse.Namespace) -> int:
     projections = app_projections(target.app) if target.app is not None else ()
     if args.action == "status":
         names = list(args.names)
-        rows = asyncio.run(_status(target.store, projections, names, args.lock_timeout))
-        _print_status(rows, json=args.json)
+        rows, errors = asyncio.run(_status(target.store, projections, names, args.lock_timeout))
+        _print_status(rows, json=args.json, app=args.app, errors=errors)
         return 0
     projection = find_projection(projections, args.name)
     runner_options: dict[str, Any] = {}
@@ -141,7 +143,7 @@ def command(args: argparse.Namespace) -> int:
         runner_options["batch_size"] = args.batch_size
     if target.app is not None:
         runner_options["registry"] = target.app.registry
-    bar = None if args.quiet else ProgressBar(sys.stderr, projection.name)
+    bar = None if args.quiet else progress_for(sys.stderr, projection.name, ProgressBar)
     position = asyncio.run(
         _rebuild(target.store, projection, args.force, args.lock_timeout, bar, runner_options)
     )
@@ -206,7 +208,7 @@ async def statuses(
     if not projections:
         last = await store.last_position()
         return [
-            ProjectionStatus(name, position, last)
+            ProjectionStatus(name, position, last, await _held(store, name, lock_timeout))
             for name, position in sorted((await store.checkpoints.list()).items())
             if not names or name in names
         ]
@@ -218,17 +220,71 @@ async def statuses(
     return out
 
 
+async def _held(store: Store, name: str, lock_timeout: float) -> bool | None:
+    """Whether an instance holds projection ``name``'s lease, as the store records it (the
+    lease is named after the projection, so no code is needed); None when not looked up
+    (``lock_timeout`` 0) or the store did not answer within it."""
+    if lock_timeout <= 0:
+        return None
+    try:
+        async with asyncio.timeout(lock_timeout):
+            return await store.leases.holder(lease_name(name)) is not None
+    except TimeoutError:
+        return None
+
+
 async def _status(
     store: Store, projections: Sequence[Projection], names: Sequence[str], lock_timeout: float
-) -> list[ProjectionStatus]:
+) -> tuple[list[ProjectionStatus], dict[str, list[str]]]:
     await store.open()
     try:
-        return await statuses(store, projections, names, lock_timeout)
+        rows = await statuses(store, projections, names, lock_timeout)
+        beats = await store.heartbeats.list()
+        if not projections:
+            # A projection failing on its first batch has no checkpoint yet: the running
+            # instances' heartbeats name it.
+            listed = {r.name for r in rows}
+            last = await store.last_position()
+            for name in sorted(_reported(beats) - listed):
+                if not names or name in names:
+                    rows.append(
+                        ProjectionStatus(name, 0, last, await _held(store, name, lock_timeout))
+                    )
+        return rows, failing(beats, [r.name for r in rows])
     finally:
         await store.close()
 
 
-def _print_status(rows: Sequence[ProjectionStatus], *, json: bool) -> None:
+def _reported(beats: Sequence[Heartbeat]) -> set[str]:
+    """The projections that running instances report problems for."""
+    return {
+        p.split(":", 1)[0].removeprefix("projection ")
+        for b in beats
+        for p in b.problems
+        if p.startswith("projection ")
+    }
+
+
+def failing(beats: Sequence[Heartbeat], names: Sequence[str]) -> dict[str, list[str]]:
+    """Per projection name, the problem lines running instances report for it (its last
+    error, the event it fails on and since when), from their heartbeats."""
+    out: dict[str, list[str]] = {}
+    for beat in beats:
+        for problem in beat.problems:
+            for name in names:
+                if problem.startswith(f"projection {name}:"):
+                    out.setdefault(name, []).append(f"{beat.instance}: {problem}")
+    return out
+
+
+def _print_status(
+    rows: Sequence[ProjectionStatus],
+    *,
+    json: bool,
+    app: str | None = None,
+    errors: dict[str, list[str]] | None = None,
+) -> None:
+    errors = errors or {}
     if json:
         for s in rows:
             data = {
@@ -237,11 +293,18 @@ def _print_status(rows: Sequence[ProjectionStatus], *, json: bool) -> None:
                 "last_position": s.last_position,
                 "lag": s.lag,
                 "running": s.running,
+                "problems": errors.get(s.name, []),
             }
             print(orjson.dumps(data).decode())
         return
     if not rows:
-        print("no projections: pass --app MODULE:APP, or no checkpoint is stored yet")
+        if app:
+            print(f"the app {app} has no projections (App(..., projections=[MyProjection()]))")
+        else:
+            print(
+                "no projection checkpoint is stored yet (no projection has run against this "
+                "store); pass --app MODULE:APP to list an app's projections before they run"
+            )
         return
     running = {True: "yes", False: "no", None: "?"}
     table_rows = [
@@ -249,6 +312,9 @@ def _print_status(rows: Sequence[ProjectionStatus], *, json: bool) -> None:
         for s in rows
     ]
     print(table(["NAME", "CHECKPOINT", "LAST POSITION", "LAG", "RUNNING"], table_rows))
+    for s in rows:
+        for line in errors.get(s.name, []):
+            print(f"  {line}")
 
 
 # -- rebuild -----------------------------------------------------------------------------------

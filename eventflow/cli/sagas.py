@@ -177,7 +177,7 @@ async def _run(args: argparse.Namespace, target: Target, saga_cls: type[Saga] | 
         if args.action == "list":
             return await _list(args, target, sagas)
         if args.action == "show":
-            return await _show(args, sagas)
+            return await _show(args, sagas, target.description)
         return await _act(args, target, sagas, saga_cls)
     finally:
         await target.store.close()
@@ -225,10 +225,10 @@ def row_as_dict(row: IndexRow) -> dict[str, Any]:
     }
 
 
-async def _show(args: argparse.Namespace, sagas: Sagas) -> int:
+async def _show(args: argparse.Namespace, sagas: Sagas, where: str) -> int:
     history = await sagas.persistence.history(args.id)
     if not history:
-        raise CliError(_unknown(args.id))
+        raise CliError(_unknown(args.id, where))
     row = await sagas.find(args.id)
     last = next((d["saga"] for d in reversed(history) if "saga" in d), None)
     if last is None:
@@ -315,11 +315,11 @@ async def _act(
 ) -> int:
     row = await sagas.find(args.id)
     if row is None:
-        raise CliError(_unknown(args.id))
+        raise CliError(_unknown(args.id, target.description))
     cls = _class_for(row, saga_cls, target)
     loaded = await sagas.persistence.load(cls.definition, row.key)
     if loaded is None:
-        raise CliError(_unknown(args.id))
+        raise CliError(_unknown(args.id, target.description))
     why = refusal(loaded.control, args.action)
     if why is not None:
         raise CliError(f"saga {row.id} is {loaded.control.status}: {why}")
@@ -375,10 +375,10 @@ def _class_for(row: IndexRow, saga_cls: type[Saga] | None, target: Target) -> ty
     )
 
 
-def _unknown(saga_id: str) -> str:
+def _unknown(saga_id: str, where: str) -> str:
     return (
-        f"no saga {saga_id!r} in the store: ids look like saga-<name>-<key>; see "
-        "`eventflow sagas list`"
+        f"no saga {saga_id!r} in {where}: ids look like saga-<name>-<key>; see "
+        "`eventflow sagas list` (with the same --store or --app)"
     )
 
 

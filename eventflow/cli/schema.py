@@ -27,7 +27,7 @@ from ..events import EventRegistry, default_registry
 from ..schema.asyncapi import build_asyncapi
 from ..schema.check import check_registry
 from ..schema.export import SchemaRegistryError, export_registry, select_events
-from ._common import EXIT_FAILURE, EXIT_USAGE, CliError, load_app
+from ._common import EXIT_FAILURE, EXIT_USAGE, CliError, load_app, where_raised
 
 __all__ = ["add_parser", "command"]
 
@@ -125,7 +125,8 @@ def _import_modules(names: list[str], app_dir: str) -> None:
             ) from None
         except Exception as exc:
             raise CliError(
-                f"importing {name!r} raised {type(exc).__name__}: {exc}", EXIT_USAGE
+                f"importing {name!r} raised {type(exc).__name__}{where_raised(exc)}: {exc}",
+                EXIT_USAGE,
             ) from None
 
 
@@ -162,6 +163,12 @@ def command(args: argparse.Namespace) -> int:
             result = export_registry(registry, args.dir, force=args.force, retire=args.retire)
         except SchemaRegistryError as exc:
             raise CliError(str(exc), EXIT_FAILURE) from None
+        except OSError as exc:
+            raise CliError(
+                f"cannot write the registry under {args.dir!r}: {exc}; pass --dir with a "
+                "writable directory",
+                EXIT_USAGE,
+            ) from None
         for rel in result.written:
             print(f"wrote {os.path.join(args.dir, rel)}")
         print(
@@ -192,8 +199,15 @@ def _asyncapi(args: argparse.Namespace) -> int:
     if args.output == "-":
         sys.stdout.write(text)
     else:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        try:
+            with open(args.output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise CliError(
+                f"cannot write {args.output!r}: {exc.strerror or exc}; create the directory "
+                "first or pass -o with a writable path (or -o - for stdout)",
+                EXIT_USAGE,
+            ) from None
         print(
             f"wrote {args.output}: {len(doc['channels'])} channels, "
             f"{len(doc['components']['messages'])} messages"

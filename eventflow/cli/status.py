@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +24,9 @@ import orjson
 from ..ports import Heartbeat
 from ..runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL
 from ._common import (
+    BROKER_ENV,
+    EXIT_USAGE,
+    CliError,
     Target,
     add_log_level,
     add_target_options,
@@ -31,6 +37,7 @@ from ._common import (
     resolve_target,
     table,
 )
+from ._overview import SAGA_COUNT_CAP, Overview, read_overview
 
 __all__ = ["DEFAULT_STALE_AFTER", "add_parser", "command", "format_stats", "render"]
 
@@ -48,7 +55,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "age, subscriptions, counters) and the dead letters per consumer group."
         ),
     )
-    add_target_options(parser)
+    add_target_options(parser, broker=True)
+    parser.add_argument(
+        "--watch",
+        type=float,
+        metavar="SECONDS",
+        help="redraw every SECONDS until Ctrl-C",
+    )
     parser.add_argument(
         "--stale",
         type=float,
@@ -67,30 +80,123 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def command(args: argparse.Namespace) -> int:
-    """Print the status of the store named on the command line; return the exit code."""
+    """Print the status of the store named on the command line (again every ``--watch``
+    seconds until Ctrl-C); return the exit code."""
     configure_logging(args.log_level)
+    if args.watch is not None and args.watch <= 0:
+        raise CliError(f"--watch takes a number of seconds > 0, got {args.watch:g}", EXIT_USAGE)
     target = resolve_target(args)
-    beats, counts = asyncio.run(_read(target, args.stale if args.prune else None))
+    broker_given = bool(args.app or args.broker or os.environ.get(BROKER_ENV))
+    if args.watch is None:
+        _show(args, target, broker_given)
+        return 0
+    redraw = sys.stdout.isatty()
+    try:
+        while True:
+            if redraw:
+                print("\x1b[H\x1b[2J", end="")  # home, clear: the report in place
+            _show(args, target, broker_given)
+            if not redraw:
+                print(flush=True)
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0  # the way to stop watching
+
+
+def _show(args: argparse.Namespace, target: Target, broker_given: bool) -> None:
     now = datetime.now(UTC)
+    beats, counts, overview = asyncio.run(
+        _read(target, args.stale if args.prune else None, broker_given, now)
+    )
     if args.json:
-        print(orjson.dumps(_as_json(beats, counts, now, args.stale)).decode())
-    else:
-        print(render(beats, counts, now=now, stale_after=args.stale, where=target.description))
-    return 0
+        data = _as_json(beats, counts, now, args.stale)
+        data.update(_overview_json(overview))
+        print(orjson.dumps(data).decode(), flush=True)
+        return
+    text = render(
+        beats, counts, now=now, stale_after=args.stale, where=target.description, again=target.again
+    )
+    more = render_overview(overview)
+    print(text + ("\n" + more if more else ""), flush=True)
 
 
 async def _read(
-    target: Target, prune_after: float | None = None
-) -> tuple[list[Heartbeat], dict[str, int]]:
+    target: Target, prune_after: float | None, broker_given: bool, now: datetime
+) -> tuple[list[Heartbeat], dict[str, int], Overview]:
     await target.store.open()
     try:
         if prune_after is not None:
             await target.store.heartbeats.prune(prune_after)
         beats = await target.store.heartbeats.list()
         counts = await target.dead_letters.count()
+        overview = await read_overview(target, beats, broker_given=broker_given, now=now)
     finally:
         await target.store.close()
-    return beats, counts
+    return beats, counts, overview
+
+
+def _seconds(value: float | None) -> str:
+    return "?" if value is None else f"{value:.1f}s"
+
+
+def render_overview(overview: Overview) -> str:
+    """The lag per group and projection and the sagas by status, as text sections."""
+    lines: list[str] = []
+    if overview.groups or overview.groups_note:
+        lines += ["", "consumer groups:"]
+        if overview.groups_note:
+            lines.append(f"  ({overview.groups_note})")
+        rows = [
+            [
+                g.group,
+                g.pattern,
+                "?" if g.messages is None else str(g.messages),
+                _seconds(g.seconds),
+            ]
+            + ([g.error] if g.error else [""])
+            for g in overview.groups
+        ]
+        if rows:
+            lines.append(indent(table(["GROUP", "PATTERN", "LAG", "OLDEST", ""], rows)))
+    if overview.projections:
+        lines += ["", "projections:"]
+        rows = [
+            [p.name, str(p.checkpoint), str(p.events), _seconds(p.seconds)]
+            for p in overview.projections
+        ]
+        lines.append(indent(table(["NAME", "CHECKPOINT", "LAG", "OLDEST"], rows)))
+    if overview.sagas:
+        cap = SAGA_COUNT_CAP
+        parts = [f"{k}={'>' + str(cap) if v > cap else v}" for k, v in overview.sagas.items()]
+        lines += ["", f"sagas: {' '.join(parts)}"]
+    if overview.sagas_note:
+        lines += ["", f"sagas: {overview.sagas_note}"]
+    return "\n".join(lines)
+
+
+def _overview_json(overview: Overview) -> dict[str, Any]:
+    return {
+        "groups": [
+            {
+                "group": g.group,
+                "pattern": g.pattern,
+                "lag_messages": g.messages,
+                "lag_seconds": g.seconds,
+                **({"error": g.error} if g.error else {}),
+            }
+            for g in overview.groups
+        ],
+        "projections": [
+            {
+                "name": p.name,
+                "checkpoint": p.checkpoint,
+                "lag_events": p.events,
+                "lag_seconds": p.seconds,
+            }
+            for p in overview.projections
+        ],
+        "sagas": dict(overview.sagas),
+    }
 
 
 def format_stats(stats: Mapping[str, int]) -> str:
@@ -106,8 +212,10 @@ def render(
     now: datetime,
     stale_after: float = DEFAULT_STALE_AFTER,
     where: str = "",
+    again: str = "",
 ) -> str:
-    """The human-readable status report."""
+    """The human-readable status report; ``again`` is the options that name the store in
+    the hints (``--store URL``), empty when it came from ``$EVENTFLOW_STORE``."""
     lines: list[str] = []
     live = sum(1 for b in beats if not _is_stale(b, now, stale_after))
     header = f"app instances: {live} running"
@@ -126,7 +234,7 @@ def render(
                 b.health.upper() if b.health != "ok" else "ok",
                 format_time(b.last_seen),
                 format_age(b.last_seen, now) + (" stale" if _is_stale(b, now, stale_after) else ""),
-                ", ".join(b.subscriptions) or "-",
+                _subscriptions_cell(b.subscriptions),
                 format_stats(b.stats),
             ]
             for b in ordered
@@ -136,6 +244,10 @@ def render(
         for b in ordered:
             for problem in b.problems:
                 lines.append(f"  {b.instance}: {problem}")
+        for b in ordered:
+            if len(b.subscriptions) > _SHOWN_SUBSCRIPTIONS:
+                lines.append(f"  {b.instance} subscribes to {len(b.subscriptions)}:")
+                lines.extend(f"    {name}" for name in b.subscriptions)
     else:
         lines.append("  (none: no app is running against this store)")
     total = sum(counts.values())
@@ -144,8 +256,21 @@ def render(
     if counts:
         rows = [[group, str(n)] for group, n in sorted(counts.items())]
         lines.append(indent(table(["GROUP", "COUNT"], rows)))
-        lines.append("  inspect them with: eventflow dlq list --store URL")
+        lines.append(f"  inspect them with: eventflow dlq list{' ' + again if again else ''}")
     return "\n".join(lines)
+
+
+_SHOWN_SUBSCRIPTIONS = 2
+"""Subscriptions named in the table's cell; more are listed one a line under the table."""
+
+
+def _subscriptions_cell(subscriptions: tuple[str, ...] | list[str]) -> str:
+    if not subscriptions:
+        return "-"
+    if len(subscriptions) <= _SHOWN_SUBSCRIPTIONS:
+        return ", ".join(subscriptions)
+    shown = ", ".join(subscriptions[:_SHOWN_SUBSCRIPTIONS])
+    return f"{shown} +{len(subscriptions) - _SHOWN_SUBSCRIPTIONS} more"
 
 
 def _is_stale(beat: Heartbeat, now: datetime, stale_after: float) -> bool:

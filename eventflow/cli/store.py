@@ -27,8 +27,11 @@ from ._common import (
     add_log_level,
     add_target_options,
     configure_logging,
+    format_time,
     resolve_target,
+    table,
 )
+from ._draw import terminal
 
 __all__ = ["add_parser", "format_record"]
 
@@ -111,16 +114,45 @@ def _init(args: argparse.Namespace) -> int:
     return 0
 
 
+_PAGE = 200
+"""Events per table drawn on a terminal: a long read shows as it goes, page by page."""
+
+
 async def _print_all(store: Store, records: AsyncIterator[RecordedEvent], as_json: bool) -> int:
     count = 0
+    drawn = not as_json and terminal()
+    page: list[list[str]] = []
     await store.open()
     try:
         async for rec in records:
-            print(format_record(rec, as_json), flush=True)
             count += 1
+            if not drawn:
+                print(format_record(rec, as_json), flush=True)
+                continue
+            page.append(_cells(rec))
+            if len(page) == _PAGE:
+                print(table(_HEADERS, page), flush=True)
+                page = []
     finally:
         await store.close()
+    if page:
+        print(table(_HEADERS, page), flush=True)
     return count
+
+
+_HEADERS = ["POSITION", "STREAM", "TYPE", "ID", "TIME", "DATA"]
+
+
+def _cells(rec: RecordedEvent) -> list[str]:
+    env = rec.envelope
+    return [
+        str(rec.position),
+        f"{rec.stream_id}@{rec.stream_version}",
+        f"{env.type} v{env.version}",
+        env.id,
+        format_time(env.time),
+        orjson.dumps(env.data).decode(),
+    ]
 
 
 def _read(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ import orjson
 
 from ..envelope import Envelope
 from ..errors import DecodeError
-from ..ports import Store
+from ..ports import Store, declared
 from ..sagas.control import Control
 from ..sagas.persistence import TRANSITION_TYPE
 from ._common import (
@@ -40,8 +40,9 @@ from ._common import (
     format_time,
     resolve_target,
 )
+from ._draw import terminal, terminal_tree
 
-__all__ = ["Node", "SagaMark", "add_parser", "collect", "render"]
+__all__ = ["Node", "SagaMark", "add_parser", "collect", "mermaid", "render"]
 
 
 @dataclass(slots=True)
@@ -69,6 +70,9 @@ class Node:
     children: list[Node] = field(default_factory=list)
     saga: SagaMark | None = None
     id: str = ""  # the placeholder's message id, if known
+    cause_handled_by: tuple[str, ...] = ()
+    """The groups whose dedup records say they handled this message's cause, when the
+    cause itself only travelled through the broker (not stored)."""
 
     @property
     def time(self) -> float:
@@ -89,7 +93,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         ),
     )
     parser.add_argument("correlation_id", metavar="CORRELATION_ID")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON object")
+    out.add_argument("--mermaid", action="store_true", help="print a Mermaid flowchart of the tree")
     add_target_options(parser)
     add_log_level(parser, "WARNING")
     parser.set_defaults(handler=command)
@@ -98,8 +104,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 async def collect(store: Store, correlation_id: str) -> list[Node]:
     """Every stored message of ``correlation_id`` (event log, dead letters, outbox)."""
     nodes: list[Node] = []
-    async for rec in store.read_all(after=0):
-        if rec.envelope.correlation_id == correlation_id:
+    for rec in await declared(store, Store, "correlated")(correlation_id):
+        if rec.envelope.correlation_id == correlation_id:  # (an index is not a promise)
             where = f"store {rec.stream_id}@{rec.stream_version} (position {rec.position})"
             node = Node(rec.envelope, where)
             if rec.envelope.type == TRANSITION_TYPE:
@@ -124,7 +130,39 @@ async def collect(store: Store, correlation_id: str) -> list[Node]:
         if env.correlation_id == correlation_id:
             nodes.append(Node(env, f"outbox, not yet sent to {msg.topic}"))
     _saga_batches(nodes)  # names the commands on the transitions that sent them
+    await _broker_hops(store, nodes)
     return nodes
+
+
+_MAX_HOPS = 200  # causes looked up in the dedup records, at most
+
+
+async def _broker_hops(store: Store, nodes: list[Node]) -> None:
+    """For a message whose cause is not stored (it only travelled through the broker), the
+    consumer groups whose dedup records say they handled that cause: the groups the running
+    instances subscribe with and those with dead letters."""
+    stored = {n.envelope.id for n in nodes if n.envelope is not None}
+    missing = [
+        n
+        for n in nodes
+        if n.envelope is not None
+        and n.saga is None
+        and n.envelope.causation_id
+        and n.envelope.causation_id not in stored
+    ][:_MAX_HOPS]
+    if not missing:
+        return
+    groups = {
+        sub.rpartition(":")[0]
+        for beat in await store.heartbeats.list()
+        for sub in beat.subscriptions
+        if ":" in sub
+    } | set(await store.dead_letters.count())
+    dedup = store.dedup
+    for node in missing:
+        assert node.envelope is not None and node.envelope.causation_id is not None
+        cause = node.envelope.causation_id
+        node.cause_handled_by = tuple(sorted([g for g in groups if await dedup.seen(g, cause)]))
 
 
 def _tree(nodes: list[Node]) -> list[Node]:
@@ -251,11 +289,7 @@ def render(correlation_id: str, nodes: list[Node]) -> str:
     """The tree as indented text, oldest first at each level."""
     if not nodes:
         return f"no stored message has correlation id {correlation_id!r}"
-    sagas = sum(1 for n in nodes if n.saga is not None)
-    lines = [
-        f"correlation {correlation_id}: {len(nodes)} stored message(s)"
-        + (f", {sagas} of them saga transitions" if sagas else "")
-    ]
+    lines = [_heading(correlation_id, nodes)]
 
     def walk(node: Node, depth: int) -> None:
         pad = "  " * (depth + 1)
@@ -270,7 +304,7 @@ def render(correlation_id: str, nodes: list[Node]) -> str:
             return
         missing = ""
         if depth == 0 and env.causation_id and env.id != correlation_id:
-            missing = f"  (caused by {env.causation_id}, not stored)"
+            missing = f"  (caused by {env.causation_id}, not stored{_hop(node)})"
         lines.append(
             f"{'  ' * (depth + 1)}{env.type} v{env.version}  {env.id}  from {env.source or '?'}"
             f"  {format_time(env.time)}{missing}"
@@ -282,6 +316,11 @@ def render(correlation_id: str, nodes: list[Node]) -> str:
     for root in _tree(nodes):
         walk(root, 0)
     return "\n".join(lines)
+
+
+def _hop(node: Node) -> str:
+    groups = node.cause_handled_by
+    return f"; handled by group {', '.join(groups)} on the broker" if groups else ""
 
 
 def _transition_line(mark: SagaMark, env: Envelope) -> str:
@@ -323,14 +362,91 @@ def command(args: argparse.Namespace) -> int:
                 option=orjson.OPT_UTC_Z,
             ).decode()
         )
+    elif args.mermaid:
+        print(mermaid(nodes))
+    elif terminal():
+        print(
+            terminal_tree(
+                _heading(args.correlation_id, nodes), _branches(_tree(nodes), args.correlation_id)
+            )
+        )
     else:
         print(render(args.correlation_id, nodes))
     return 0
 
 
+def _heading(correlation_id: str, nodes: list[Node]) -> str:
+    sagas = sum(1 for n in nodes if n.saga is not None)
+    return f"correlation {correlation_id}: {len(nodes)} stored message(s)" + (
+        f", {sagas} of them saga transitions" if sagas else ""
+    )
+
+
+def _branches(
+    nodes: list[Node], correlation_id: str, top: bool = True
+) -> list[tuple[str, list[Any]]]:
+    """The tree as ``(text, children)`` pairs for the terminal: the same lines as
+    :func:`render`, a message's second line (where it was found) under its first."""
+    out: list[tuple[str, list[Any]]] = []
+    for node in nodes:
+        env = node.envelope
+        if env is None:
+            text = node.where
+        elif node.saga is not None:
+            text = _transition_line(node.saga, env)
+        else:
+            missing = ""
+            if top and env.causation_id and env.id != correlation_id:
+                missing = f"  (caused by {env.causation_id}, not stored{_hop(node)})"
+            text = (
+                f"{env.type} v{env.version}  {env.id}  from {env.source or '?'}  "
+                f"{format_time(env.time)}{missing}\n{node.where}"
+            )
+        out.append((text, _branches(node.children, correlation_id, top=False)))
+    return out
+
+
+def mermaid(nodes: list[Node]) -> str:
+    """The tree as a Mermaid ``flowchart TD``: a box per message (type, id, where it was
+    found), a rounded one per saga transition, a dashed one per cause that is not stored,
+    and an arrow from each cause to what it caused."""
+    lines = ["flowchart TD"]
+    count = 0
+
+    def box(node: Node) -> str:
+        nonlocal count
+        count += 1
+        name = f"m{count}"
+        env = node.envelope
+        if env is None:
+            lines.append(f'    {name}["{_label(node.where)}"]:::missing')
+        elif node.saga is not None:
+            t = node.saga.transition
+            step = f" {t['step']}" if t.get("step") else ""
+            text = f"{t['kind']}{step}<br/>{node.saga.saga_id}@{node.saga.version}"
+            lines.append(f'    {name}("{_label(text)}")')
+        else:
+            text = f"{env.type} v{env.version}<br/>{env.id}<br/>{node.where}"
+            lines.append(f'    {name}["{_label(text)}"]')
+        for child in node.children:
+            lines.append(f"    {name} --> {box(child)}")
+        return name
+
+    for root in _tree(nodes):
+        box(root)
+    lines.append("    classDef missing stroke-dasharray: 4 4")
+    return "\n".join(lines)
+
+
+def _label(text: str) -> str:
+    return text.replace('"', "#quot;")
+
+
 def _as_json(node: Node) -> dict[str, Any]:
     assert node.envelope is not None
     out: dict[str, Any] = {"where": node.where, "envelope": node.envelope.to_dict()}
+    if node.cause_handled_by:
+        out["cause_handled_by"] = list(node.cause_handled_by)
     if node.saga is not None:
         out["saga_transition"] = {
             "saga_id": node.saga.saga_id,

@@ -38,6 +38,7 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError, LeaseLostError
@@ -135,11 +136,28 @@ class ProjectionRunner:
         """Failed batches since this runner was created."""
         self.last_error: BaseException | None = None
         """The latest failure (a ``ProjectionHandlerError`` or a store error), if any."""
+        self.failing_since: datetime | None = None
+        """When the current streak of failures began (UTC); None once a batch commits."""
 
     @property
     def name(self) -> str:
         """The projection's name (its checkpoint and lease are named after it)."""
         return self.projection.name
+
+    def problem(self) -> str | None:
+        """While its batches keep failing: what fails, at which position and since when (a
+        line for the app's health); None when it runs well."""
+        since, error = self.failing_since, self.last_error
+        if since is None or error is None:
+            return None
+        where, cause = "", error
+        if isinstance(error, ProjectionHandlerError):
+            where = f" on event @{error.position} ({error.event_type!r})"
+            cause = error.__cause__ or error
+        return (
+            f"projection {self.name}: failing{where} since {since:%Y-%m-%d %H:%M:%SZ}, "
+            f"{self.failures} failed attempts ({type(cause).__name__}: {cause})"
+        )
 
     @property
     def active(self) -> bool:
@@ -208,6 +226,7 @@ class ProjectionRunner:
             except Exception as exc:
                 self.failures += 1
                 self.last_error = exc
+                self.failing_since = self.failing_since or datetime.now(UTC)
                 position = getattr(exc, "position", None)
                 attempt = attempt + 1 if position == failed_at else 1
                 failed_at = position
@@ -318,6 +337,7 @@ class ProjectionRunner:
                         break
                 handling = False
                 await checkpoints.set(self.name, batch[done - 1].position, tx=tx, lease=lease)
+            self.failing_since = None
         except BaseException as exc:
             if not self.atomic_state and done > 0 and not isinstance(exc, LeaseLostError):
                 # Python state keeps the handled events' effects: record that they are in.

@@ -7,14 +7,21 @@
 - the event schemas and their nested models under ``components.schemas``, named
   ``<type>.v<version>`` and ``<type>.v<version>.<Model>``: logical names, no import paths.
 
-Types the app only publishes are listed under ``components.messages`` without a channel,
+- ``servers``: the app's broker (host and protocol, from its URL, without credentials);
+- one ``send`` operation per saga step or compensation whose method is annotated with the
+  command's class (``def reserve(self) -> ReserveStock``), on the channel of its topic.
+
+Other types the app publishes are listed under ``components.messages`` without a channel,
 because publishing is not declared ahead of time.
 """
 
 from __future__ import annotations
 
 import re
+import typing
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ..events import Event, EventRegistry
 from ..patterns import matches
@@ -127,6 +134,22 @@ def build_asyncapi(
             "x-eventflow-group": group,
             "x-eventflow-concurrency": spec.concurrency,
         }
+    for saga, step, cls in _commands(app):
+        channel = _channel_id(cls.event_type)
+        names = [message(reg.get(cls.event_type, v)) for v in all_types.get(cls.event_type, [])]
+        names = names or [message(cls)]
+        entry = channels.setdefault(
+            channel,
+            {"address": cls.event_type, "description": f"topic {cls.event_type!r}", "messages": {}},
+        )
+        for name in names:
+            entry["messages"][name] = {"$ref": f"#/components/messages/{name}"}
+        operations[_UNSAFE.sub("_", f"send.{saga}.{step}.{channel}")] = {
+            "action": "send",
+            "channel": {"$ref": f"#/channels/{channel}"},
+            "summary": f"the command of step {step!r} of saga {saga!r}",
+            "messages": [{"$ref": f"#/channels/{channel}/messages/{n}"} for n in names],
+        }
     for event_type, versions in all_types.items():
         for v in versions:
             message(reg.get(event_type, v))
@@ -138,6 +161,7 @@ def build_asyncapi(
             "description": description
             or f"Events of the eventflow app {app.name!r}: the envelope JSON on each topic.",
         },
+        "servers": _servers(app.broker.url),
         "defaultContentType": "application/json",
         "channels": dict(sorted(channels.items())),
         "operations": dict(sorted(operations.items())),
@@ -146,3 +170,43 @@ def build_asyncapi(
             "messages": dict(sorted(messages.items())),
         },
     }
+
+
+def _servers(url: str) -> dict[str, Any]:
+    """The broker as AsyncAPI servers: one per host of its URL (no credentials)."""
+    parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2].split(",") if parts.netloc else []
+    hosts = [h for h in hosts if h] or [parts.path.strip("/") or "localhost"]
+    description = (
+        "the in-process memory broker (reachable only inside the app's process)"
+        if parts.scheme == "memory"
+        else f"the app's broker, {url}"
+    )
+    return {
+        _UNSAFE.sub("_", f"broker-{i}" if len(hosts) > 1 else "broker"): {
+            "host": host,
+            "protocol": parts.scheme,
+            "description": description,
+        }
+        for i, host in enumerate(hosts, 1)
+    }
+
+
+def _commands(app: App) -> Iterator[tuple[str, str, type[Event]]]:
+    """(saga name, step or compensation name, command class) for every saga method of the
+    app annotated with the concrete ``Event`` class it returns."""
+    for saga_cls in app.sagas.classes:
+        definition = saga_cls.definition
+        for step in definition.steps:
+            methods: list[Callable[..., Any]] = [step.fn]
+            if step.compensation is not None:
+                methods.append(step.compensation.fn)
+            for fn in methods:
+                try:
+                    returned = typing.get_type_hints(fn).get("return")
+                except Exception:  # an annotation that does not resolve: not declared
+                    continue
+                if not isinstance(returned, type) or not issubclass(returned, Event):
+                    continue
+                if returned is not Event and returned.event_type:
+                    yield definition.name, fn.__name__, returned

@@ -53,7 +53,8 @@ def test_import_errors_inside_the_module_are_reported(
         "from eventflow import App\nfirst = App('first')\nsecond = App('second')\n"
     )
     assert main(["run", "broken_service_mod:app", "--app-dir", str(tmp_path)]) == 2
-    assert "raised RuntimeError: boom at import" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "raised RuntimeError at " in err and "broken_service_mod.py:1: boom at import" in err
     assert main(["run", "two_apps_mod:app", "--app-dir", str(tmp_path)]) == 2
     assert "App objects in it: first, second" in capsys.readouterr().err
 

@@ -25,7 +25,7 @@ def test_status_lists_instances_and_dead_letters(
     assert "dead letters: 3" in out
     counts = {
         line.split()[0]: line.split()[1]
-        for line in out.split("dead letters: 3", 1)[1].splitlines()
+        for line in out.split("dead letters: 3", 1)[1].split("\n\n")[0].splitlines()
         if line.strip() and not line.strip().startswith(("GROUP", "inspect"))
     }
     assert counts == {"billing": "2", "shipping": "1"}
@@ -59,3 +59,54 @@ def test_status_needs_a_store(
     monkeypatch.delenv("EVENTFLOW_STORE", raising=False)
     assert main(["status"]) == 2
     assert "no store given" in capsys.readouterr().err
+
+
+def test_status_shows_projection_lag_sagas_and_asks_for_a_broker_for_group_lag(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Projection lag comes from the store; group lag needs the broker, and without one the
+    report says how to get it instead of leaving it out silently."""
+    import asyncio
+
+    from eventflow import Event, open_store
+
+    class Noted(Event, type="cli.status.noted"):
+        n: int
+
+    async def go() -> None:
+        async with open_store(store_url) as store:
+            await store.append("notes-1", [Noted(n=i) for i in range(5)])
+            await store.checkpoints.set("note_index", 2)
+
+    asyncio.run(go())
+    fill(store_url, beats=[make_beat("billing", age=1.0)])
+    assert main(["status", "--store", store_url]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.strip().startswith("note_index"))
+    assert row.split()[:3] == ["note_index", "2", "3"]  # checkpoint, lag in events
+    assert row.split()[3].endswith("s")  # the first unhandled event's age
+    assert "group lag needs the broker: pass --broker URL" in out
+    assert main(["status", "--store", store_url, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    (proj,) = data["projections"]
+    assert proj["name"] == "note_index" and proj["lag_events"] == 3
+    assert proj["lag_seconds"] >= 0 and data["groups"] == [] and data["sagas"] == {}
+
+
+def test_status_watch_redraws_until_interrupted(
+    store_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--watch`` prints the report again every interval; Ctrl-C ends it with exit 0."""
+    naps: list[float] = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("eventflow.cli.status.time.sleep", nap)
+    assert main(["status", "--store", store_url, "--watch", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("dead letters: 3") == 2 and naps == [0.5, 0.5]
+    assert main(["status", "--store", store_url, "--watch", "0"]) == 2
+    assert "--watch takes a number of seconds > 0" in capsys.readouterr().err

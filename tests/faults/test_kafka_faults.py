@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from aiokafka.errors import KafkaError
 
 from eventflow import (
     App,
@@ -354,11 +355,16 @@ async def test_a_publish_the_brokers_did_not_confirm_says_maybe_sent() -> None:
             topic = f"{unique_name()}.unconfirmed"
             await broker.ensure_topics([topic])
             await broker.publish(topic, b"stored", key="k")
+            assert broker.problems() == ()
             await asyncio.to_thread(server.stop)
             with pytest.raises(PublishUnconfirmedError) as info:
                 await broker.publish(topic, b"in doubt", key="k")
             text = str(info.value)
             assert "maybe sent" in text and "envelope id" in text
+            assert isinstance(info.value.__cause__, KafkaError)
+            # what the app's health (eventflow status) reports, until a publish succeeds
+            (problem,) = broker.problems()
+            assert problem.startswith(f"broker: publishes to {broker.url} fail since 20")
             with pytest.raises(BrokerError) as unsent:
                 await broker.publish(f"{unique_name()}.unknown", b"nowhere", key="k")
             assert not isinstance(unsent.value, PublishUnconfirmedError)

@@ -60,6 +60,9 @@ class FlakyBroker:
         self.error = error or BrokerError("connection reset by the broker")
         self.url = self._inner.url
 
+    def problems(self) -> tuple[str, ...]:
+        return self._inner.problems()
+
     async def start(self, supervisor: Supervisor | None = None) -> None:
         await self._inner.start(supervisor)
 

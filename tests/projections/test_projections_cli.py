@@ -125,6 +125,7 @@ def test_rebuild_replays_with_a_progress_bar_and_status_shows_no_lag(
         "last_position": EVENTS,
         "lag": EVENTS,
         "running": False,
+        "problems": [],
     }
 
     assert _cli(shop, "rebuild", "cli_stock", "--batch-size", "40") == 0

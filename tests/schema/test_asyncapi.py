@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel
 from schema_support import run_cli
 
-from eventflow import App, Context, Envelope, Event, subscribe, upcaster
+from eventflow import App, Context, Envelope, Event, Saga, step, subscribe, upcaster
 from eventflow.schema import build_asyncapi
 
 SPEC = Path(__file__).parent / "asyncapi_spec" / "asyncapi-3.0.0.json"
@@ -117,3 +117,64 @@ def test_cli_writes_the_shop_document(tmp_path: Path, monkeypatch: pytest.Monkey
     assert errors(doc) == []
     assert [c["address"] for c in doc["channels"].values()] == ["shop.order.placed"]
     assert "shop.stock.reserved.v1" in doc["components"]["messages"]
+
+
+class ApiTripRequested(Event, type="schema.asyncapi.trip.requested"):
+    """Starts the trip saga."""
+
+    trip_id: str
+
+
+class ApiBookHotel(Event, type="schema.asyncapi.hotel.book"):
+    """The command of the hotel step."""
+
+    trip_id: str
+
+
+class ApiCancelHotel(Event, type="schema.asyncapi.hotel.cancel"):
+    """The hotel step's compensation."""
+
+    trip_id: str
+
+
+class ApiHotelBooked(Event, type="schema.asyncapi.hotel.booked"):
+    """The hotel's reply."""
+
+    trip_id: str
+
+
+class ApiTrip(Saga, name="schema.asyncapi.trip", start=ApiTripRequested, key="trip_id"):
+    """One step with a compensation, both annotated with their command's class."""
+
+    trip_id: str = ""
+
+    def started(self, e: ApiTripRequested) -> None:
+        self.trip_id = e.trip_id
+
+    @step(reply=ApiHotelBooked, timeout=30.0)
+    def hotel(self) -> ApiBookHotel:
+        return ApiBookHotel(trip_id=self.trip_id)
+
+    @hotel.compensate
+    def cancel_hotel(self) -> ApiCancelHotel:
+        return ApiCancelHotel(trip_id=self.trip_id)
+
+
+def test_document_names_its_servers_and_the_commands_its_sagas_send() -> None:
+    app = App(
+        "trips", broker="nats://u:secret@10.0.0.1:4222,10.0.0.2:4222?stream=T", sagas=[ApiTrip]
+    )
+    doc = build_asyncapi(app)
+    assert errors(doc) == []
+    servers = doc["servers"]
+    assert {s["host"] for s in servers.values()} == {"10.0.0.1:4222", "10.0.0.2:4222"}
+    assert {s["protocol"] for s in servers.values()} == {"nats"}
+    assert "secret@" not in json.dumps(doc) and "u:secret" not in json.dumps(doc)
+    send = {op["channel"]["$ref"] for op in doc["operations"].values() if op["action"] == "send"}
+    assert send == {
+        "#/channels/schema.asyncapi.hotel.book",
+        "#/channels/schema.asyncapi.hotel.cancel",
+    }
+    assert doc["channels"]["schema.asyncapi.hotel.book"]["address"] == "schema.asyncapi.hotel.book"
+    memory = build_asyncapi(App("local"))["servers"]
+    assert [s["protocol"] for s in memory.values()] == ["memory"]

@@ -202,7 +202,7 @@ def test_postgres_unknown_options_are_refused(option: str) -> None:
 
 @pytest.mark.parametrize("pool", ["abc", "0", "-2", "2.5", ""])
 def test_postgres_bad_pool_is_a_configuration_error_naming_the_option(pool: str) -> None:
-    with pytest.raises(ConfigurationError, match=r"pool=.*whole number >= 1"):
+    with pytest.raises(ConfigurationError, match=r"pool=.*whole number from 1 to 1000"):
         store_for(f"postgresql://u@h/app?pool={pool}")
 
 

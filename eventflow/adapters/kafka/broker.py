@@ -9,18 +9,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import BrokerResponseError, KafkaError, KafkaTimeoutError
+from aiokafka.errors import KafkaError
 
 from ...errors import (
-    BackpressureError,
     BrokerError,
     ConfigurationError,
     MessageRefusedError,
-    PublishUnconfirmedError,
 )
 from ...groups import check_group, log_new_group
 from ...patterns import is_wildcard, validate_pattern, validate_topic
@@ -32,6 +31,7 @@ from .groups import commit_outside, end_offsets, has_position, nothing_to_commit
 from .lag import LAG_TIMEOUT, PEEK_OPTIONS, group_lag
 from .logs import throttle_client_logs
 from .partition import attempts_group
+from .publishing import publish_failure
 from .subscription import KafkaSubscription
 from .topics import create_topics
 
@@ -67,6 +67,7 @@ class KafkaBroker:
         self._lock = asyncio.Lock()
         self._supervisor: Supervisor | None = None
         self._own_supervisor: Supervisor | None = None  # when start() was given none
+        self._failing = ""  # what fails since when: from a failed publish to a good one
 
     @classmethod
     def from_url(cls, url: str) -> KafkaBroker:
@@ -267,32 +268,12 @@ class KafkaBroker:
             taken = True
             await future
         except KafkaError as exc:
-            cfg = self.config
-            if isinstance(exc, BrokerResponseError) and not exc.retriable:
-                # The broker (or the producer, for a record over max_message_bytes)
-                # answered for good: sending the same record again gets the same answer.
-                raise MessageRefusedError(
-                    f"kafka refuses the message for {topic!r}: {exc!r}; it is not retried: make "
-                    "it smaller than max_message_bytes (and the topic's max.message.bytes) or "
-                    "check the client's permissions on the topic"
-                ) from exc
-            if taken:  # the last try's error: an earlier one may have been stored
-                raise PublishUnconfirmedError(
-                    f"kafka: publish to {topic!r} maybe sent: the brokers did not confirm it "
-                    f"within {cfg.publish_timeout}s ({exc!r}), but the producer may have sent "
-                    "it, so it may still be delivered; publishing the same envelope again is "
-                    "safe: consumers drop a copy by its envelope id (Kafka has no duplicate "
-                    "window: a retry after a stored copy adds a second record)"
-                ) from exc
-            if isinstance(exc, KafkaTimeoutError):
-                raise BackpressureError(
-                    f"kafka: publishing to {topic!r} found no room in the producer's buffer "
-                    f"within {cfg.publish_timeout}s, so it was not sent; the brokers are slow "
-                    "or unreachable"
-                ) from None
-            raise BrokerError(
-                f"kafka: publishing to {topic!r} failed, not sent: {exc!r}; are the brokers up?"
-            ) from exc
+            error = publish_failure(exc, topic, taken=taken, timeout=self.config.publish_timeout)
+            if not self._failing and not isinstance(error, MessageRefusedError):
+                stamp = f"{datetime.now(UTC):%Y-%m-%d %H:%M:%SZ}"  # the brokers away or slow
+                self._failing = f"broker: publishes to {self.url} fail since {stamp} ({exc!r})"
+            raise error  # noqa: B904 (its cause is set by publish_failure)
+        self._failing = ""
 
     # -- subscribing -------------------------------------------------------------------------
 
@@ -392,6 +373,10 @@ class KafkaBroker:
         else:
             await (await self.subscribe(pattern, group=group, start=begin)).close()
         return False
+
+    def problems(self) -> tuple[str, ...]:
+        """From a failed publish until one succeeds (aiokafka reconnects silently)."""
+        return (self._failing,) if self._failing else ()
 
     async def lag(self, pattern: str, *, group: str) -> Lag:
         """What ``group`` has not committed yet on ``pattern`` and the timestamp of the

@@ -249,6 +249,10 @@ class MemoryBroker:
         log_new_group(group, pattern, begin)
         return state, False
 
+    def problems(self) -> tuple[str, ...]:
+        """Always empty: the in-process broker cannot be disconnected."""
+        return ()
+
     async def lag(self, pattern: str, *, group: str) -> Lag:
         """The messages of ``group`` on ``pattern`` not yet acked (undelivered, out to a
         member, or to be delivered again) and the publish time of the oldest, on this

@@ -192,6 +192,12 @@ class MemoryEventLog:
         for rec in self._log[after:end]:
             yield rec
 
+    async def correlated(self, correlation_id: str, *, limit: int = 100_000) -> list[RecordedEvent]:
+        """The committed events of one correlation in global order (a pass over the log in
+        memory: no process but this one can read it)."""
+        found = [r for r in self._log if r.envelope.correlation_id == correlation_id]
+        return found[:limit]
+
     async def subscribe(self, *, after: int = 0) -> AsyncIterator[RecordedEvent]:
         """Catch up, then follow committed appends."""
         position = after

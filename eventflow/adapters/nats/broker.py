@@ -17,6 +17,7 @@ import logging
 import re
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from ..._logging import Throttled
 from ...errors import (
@@ -82,6 +83,8 @@ class NatsBroker:
         self._supervisor: Supervisor | None = None
         self._own_supervisor: Supervisor | None = None  # when start() was given none
         self._warn = Throttled(_log)
+        self._down_since: datetime | None = None  # disconnected from the servers since then
+        self._last_error: Exception | None = None  # the client's latest error while down
 
     @classmethod
     def from_url(cls, url: str) -> NatsBroker:
@@ -151,7 +154,21 @@ class NatsBroker:
                     await own.close()
                 await discard(nc)
 
+    def problems(self) -> tuple[str, ...]:
+        """``disconnected from NATS at URL since ...`` (with the client's last error) while
+        the client reconnects; empty while connected."""
+        since = self._down_since
+        if since is None or self._closed:
+            return ()
+        error = self._last_error
+        why = f"; last error: {type(error).__name__}: {error}" if error is not None else ""
+        return (
+            f"broker: disconnected from NATS at {self.url} since {since:%Y-%m-%d %H:%M:%SZ}, "
+            f"reconnecting (publishes fail or wait until it is back){why}",
+        )
+
     async def _on_reconnected(self) -> None:
+        self._down_since = self._last_error = None
         _log.info("reconnected to NATS at %s", self.url)
         self._warn.clear("disconnected")
         self._warn.clear("error")
@@ -160,6 +177,7 @@ class NatsBroker:
 
     async def _on_disconnected(self) -> None:
         if self._nc is not None and not self._closed:
+            self._down_since = self._down_since or datetime.now(UTC)
             self._warn.warning(
                 "disconnected", "disconnected from NATS at %s; reconnecting", self.url
             )
@@ -180,6 +198,8 @@ class NatsBroker:
             # Still connecting for the first time: the error goes into start's BrokerError.
             _log.debug("connecting to NATS at %s: %s", self.url, exc)
         elif not self._closed:
+            if self._down_since is not None:
+                self._last_error = exc
             self._warn.warning("error", "NATS client error (%s): %s", self.url, exc)
 
     def _connection(self) -> Client:

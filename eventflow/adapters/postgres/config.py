@@ -20,6 +20,9 @@ __all__ = [
 
 DEFAULT_MIN_POOL = 2
 DEFAULT_MAX_POOL = 10
+MAX_POOL = 1000
+"""The largest ``pool=``: asyncpg sets up every slot of a pool when it opens it, so a
+mistyped huge number would hang the process (and no server takes that many clients)."""
 DEFAULT_CONNECT_TIMEOUT = 10.0
 
 OWN_OPTIONS = ("schema", "pool", "connect_timeout", "lease_ttl")
@@ -105,7 +108,7 @@ class PostgresConfig:
                     f"store URL option {name}={options[name]!r} in {redact_url(url)!r} must be "
                     f"one of {', '.join(allowed)}"
                 )
-        pool = count_option(url, options, "pool", DEFAULT_MAX_POOL)
+        pool = count_option(url, options, "pool", DEFAULT_MAX_POOL, maximum=MAX_POOL)
         driver = [(k, v) for k, v in options.items() if k not in OWN_OPTIONS]
         dsn = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(driver), ""))
         return cls(

@@ -42,6 +42,10 @@ _POSITION = (
 )
 
 
+_CORRELATED = (
+    f"SELECT {_POSITION}, {_COLUMNS} FROM ef_events e "
+    "WHERE ef_correlation_v1(e.envelope) = $1 ORDER BY e.id LIMIT $2"
+)
 _STREAM_VERSION = "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = $1"
 
 
@@ -246,6 +250,13 @@ class PostgresEventLog:
             return rows
 
         return paged(fetch, cursor, limit, _record, lambda row: row[2])
+
+    async def correlated(self, correlation_id: str, *, limit: int = 100_000) -> list[RecordedEvent]:
+        """The events of one correlation in commit order, through ``ef_events_correlation``."""
+        await self._sync()  # so that committed events have their positions
+        async with self.db.connection() as conn:
+            rows = await conn.fetch(_CORRELATED, correlation_id, limit)
+        return [_record(r) for r in rows]
 
     async def read_all(
         self, *, after: int = 0, limit: int | None = None

@@ -49,6 +49,15 @@ EXCEPTION WHEN lock_not_available THEN
                      '(see pg_stat_activity)';
 END
 $$;
+-- The correlation id in an envelope, for `eventflow trace` (an index over it, not a scan).
+-- IMMUTABLE (convert_from is only STABLE, for its encoding name: here always UTF8), so it
+-- can index; json, not jsonb, parses without building the binary form. Stores made by
+-- earlier versions get the index when they are next opened (`eventflow store init`):
+-- building it reads ef_events once.
+CREATE OR REPLACE FUNCTION ef_correlation_v1(envelope bytea) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$ SELECT convert_from(envelope, 'UTF8')::json ->> 'correlation_id' $$;
+CREATE INDEX IF NOT EXISTS ef_events_correlation ON ef_events (ef_correlation_v1(envelope));
 -- the global order, written by the sequencer and never updated: one row per run of events
 -- with consecutive ids numbered together (ids id .. id + n - 1 have positions position ..
 -- position + n - 1), so a pass writes a row or a few, not one per event

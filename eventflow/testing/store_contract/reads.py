@@ -1,16 +1,19 @@
-"""The store contract's read tests: ``read_stream``, ``read_all``, ``last_position`` and
-snapshots."""
+"""The store contract's read tests: ``read_stream``, ``read_all``, ``correlated``,
+``last_position`` and snapshots."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from ...envelope import Envelope
 from ...errors import ConcurrencyError
 from ...ports import Snapshot, Store
 from .support import (
+    Happened,
     StoreContractBase,
     _envelopes,
     _ns,
@@ -26,6 +29,29 @@ __all__ = ["ReadContract"]
 
 class ReadContract(StoreContractBase):
     """Reading: ``read_stream``, ``read_all``, ``last_position`` and snapshots."""
+
+    # -- correlated --------------------------------------------------------------------------
+
+    async def test_correlated_finds_one_correlation_in_order(self, store: Store) -> None:
+        """The events of one correlation id across streams, oldest first, with their
+        positions, and nothing of another correlation; ``limit`` bounds them."""
+        corr, other = str(uuid.uuid4()), str(uuid.uuid4())
+
+        def env(n: int, correlation: str) -> Envelope:
+            data = {"n": n, "note": "", "tags": []}
+            return Envelope.create(Happened.event_type, data, correlation_id=correlation)
+
+        a, b = _stream(), _stream()
+        await store.append(a, [env(0, corr), env(1, other)])
+        await store.append(b, [env(2, corr)])
+        await store.append(a, [env(3, corr)])
+        found = await store.correlated(corr)
+        assert [r.envelope.data["n"] for r in found] == [0, 2, 3]
+        assert [r.stream_id for r in found] == [a, b, a]
+        everything = {r.envelope.id: r.position for r in await read_all(store)}
+        assert [r.position for r in found] == [everything[r.envelope.id] for r in found]
+        assert [r.envelope.data["n"] for r in await store.correlated(corr, limit=2)] == [0, 2]
+        assert await store.correlated(str(uuid.uuid4())) == []
 
     # -- read_stream -------------------------------------------------------------------------
 

@@ -1,0 +1,199 @@
+"""How long ``eventflow trace CORRELATION_ID`` takes on a large PostgreSQL store.
+
+Fills a throwaway schema with N events (default 1,000,000; COPY in chunks, 5 events per
+correlation over 1,000 streams, as a busy shop's log would hold), lets the sequencer number
+them, then times what ``trace`` does for a few correlation ids picked at random: the lookup
+through the ``ef_events_correlation`` index plus the dead-letter and outbox reads
+(``eventflow.cli.trace.collect``) and drawing the tree. With ``--scan`` it also times the
+way trace worked before the index (a ``read_all`` over the whole log, filtered in Python),
+once. The schema is dropped at the end.
+
+    python benchmarks/bench_trace.py [--events 1000000] [--postgres-url URL] [--lookups 20]
+        [--scan]
+    python benchmarks/bench_trace.py --append-cost [--rounds 6]
+
+Prints the figures; it asserts nothing about time (the target is under 1 s per trace).
+``--append-cost`` instead measures what the index costs appends: rounds of 2,000 events
+(single-event appends) on SQLite and PostgreSQL, alternating with and without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+import uuid
+from typing import Any
+
+import orjson
+
+from eventflow.cli.trace import collect, render
+from eventflow.envelope import Envelope
+from eventflow.stores import store_for
+
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1/test"
+PER_CORRELATION = 5
+STREAMS = 1000
+CHUNK = 50_000
+
+
+def _rows(n: int, start: int, template: dict[str, Any]) -> list[tuple[str, str, int, bytes]]:
+    """Events ``start`` .. ``start + n - 1``: ids and correlation ids derived from the
+    number, so the picked correlations can be named again."""
+    rows = []
+    for i in range(start, start + n):
+        doc = dict(template)
+        doc["id"] = f"ev-{i:09d}"
+        doc["correlation_id"] = f"corr-{i // PER_CORRELATION:09d}"
+        doc["causation_id"] = f"ev-{i - 1:09d}" if i % PER_CORRELATION else None
+        doc["data"] = {"n": i}
+        stream = i % STREAMS
+        rows.append((doc["id"], f"bench-{stream}", i // STREAMS + 1, orjson.dumps(doc)))
+    return rows
+
+
+async def _fill(url: str, n: int) -> None:
+    import asyncpg  # the postgres extra
+
+    from eventflow.testing.postgres import _admin_dsn
+
+    template = orjson.loads(Envelope.create("bench.trace.happened", {"n": 0}).to_bytes())
+    schema = url.rsplit("schema=", 1)[1]
+    conn = await asyncpg.connect(_admin_dsn(url), server_settings={"search_path": schema})
+    try:
+        for start in range(0, n, CHUNK):
+            rows = _rows(min(CHUNK, n - start), start, template)
+            await conn.copy_records_to_table(
+                "ef_events",
+                records=rows,
+                columns=["event_id", "stream_id", "stream_version", "envelope"],
+            )
+        await conn.execute("ANALYZE ef_events")
+    finally:
+        await conn.close()
+
+
+async def _drop(url: str) -> None:
+    import asyncpg
+
+    from eventflow.testing.postgres import _admin_dsn
+
+    conn = await asyncpg.connect(_admin_dsn(url))
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{url.rsplit("schema=", 1)[1]}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def main(args: argparse.Namespace) -> None:
+    """Fill, number, time the lookups (and the scan), drop."""
+    from eventflow.testing.postgres import with_schema
+
+    url = with_schema(args.postgres_url, f"bench_trace_{uuid.uuid4().hex[:8]}")
+    store = store_for(url)
+    await store.open()  # creates the tables and the index
+    try:
+        began = time.perf_counter()
+        await _fill(url, args.events)
+        filled = time.perf_counter() - began
+        began = time.perf_counter()
+        async for _ in store.read_all(limit=1):  # sequencing: every event gets its position
+            break
+        numbered = time.perf_counter() - began
+        last = await store.last_position()
+        print(
+            f"filled {args.events:,} events in {filled:.1f} s (COPY), numbered in "
+            f"{numbered:.1f} s; last position {last:,}"
+        )
+        correlations = args.events // PER_CORRELATION
+        times: list[float] = []
+        rng = random.Random(7)
+        for _ in range(args.lookups):
+            corr = f"corr-{rng.randrange(correlations):09d}"
+            began = time.perf_counter()
+            nodes = await collect(store, corr)
+            text = render(corr, nodes)
+            times.append(time.perf_counter() - began)
+            assert len(nodes) == PER_CORRELATION, (corr, len(nodes))
+        print(
+            f"trace (index): {args.lookups} correlations of {PER_CORRELATION} events each: "
+            f"median {statistics.median(times) * 1000:.1f} ms, max {max(times) * 1000:.1f} ms"
+        )
+        print("one of them:\n" + text)
+        if args.scan:
+            corr = f"corr-{rng.randrange(correlations):09d}"
+            began = time.perf_counter()
+            found = [r async for r in store.read_all() if r.envelope.correlation_id == corr]
+            took = time.perf_counter() - began
+            assert len(found) == PER_CORRELATION
+            print(f"trace (whole-log scan, as before the index): {took:.1f} s")
+    finally:
+        await store.close()
+        await _drop(url)
+
+
+async def append_cost(args: argparse.Namespace) -> None:
+    """Events/s of single-event appends with the correlation index and without it, in
+    alternating rounds on one store of each kind; the median ratio."""
+    import tempfile
+
+    from eventflow.testing.postgres import with_schema
+
+    n = 2000
+    tmp = tempfile.TemporaryDirectory()
+    pg = with_schema(args.postgres_url, f"bench_trace_{uuid.uuid4().hex[:8]}")
+    for kind, url in (("sqlite", f"sqlite:///{tmp.name}/cost.db"), ("postgresql", pg)):
+        store = store_for(url)
+        await store.open()
+        rates: dict[bool, list[float]] = {True: [], False: []}
+        try:
+            for r in range(args.rounds):
+                indexed = r % 2 == 0
+                sql = _CREATE[kind] if indexed else "DROP INDEX IF EXISTS ef_events_correlation"
+                await _execute(store, kind, sql)
+                began = time.perf_counter()
+                for i in range(n):
+                    env = Envelope.create("bench.trace.cost", {"n": i}, correlation_id=f"c-{r}-{i}")
+                    await store.append(f"cost-{r}-{i % 50}", [env])
+                rates[indexed].append(n / (time.perf_counter() - began))
+        finally:
+            await store.close()
+            if kind == "postgresql":
+                await _drop(url)
+        with_index, without = statistics.median(rates[True]), statistics.median(rates[False])
+        print(
+            f"{kind}: appends/s with the index {with_index:,.0f}, without {without:,.0f} "
+            f"(ratio {with_index / without:.3f}, medians of {args.rounds // 2} rounds each)"
+        )
+    tmp.cleanup()
+
+
+_CREATE = {
+    "sqlite": "CREATE INDEX IF NOT EXISTS ef_events_correlation ON ef_events "
+    "(json_extract(CAST(envelope AS TEXT), '$.correlation_id'))",
+    "postgresql": "CREATE INDEX IF NOT EXISTS ef_events_correlation ON ef_events "
+    "(ef_correlation_v1(envelope))",
+}
+
+
+async def _execute(store: Any, kind: str, sql: str) -> None:
+    async with store.transaction() as tx:
+        await tx.execute(sql)
+
+
+def _parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
+    parser.add_argument("--lookups", type=int, default=20)
+    parser.add_argument("--scan", action="store_true", help="also time a whole-log scan")
+    parser.add_argument("--append-cost", action="store_true", help="the index's cost on appends")
+    parser.add_argument("--rounds", type=int, default=6)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    _args = _parse()
+    asyncio.run(append_cost(_args) if _args.append_cost else main(_args))

@@ -1,0 +1,128 @@
+"""What ``eventflow status`` shows besides the instances: lag per consumer group (from the
+broker, when one the command can reach is given) and per projection (from the store), and
+the sagas by status.
+
+A group's lag is asked of the broker for every ``group:pattern`` the running instances
+report in their heartbeats (so ``--store`` with ``--broker`` is enough, without the app's
+code), in messages and in seconds (the age of the oldest unhandled message). A projection's
+lag is its checkpoint against the store's last position, in events and in seconds (the age
+of the first event it has not handled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from ..events import default_registry
+from ..ports import Heartbeat, Store
+from ..sagas.control import STATUSES
+from ..sagas.runtime import Sagas
+from ._common import Target, is_memory_broker
+
+__all__ = ["GroupLag", "Overview", "ProjectionLag", "read_overview"]
+
+SAGA_COUNT_CAP = 10_000
+"""Sagas counted per status at most (``>10000`` past it): the index is listed, not summed."""
+LAG_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLag:
+    """One consumer group on one pattern: unhandled messages and the oldest one's age."""
+
+    group: str
+    pattern: str
+    messages: int | None
+    seconds: float | None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionLag:
+    """One projection: events behind the store's last position and the first one's age."""
+
+    name: str
+    checkpoint: int
+    events: int
+    seconds: float | None
+
+
+@dataclass(slots=True)
+class Overview:
+    """Lag, projections and sagas of one store (and broker)."""
+
+    groups: list[GroupLag] = field(default_factory=list)
+    groups_note: str = ""
+    projections: list[ProjectionLag] = field(default_factory=list)
+    sagas: dict[str, int] = field(default_factory=dict)
+    sagas_note: str = ""
+
+
+def subscriptions(beats: Sequence[Heartbeat]) -> list[tuple[str, str]]:
+    """The ``(group, pattern)`` pairs the instances report, each once, sorted."""
+    pairs = {sub.rpartition(":")[::2] for b in beats for sub in b.subscriptions if ":" in sub}
+    return sorted(pairs)
+
+
+async def read_overview(
+    target: Target, beats: Sequence[Heartbeat], *, broker_given: bool, now: datetime
+) -> Overview:
+    """Read everything but the instances (the store is open)."""
+    out = Overview()
+    out.projections = await _projections(target.store, now)
+    out.sagas, out.sagas_note = await _sagas(target.store)
+    pairs = subscriptions(beats)
+    if not pairs:
+        return out
+    if not broker_given or is_memory_broker(target.broker):
+        out.groups_note = (
+            "group lag needs the broker: pass --broker URL (or --app MODULE:APP of an app on "
+            "a network broker)"
+        )
+        return out
+    await target.broker.start()
+    try:
+        for group, pattern in pairs:
+            try:
+                async with asyncio.timeout(LAG_TIMEOUT):
+                    lag = await target.broker.lag(pattern, group=group)
+            except Exception as exc:  # one group's answer must not hide the others'
+                error = f"{type(exc).__name__}: {exc}"
+                out.groups.append(GroupLag(group, pattern, None, None, error))
+                continue
+            seconds = (
+                lag.age(now) if lag.oldest is not None else (0.0 if not lag.messages else None)
+            )
+            out.groups.append(GroupLag(group, pattern, lag.messages, seconds))
+    finally:
+        await target.broker.close()
+    return out
+
+
+async def _projections(store: Store, now: datetime) -> list[ProjectionLag]:
+    last = await store.last_position()
+    out = []
+    for name, position in sorted((await store.checkpoints.list()).items()):
+        seconds: float | None = 0.0
+        if position < last:
+            seconds = None
+            async for rec in store.read_all(after=position, limit=1):
+                seconds = max(0.0, (now - rec.envelope.time.astimezone(UTC)).total_seconds())
+        out.append(ProjectionLag(name, position, max(0, last - position), seconds))
+    return out
+
+
+async def _sagas(store: Store) -> tuple[dict[str, int], str]:
+    sagas = Sagas(store, default_registry, "eventflow-cli")
+    counts: dict[str, int] = {}
+    try:
+        for status in STATUSES:
+            n = len(await sagas.list(status=status, limit=SAGA_COUNT_CAP + 1))
+            if n:
+                counts[status] = n
+    except Exception as exc:  # a read-only user cannot create the saga index: say so
+        return {}, f"cannot read the saga index ({type(exc).__name__}: {exc})"
+    return counts, ""
