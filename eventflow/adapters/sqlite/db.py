@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from ...errors import ConfigurationError, StoreError
 from .connect import begin_immediate, connect
 from .params import to_sqlite
+from .reader import Reader
 from .transaction import Queued, TxState, changed, rows
 from .worker import Worker
 
@@ -60,6 +61,9 @@ class SqliteDatabase:
         self.busy_timeout = busy_timeout
         self._worker: Worker | None = None
         self._conn: sqlite3.Connection | None = None
+        # Lookups by key read in the event loop (reader.py); a database in memory has no
+        # other connection.
+        self._reader = Reader(path) if path != ":memory:" else None
         # One transaction at a time on the one connection. An explicit transaction() is
         # bound to the context that opened it (and so to the tasks created inside it): their
         # store calls run inside it, the others wait for the lock.
@@ -90,6 +94,8 @@ class SqliteDatabase:
         if self._worker is None:
             return
         conn, self._conn = self._conn, None
+        if self._reader is not None:
+            self._reader.close()
         if conn is not None:
             await self._submit(conn.close)
         worker, self._worker = self._worker, None
@@ -381,6 +387,27 @@ class SqliteDatabase:
             return await self._run_in(joined, rows, sql, params)
         async with self._lock:
             return await self._submit(self._query, sql, params)
+
+    async def lookup(
+        self, sql: str, params: tuple[Any, ...] = (), *, settled: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """Run one short read (a few rows by key) as ``query`` does, but in the event loop
+        on a read-only connection (``reader.py``) when it can read at once: no trip to the
+        thread. It reads what is committed; with ``settled`` it first waits for this
+        connection's transaction under way (as ``query`` does), so it sees what that
+        commits. Inside the context's open transaction it runs there."""
+        joined = self._joined.get()
+        if joined is not None and joined.open:
+            return await self._run_in(joined, rows, sql, params)
+        reader = self._reader
+        if reader is None or self._conn is None:
+            return await self.query(sql, params)
+        if not settled:
+            found = reader.read(sql, params)
+            return found if found is not None else await self.query(sql, params)
+        async with self._lock:
+            found = reader.read(sql, params)
+            return found if found is not None else await self._submit(self._query, sql, params)
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         conn = self._conn

@@ -168,6 +168,13 @@ class _Added(asyncio.Event):
             watch.waiting(False)
 
 
+INLINE_BYTES = 65536
+"""Payload bytes up to which the relay's look reads the outbox in the event loop."""
+# length() of a BLOB reads the row's header, not the payload.
+_SIZES = "SELECT seq, length(payload) FROM ef_outbox ORDER BY seq LIMIT ?"
+_ROWS = "SELECT seq, topic, msg_key, payload, message_id FROM ef_outbox"
+
+
 def _insert(conn: sqlite3.Connection, rows: list[tuple[str, str | None, bytes, str]]) -> None:
     conn.executemany(
         "INSERT INTO ef_outbox (topic, msg_key, payload, message_id) VALUES (?, ?, ?, ?)", rows
@@ -196,11 +203,19 @@ class SqliteOutbox:
         self.added.set()
 
     async def pending(self, limit: int = 100) -> list[OutboxMessage]:
-        """Oldest first."""
-        rows = await self._db.query(
-            "SELECT seq, topic, msg_key, payload, message_id FROM ef_outbox ORDER BY seq LIMIT ?",
-            (limit,),
-        )
+        """Oldest first. Read in the event loop (``db.lookup``, after this connection's
+        transaction under way) when the rows are few and small, the relay's usual look
+        (about 10 us against a trip to the database thread of about 40); on the thread
+        otherwise."""
+        db = self._db
+        sizes = await db.lookup(_SIZES, (limit,), settled=True)
+        if not sizes:
+            rows = []
+        elif sum(int(size) for _, size in sizes) <= INLINE_BYTES:
+            last = int(sizes[-1][0])  # the same rows: later adds have higher seqs
+            rows = await db.lookup(_ROWS + " WHERE seq <= ? ORDER BY seq", (last,), settled=True)
+        else:
+            rows = await db.query(_ROWS + " ORDER BY seq LIMIT ?", (limit,))
         self.added.seen([int(row[0]) for row in rows])
         return [
             OutboxMessage(int(s), str(t), None if k is None else str(k), bytes(p), str(m))
