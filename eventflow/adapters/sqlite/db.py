@@ -9,8 +9,10 @@ lets other processes (the CLI) read while the app writes.
 (the thread runs them one at a time); the others wait for it to end. User SQL takes
 ``$1, $2, ...`` (``params.py``).
 
-A trip to the thread and back costs more than a small statement (about 50 us against a few
-on a 2-core machine), so a transaction makes as few as it can: its ``BEGIN IMMEDIATE``
+A trip to the thread and back costs more than a small statement (about 40 us against a few
+on a 2-core machine), so short reads by key that must not wait (``lookup``: the dedup
+check, the relay's look) run in the event loop on a read-only connection, and a
+transaction makes as few trips as it can: its ``BEGIN IMMEDIATE``
 travels with its first statement, the writes whose outcome nobody waits for (``queue``:
 the outbox rows of a handling) travel with the next statement or the ``COMMIT``, and a
 block that ran no statement makes no trip at all. What runs, and in which order, is the
@@ -31,7 +33,7 @@ from ...errors import ConfigurationError, StoreError
 from .connect import begin_immediate, connect
 from .params import to_sqlite
 from .reader import Reader
-from .transaction import Queued, TxState, changed, rows
+from .transaction import Queued, TxState, changed, commit, rows
 from .worker import Worker
 
 __all__ = ["SqliteDatabase", "SqliteTransaction"]
@@ -154,6 +156,17 @@ class SqliteDatabase:
         if not shared.open:
             raise StoreError(_ENDED)
         shared.queued.append((fn, args))
+
+    def after_commit(self, tx: object, fn: Callable[[], object]) -> bool:
+        """Have the database thread run ``fn()`` (once, however often given) right after
+        ``tx`` (or the context's open transaction) commits; errors are ignored. False when
+        there is no such transaction: what the caller wrote has committed, run it now."""
+        shared = self._shared_of(tx) if tx is not None else self._joined.get()
+        if shared is None or not shared.open:
+            return False
+        if fn not in shared.after:
+            shared.after.append(fn)
+        return True
 
     async def _run_in(self, shared: TxState, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in the transaction ``shared`` (a ``SqliteTransaction``'s)."""
@@ -332,9 +345,12 @@ class SqliteDatabase:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            self._commit(conn)
+            commit(conn, self.path)
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
+        for fn in shared.after:
+            with suppress(Exception):
+                fn()
 
     def _undo(self) -> None:
         """On the thread: ``ROLLBACK`` the transaction, if one is open."""
@@ -344,24 +360,6 @@ class SqliteDatabase:
                 conn.execute("ROLLBACK")
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
-
-    def _commit(self, conn: sqlite3.Connection) -> None:
-        """COMMIT; if that fails and leaves the transaction open (SQLite keeps it open after
-        some errors), roll it back: the next transaction must not find the connection in it."""
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error:
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error as exc:
-                    _log.warning(
-                        "SQLite ROLLBACK after a failed COMMIT on %r failed too (%s): the "
-                        "connection is still inside a transaction; close and reopen the store",
-                        self.path,
-                        exc,
-                    )
-            raise
 
     def _in_tx(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         conn = self._conn
@@ -374,7 +372,7 @@ class SqliteDatabase:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            self._commit(conn)
+            commit(conn, self.path)
             return result
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
