@@ -9,8 +9,9 @@ it finds unseen wakes the relay only if it is still unseen at the next check.
 SQLite cannot notify another process by itself, but another connection can read cheaply
 whether the outbox grew: its high-water mark, ``max(seq)``, a look at the end of its
 primary key (microseconds; it holds no lock a writer waits for, and with a busy timeout of
-0 it never waits either: a check that cannot read wakes nobody, the next one will). Sequence numbers
-only grow (``AUTOINCREMENT``) and writes to one file commit one after the other, so a row
+0 it never waits either: a check that cannot read wakes nobody, the next one will).
+Sequence numbers only grow (``AUTOINCREMENT``) and writes to one file commit one after the
+other, so a row
 committed after the relay's last look has a ``seq`` above every row that look saw: the
 mark rises past ``known``, the highest ``seq`` the relay has seen, exactly when the outbox
 holds something the relay has not seen. Deletes (the relay's own), heartbeats, dedup
