@@ -103,13 +103,25 @@ class SqliteDatabase:
         worker, self._worker = self._worker, None
         worker.stop()
 
-    async def _submit(self, fn: Callable[..., T], *args: Any) -> T:
+    def _job(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         if self._worker is None:
             raise StoreError(
                 f"SQLite database {self.path!r} is not open: open the store first "
                 "(`await store.open()` or `async with app`)"
             )
-        return await self._worker.submit(fn, *args)
+        return self._worker.submit(fn, *args)
+
+    async def _submit(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._job(fn, *args)
+
+    async def _behind(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the thread after the transaction under way (the lock), but
+        without holding the lock while it runs: the thread runs jobs in order, so what is
+        given to it later (the next transaction's first trip) runs after it anyway, and
+        need not wait for its outcome to reach the event loop first."""
+        async with self._lock:
+            job = self._job(fn, *args)
+        return await job
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` on the database thread in a transaction of its own, or, when
@@ -117,8 +129,7 @@ class SqliteDatabase:
         joined = self._joined.get()
         if joined is not None and joined.open:
             return await self._run_in(joined, fn, *args)
-        async with self._lock:
-            return await self._submit(self._in_tx, fn, args)
+        return await self._behind(self._in_tx, fn, args)
 
     async def run_in(self, tx: object, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in ``tx`` when given (one of this database's transactions,
@@ -281,7 +292,7 @@ class SqliteDatabase:
         """Run ``fn(*args)`` (the ``what``: COMMIT or ROLLBACK) on the thread and wait for
         it even if cancelled (then let the cancellation through): the connection never
         stays mid-transaction."""
-        job = asyncio.ensure_future(self._submit(fn, *args))
+        job = self._job(fn, *args)
         try:
             await asyncio.shield(job)
         except asyncio.CancelledError:
@@ -383,8 +394,7 @@ class SqliteDatabase:
         joined = self._joined.get()
         if joined is not None and joined.open:
             return await self._run_in(joined, rows, sql, params)
-        async with self._lock:
-            return await self._submit(self._query, sql, params)
+        return await self._behind(self._query, sql, params)
 
     async def lookup(
         self, sql: str, params: tuple[Any, ...] = (), *, settled: bool = False
@@ -404,8 +414,16 @@ class SqliteDatabase:
             found = reader.read(sql, params)
             return found if found is not None else await self.query(sql, params)
         async with self._lock:
-            found = reader.read(sql, params)
-            return found if found is not None else await self._submit(self._query, sql, params)
+            # Jobs still on the thread (one-trip transactions given to it, see ``_behind``)
+            # may commit what the read must see: it follows them there.
+            found = reader.read(sql, params) if self._worker_idle() else None
+            if found is not None:
+                return found
+            job = self._job(self._query, sql, params)
+        return await job
+
+    def _worker_idle(self) -> bool:
+        return self._worker is not None and self._worker.idle
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         conn = self._conn
