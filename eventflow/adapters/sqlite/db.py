@@ -30,7 +30,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
 from ...errors import ConfigurationError, StoreError
-from .connect import begin_immediate, connect
+from .connect import begin_immediate, busy_wait, connect
 from .params import to_sqlite
 from .reader import Reader
 from .transaction import Queued, TxState, changed, commit, rows
@@ -356,7 +356,7 @@ class SqliteDatabase:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            commit(conn, self.path)
+            commit(conn, self.path, self.busy_timeout)
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
         for fn in shared.after:
@@ -383,7 +383,7 @@ class SqliteDatabase:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            commit(conn, self.path)
+            commit(conn, self.path, self.busy_timeout)
             return result
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
@@ -416,21 +416,19 @@ class SqliteDatabase:
         async with self._lock:
             # Jobs still on the thread (one-trip transactions given to it, see ``_behind``)
             # may commit what the read must see: it follows them there.
-            found = reader.read(sql, params) if self._worker_idle() else None
+            idle = self._worker is not None and self._worker.idle
+            found = reader.read(sql, params) if idle else None
             if found is not None:
                 return found
             job = self._job(self._query, sql, params)
         return await job
-
-    def _worker_idle(self) -> bool:
-        return self._worker is not None and self._worker.idle
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         conn = self._conn
         if conn is None:
             raise StoreError(f"SQLite database {self.path!r} was closed")
         try:
-            return conn.execute(sql, params).fetchall()
+            return busy_wait(lambda: conn.execute(sql, params).fetchall(), self.busy_timeout)
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
 

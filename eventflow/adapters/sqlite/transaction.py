@@ -6,7 +6,10 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Callable
+from functools import partial
 from typing import Any
+
+from .connect import busy_wait
 
 __all__ = ["Queued", "TxState", "changed", "commit", "rows"]
 
@@ -53,11 +56,13 @@ def rows(conn: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> list[tupl
     return conn.execute(sql, args).fetchall()
 
 
-def commit(conn: sqlite3.Connection, path: str) -> None:
-    """COMMIT; if that fails and leaves the transaction open (SQLite keeps it open after
-    some errors), roll it back: the next transaction must not find the connection in it."""
+def commit(conn: sqlite3.Connection, path: str, busy_timeout: float) -> None:
+    """COMMIT (which finds the file busy only outside WAL mode: then it waits, as
+    ``busy_wait`` does); if that fails and leaves the transaction open (SQLite keeps it open
+    after some errors), roll it back: the next transaction must not find the connection in
+    it."""
     try:
-        conn.execute("COMMIT")
+        busy_wait(partial(conn.execute, "COMMIT"), busy_timeout)
     except sqlite3.Error:
         if conn.in_transaction:
             try:
