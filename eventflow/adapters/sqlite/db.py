@@ -63,8 +63,7 @@ class SqliteDatabase:
         self.busy_timeout = busy_timeout
         self._worker: Worker | None = None
         self._conn: sqlite3.Connection | None = None
-        # Lookups by key read in the event loop (reader.py); a database in memory has no
-        # other connection.
+        # Lookups by key read in the event loop (reader.py); not for a database in memory.
         self._reader = Reader(path) if path != ":memory:" else None
         # One transaction at a time on the one connection. An explicit transaction() is
         # bound to the context that opened it (and so to the tasks created inside it): their
