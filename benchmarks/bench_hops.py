@@ -35,7 +35,7 @@ handled every message), the brokers alternating round by round.
 
     python benchmarks/bench_hops.py [--hops 200] [--max-seconds 10] [--rounds 3]
         [--setups nats-pg memory-sqlite] [--sides floor plain tx cross]
-        [--failover-rounds 1] [--failover-brokers nats kafka]
+        [--failover-rounds 1] [--failover-brokers nats kafka] [--cpu]
         [--nats-url URL] [--postgres-url URL]
 
 Prints one line per round, then the median ms per hop per side and the median of the
@@ -73,6 +73,7 @@ SIDES = ("floor", "plain", "tx", "cross")
 TX_TARGET = 2.0
 CROSS_TARGET = 3.0
 WARMUP_HOPS = 10
+LAST_CPU_US = [0.0]  # the process's CPU (every thread's) per hop in the last rally, in us
 CROSS_HOLD = 0.5  # seconds the lease holder runs alone, so that it takes the relay's lease
 
 
@@ -119,9 +120,10 @@ async def rally_of(
     """Run one rally (``serve`` publishes its first ball); ms per hop."""
     rally = uuid.uuid4().hex
     done = rallies.begin(rally)
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     await serve(rally, hops, time.time() + seconds)
     n, ended = await asyncio.wait_for(done, seconds + 60)
+    LAST_CPU_US[0] = (time.process_time() - cpu) * 1e6 / n
     return (ended - began) * 1000 / n
 
 
@@ -389,9 +391,10 @@ async def hop_rounds(setup: Setup, sides: list[str], args: argparse.Namespace) -
     """Alternating rounds of every side on ``setup``; prints the rounds and the medians."""
     figures: dict[str, list[float]] = {side: [] for side in sides}
     ratios: dict[str, list[float]] = {side: [] for side in sides if side != "floor"}
+    cpu_ratios: dict[str, list[float]] = {side: [] for side in sides if side != "floor"}
     for r in range(1, args.rounds + 1):
         line: list[str] = []
-        floor = None
+        floor = floor_cpu = None
         for side in sides:
             async with setup.round() as (broker, store):
                 note = ""
@@ -405,11 +408,20 @@ async def hop_rounds(setup: Setup, sides: list[str], args: argparse.Namespace) -
                     ms, note = await eventflow_round(
                         broker, store, side, args.hops, args.max_seconds
                     )
+            cpu = LAST_CPU_US[0]
+            if side == "floor":
+                floor_cpu = cpu
             figures[side].append(ms)
             text = f"{side} {ms:.2f} ms/hop{note}"
             if floor is not None and side != "floor":
                 ratios[side].append(ms / floor)
                 text += f" (x{ms / floor:.2f})"
+            if args.cpu:
+                text += f" [{cpu:.0f} us CPU/hop"
+                if floor_cpu and side != "floor":
+                    cpu_ratios[side].append(cpu / floor_cpu)
+                    text += f", x{cpu / floor_cpu:.2f}"
+                text += "]"
             line.append(text)
         print(f"{setup.name} round {r}: " + ", ".join(line), flush=True)
     summary = [f"{side} {statistics.median(figures[side]):.2f} ms/hop" for side in sides]
@@ -421,6 +433,9 @@ async def hop_rounds(setup: Setup, sides: list[str], args: argparse.Namespace) -
             if target is not None:
                 verdict += "met)" if ratio <= target else "NOT met)"
             print(f"{setup.name}: {side}/floor x{ratio:.2f}{verdict}", flush=True)
+        if cpu_ratios.get(side):
+            cpu_ratio = statistics.median(cpu_ratios[side])
+            print(f"{setup.name}: {side}/floor CPU x{cpu_ratio:.2f}", flush=True)
 
 
 # -- failover -------------------------------------------------------------------------------
@@ -468,6 +483,11 @@ def main() -> None:
     parser.add_argument("--failover-rounds", type=int, default=1, help="0: no failover runs")
     parser.add_argument(
         "--failover-brokers", nargs="+", choices=("nats", "kafka"), default=["nats", "kafka"]
+    )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="print the process's CPU per hop (every thread's) and its ratio to the floor",
     )
     parser.add_argument("--nats-url", default=None)
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
 from ...errors import StoreError
 
-__all__ = ["begin_immediate", "connect"]
+__all__ = ["begin_immediate", "busy_wait", "connect"]
+
+T = TypeVar("T")
 
 
 def connect(path: str, busy_timeout: float, schema: str) -> sqlite3.Connection:
-    """Open ``path`` in WAL mode (``synchronous=NORMAL``) and run ``schema``."""
+    """Open ``path`` in WAL mode (``synchronous=NORMAL``) and run ``schema``; the
+    connection then waits for a busy file only through ``busy_wait``."""
     # Several processes (or stores) opening a new file at once race to switch it to WAL
     # and create the tables; SQLite then answers "database is locked" at once rather
     # than waiting, so retry for up to the busy timeout.
@@ -45,34 +51,44 @@ def _connect_once(path: str, busy_timeout: float, schema: str) -> sqlite3.Connec
         conn.execute("PRAGMA synchronous=NORMAL")
         if schema:
             conn.executescript(schema)
+        conn.execute("PRAGMA busy_timeout = 0")  # waits are busy_wait's from now on
     except BaseException:
         conn.close()
         raise
     return conn
 
 
-# Seconds slept between tries of BEGIN IMMEDIATE while another connection holds the file's
-# write lock, before SQLite's own wait takes over (about 6 ms in all).
-_PAUSES = tuple(0.00005 * 2**k for k in range(7))
+# Seconds slept between tries of a statement that found the file busy (another connection
+# holds its write lock): 50 us, doubling up to _PAUSE_MAX, until the busy timeout.
+_PAUSE_FIRST = 0.00005
+_PAUSE_MAX = 0.01
+
+
+def busy_wait(run: Callable[[], T], busy_timeout: float) -> T:
+    """``run()``, tried again while it finds the file busy, for up to ``busy_timeout``
+    seconds; then its "database is locked" error is raised. The connection's own busy
+    timeout is 0 (``connect``): SQLite's wait sleeps a whole millisecond at once, then 2, 5,
+    10, ..., so two instances on one file committing in turn (a handler's transaction and
+    the other instance's relay removing what it sent) would each wait a millisecond or more
+    for a lock held for tens of microseconds. Setting it to 0 and back around each BEGIN
+    cost two statements per transaction; waiting here costs nothing when the file is free."""
+    deadline = 0.0
+    pause = _PAUSE_FIRST
+    while True:
+        try:
+            return run()
+        except sqlite3.OperationalError as exc:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY:
+                raise
+            now = time.monotonic()
+            if not deadline:
+                deadline = now + busy_timeout
+            elif now >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, _PAUSE_MAX)
 
 
 def begin_immediate(conn: sqlite3.Connection, busy_timeout: float) -> None:
-    """``BEGIN IMMEDIATE``, waiting for another connection's write lock in short steps
-    first. SQLite's own wait (the busy timeout) sleeps a whole millisecond at once, then 2,
-    5, 10, ...: two instances on one file committing in turn (a handler's transaction and
-    the other instance's relay removing what it sent) would each wait a millisecond or more
-    for a lock held for tens of microseconds. Tries every 50 us, then 100, 200, ... 3.2 ms;
-    after that SQLite waits as configured (``busy_timeout``)."""
-    conn.execute("PRAGMA busy_timeout = 0")
-    try:
-        for pause in _PAUSES:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
-                    raise
-            time.sleep(pause)
-    finally:
-        conn.execute(f"PRAGMA busy_timeout = {round(busy_timeout * 1000)}")
-    conn.execute("BEGIN IMMEDIATE")
+    """``BEGIN IMMEDIATE``, waiting for another connection's write lock (``busy_wait``)."""
+    busy_wait(partial(conn.execute, "BEGIN IMMEDIATE"), busy_timeout)

@@ -9,8 +9,10 @@ lets other processes (the CLI) read while the app writes.
 (the thread runs them one at a time); the others wait for it to end. User SQL takes
 ``$1, $2, ...`` (``params.py``).
 
-A trip to the thread and back costs more than a small statement (about 50 us against a few
-on a 2-core machine), so a transaction makes as few as it can: its ``BEGIN IMMEDIATE``
+A trip to the thread and back costs more than a small statement (about 40 us against a few
+on a 2-core machine), so short reads by key that must not wait (``lookup``: the dedup
+check, the relay's look) run in the event loop on a read-only connection, and a
+transaction makes as few trips as it can: its ``BEGIN IMMEDIATE``
 travels with its first statement, the writes whose outcome nobody waits for (``queue``:
 the outbox rows of a handling) travel with the next statement or the ``COMMIT``, and a
 block that ran no statement makes no trip at all. What runs, and in which order, is the
@@ -28,9 +30,10 @@ from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
 from ...errors import ConfigurationError, StoreError
-from .connect import begin_immediate, connect
+from .connect import begin_immediate, busy_wait, connect
 from .params import to_sqlite
-from .transaction import Queued, TxState, changed, rows
+from .reader import Reader
+from .transaction import Queued, TxState, changed, commit, rows
 from .worker import Worker
 
 __all__ = ["SqliteDatabase", "SqliteTransaction"]
@@ -60,6 +63,8 @@ class SqliteDatabase:
         self.busy_timeout = busy_timeout
         self._worker: Worker | None = None
         self._conn: sqlite3.Connection | None = None
+        # Lookups by key read in the event loop (reader.py); not for a database in memory.
+        self._reader = Reader(path) if path != ":memory:" else None
         # One transaction at a time on the one connection. An explicit transaction() is
         # bound to the context that opened it (and so to the tasks created inside it): their
         # store calls run inside it, the others wait for the lock.
@@ -90,18 +95,32 @@ class SqliteDatabase:
         if self._worker is None:
             return
         conn, self._conn = self._conn, None
+        if self._reader is not None:
+            self._reader.close()
         if conn is not None:
             await self._submit(conn.close)
         worker, self._worker = self._worker, None
         worker.stop()
 
-    async def _submit(self, fn: Callable[..., T], *args: Any) -> T:
+    def _job(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         if self._worker is None:
             raise StoreError(
                 f"SQLite database {self.path!r} is not open: open the store first "
                 "(`await store.open()` or `async with app`)"
             )
-        return await self._worker.submit(fn, *args)
+        return self._worker.submit(fn, *args)
+
+    async def _submit(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._job(fn, *args)
+
+    async def _behind(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the thread after the transaction under way (the lock), but
+        without holding the lock while it runs: the thread runs jobs in order, so what is
+        given to it later (the next transaction's first trip) runs after it anyway, and
+        need not wait for its outcome to reach the event loop first."""
+        async with self._lock:
+            job = self._job(fn, *args)
+        return await job
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` on the database thread in a transaction of its own, or, when
@@ -109,8 +128,7 @@ class SqliteDatabase:
         joined = self._joined.get()
         if joined is not None and joined.open:
             return await self._run_in(joined, fn, *args)
-        async with self._lock:
-            return await self._submit(self._in_tx, fn, args)
+        return await self._behind(self._in_tx, fn, args)
 
     async def run_in(self, tx: object, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in ``tx`` when given (one of this database's transactions,
@@ -148,6 +166,17 @@ class SqliteDatabase:
         if not shared.open:
             raise StoreError(_ENDED)
         shared.queued.append((fn, args))
+
+    def after_commit(self, tx: object, fn: Callable[[], object]) -> bool:
+        """Have the database thread run ``fn()`` (once, however often given) right after
+        ``tx`` (or the context's open transaction) commits; errors are ignored. False when
+        there is no such transaction: what the caller wrote has committed, run it now."""
+        shared = self._shared_of(tx) if tx is not None else self._joined.get()
+        if shared is None or not shared.open:
+            return False
+        if fn not in shared.after:
+            shared.after.append(fn)
+        return True
 
     async def _run_in(self, shared: TxState, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in the transaction ``shared`` (a ``SqliteTransaction``'s)."""
@@ -262,7 +291,7 @@ class SqliteDatabase:
         """Run ``fn(*args)`` (the ``what``: COMMIT or ROLLBACK) on the thread and wait for
         it even if cancelled (then let the cancellation through): the connection never
         stays mid-transaction."""
-        job = asyncio.ensure_future(self._submit(fn, *args))
+        job = self._job(fn, *args)
         try:
             await asyncio.shield(job)
         except asyncio.CancelledError:
@@ -326,9 +355,12 @@ class SqliteDatabase:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            self._commit(conn)
+            commit(conn, self.path, self.busy_timeout)
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
+        for fn in shared.after:
+            with suppress(Exception):
+                fn()
 
     def _undo(self) -> None:
         """On the thread: ``ROLLBACK`` the transaction, if one is open."""
@@ -338,24 +370,6 @@ class SqliteDatabase:
                 conn.execute("ROLLBACK")
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
-
-    def _commit(self, conn: sqlite3.Connection) -> None:
-        """COMMIT; if that fails and leaves the transaction open (SQLite keeps it open after
-        some errors), roll it back: the next transaction must not find the connection in it."""
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error:
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error as exc:
-                    _log.warning(
-                        "SQLite ROLLBACK after a failed COMMIT on %r failed too (%s): the "
-                        "connection is still inside a transaction; close and reopen the store",
-                        self.path,
-                        exc,
-                    )
-            raise
 
     def _in_tx(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         conn = self._conn
@@ -368,7 +382,7 @@ class SqliteDatabase:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            self._commit(conn)
+            commit(conn, self.path, self.busy_timeout)
             return result
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
@@ -379,15 +393,41 @@ class SqliteDatabase:
         joined = self._joined.get()
         if joined is not None and joined.open:
             return await self._run_in(joined, rows, sql, params)
+        return await self._behind(self._query, sql, params)
+
+    async def lookup(
+        self, sql: str, params: tuple[Any, ...] = (), *, settled: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """Run one short read (a few rows by key) as ``query`` does, but in the event loop
+        on a read-only connection (``reader.py``) when it can read at once: no trip to the
+        thread. It reads what is committed; with ``settled`` it first waits for this
+        connection's transaction under way (as ``query`` does), so it sees what that
+        commits. Inside the context's open transaction it runs there."""
+        joined = self._joined.get()
+        if joined is not None and joined.open:
+            return await self._run_in(joined, rows, sql, params)
+        reader = self._reader
+        if reader is None or self._conn is None:
+            return await self.query(sql, params)
+        if not settled:
+            found = reader.read(sql, params)
+            return found if found is not None else await self.query(sql, params)
         async with self._lock:
-            return await self._submit(self._query, sql, params)
+            # Jobs still on the thread (one-trip transactions given to it, see ``_behind``)
+            # may commit what the read must see: it follows them there.
+            idle = self._worker is not None and self._worker.idle
+            found = reader.read(sql, params) if idle else None
+            if found is not None:
+                return found
+            job = self._job(self._query, sql, params)
+        return await job
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         conn = self._conn
         if conn is None:
             raise StoreError(f"SQLite database {self.path!r} was closed")
         try:
-            return conn.execute(sql, params).fetchall()
+            return busy_wait(lambda: conn.execute(sql, params).fetchall(), self.busy_timeout)
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite error on {self.path!r}: {exc}") from exc
 

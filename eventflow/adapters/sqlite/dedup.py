@@ -58,7 +58,11 @@ class SqliteDedupStore:
         """True if the pair was marked (by any process using this file)."""
         if (group, message_id) in self._cache:
             return True
-        rows = await self._db.query(
+        # A lookup in the event loop (no trip to the thread), of what is committed: it does
+        # not wait for this connection's transaction under way. One that records this pair
+        # can only be a handling of the same message still in flight, which the consumer
+        # holds a copy back from (or which rolls the copy back at its commit).
+        rows = await self._db.lookup(
             "SELECT 1 FROM ef_dedup WHERE grp = ? AND message_id = ?", (group, message_id)
         )
         return bool(rows)

@@ -36,6 +36,8 @@ class Worker:
 
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._submitted = 0
+        self._finished = 0  # written by the thread only
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -44,8 +46,15 @@ class Worker:
         runs even if the future is cancelled."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        self._submitted += 1
         self._jobs.put((loop, future, fn, args))
         return future
+
+    @property
+    def idle(self) -> bool:
+        """True when every job submitted so far has run (whether or not its outcome has
+        reached the loop yet)."""
+        return self._finished == self._submitted
 
     def stop(self) -> None:
         """Run the jobs queued so far, then end the thread; returns once it ended."""
@@ -60,6 +69,7 @@ class Worker:
                 outcome: tuple[Any, BaseException | None] = (fn(*args), None)
             except BaseException as exc:  # delivered to the caller, as an executor does
                 outcome = (None, exc)
+            self._finished += 1
             with suppress(RuntimeError):  # the loop is closed: nobody waits any more
                 loop.call_soon_threadsafe(_settle, future, *outcome)
             del job, future, outcome  # hold no result until the next job comes
