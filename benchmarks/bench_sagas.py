@@ -640,7 +640,7 @@ def _count_statements(services: Services, args: argparse.Namespace) -> None:
         total = sum(counts.values()) / args.sagas
         begins = counts["BEGIN;"] / args.sagas
         print(f"== {side}: {total:.1f} statements, {begins:.2f} transactions per order")
-        for query, count in counts.most_common(16):
+        for query, count in counts.most_common(40):
             print(f"{count / args.sagas:7.2f}  {query}")
 
 
