@@ -68,7 +68,7 @@ class SagaStore:
         self.tables: SagaTables = tables_for(store)
         """The index and the timers."""
         self._copy_state = not store.supports_sql
-        self._recent: dict[str, tuple[int, bytes]] = {}  # saga id: (version, state + control)
+        self._recent: dict[str, tuple[int, bytes, Control]] = {}  # id: (version, state, control)
 
     async def setup(self) -> None:
         """Create the saga tables if needed. Idempotent."""
@@ -98,11 +98,11 @@ class SagaStore:
         entry = self._recent.get(definition.stream_prefix + key)
         if entry is None:
             return None
-        version, blob = entry
-        saved = orjson.loads(blob)  # new objects: the machine changes them in place
-        return Loaded(version, saved["state"], Control.from_dict(saved["control"]))
+        version, state, control = entry
+        # Copies: the machine changes them in place.
+        return Loaded(version, orjson.loads(state), control.copy())
 
-    def _remember(self, saga_id: str, version: int, blob: bytes) -> None:
+    def _remember(self, saga_id: str, version: int, state: bytes, control: Control) -> None:
         """After the commit of ``version`` of ``saga_id``: keep it (an older one never
         replaces a newer), forgetting the least recent past :data:`RECENT`."""
         recent = self._recent
@@ -110,7 +110,7 @@ class SagaStore:
         if old is not None and old[0] > version:
             recent[saga_id] = old
             return
-        recent[saga_id] = (version, blob)
+        recent[saga_id] = (version, state, control)
         if len(recent) > RECENT:
             del recent[next(iter(recent))]
 
@@ -151,8 +151,8 @@ class SagaStore:
             NewTimer(name, due - now, token) for name, (due, token) in outcome.timers_set.items()
         ]
         await self.tables.save(tx, row, timers, outcome.timers_cancelled, index=status != was)
-        blob = orjson.dumps(saved)
-        return lambda: self._remember(saga_id, version, blob)
+        kept, copied = orjson.dumps(state), control.copy()
+        return lambda: self._remember(saga_id, version, kept, copied)
 
     def _transition_envelopes(
         self,
