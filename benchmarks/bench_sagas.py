@@ -7,9 +7,10 @@ broker + SQLite (a fresh database file per round).
 - saga: ``BenchOrderSaga`` (``@step`` reserve, charge, ship, each with ``reply=``,
   ``reject=`` and ``timeout=``; a plain compensation for reserve and charge; ``charge``'s
   ``on_reply`` keeps the charge id) run by the app's saga runtime (group ``saga.<name>``,
-  concurrency 8): per input it loads the saga from its stream, appends the transitions,
-  upserts the index row, sets/cancels the step's timer row, queues the next command in the
-  outbox and records the dedup entry, in one store transaction.
+  concurrency 8): per input it takes the saga as this process last committed it (no read;
+  the append's version check confirms it), appends the transitions, moves the step's timer
+  row, writes the index row when the status changes, queues the next command in the outbox
+  and records the dedup entry, in one store transaction.
 - floor: the same flow by hand: four ``@subscribe`` handlers (group ``floor.order``,
   concurrency 8) for the start event and the three replies, each updating one row of a state
   table (``INSERT ... ON CONFLICT DO NOTHING`` for the start, ``UPDATE ... WHERE status =
@@ -640,7 +641,7 @@ def _count_statements(services: Services, args: argparse.Namespace) -> None:
         total = sum(counts.values()) / args.sagas
         begins = counts["BEGIN;"] / args.sagas
         print(f"== {side}: {total:.1f} statements, {begins:.2f} transactions per order")
-        for query, count in counts.most_common(16):
+        for query, count in counts.most_common(40):
             print(f"{count / args.sagas:7.2f}  {query}")
 
 

@@ -227,6 +227,30 @@ class Control:
             (i for i in reversed(self.issued) if i.step == step and i.action is action), None
         )
 
+    def copy(self) -> Control:
+        """A control of its own (new lists and dicts; the timers, commands and the rest
+        are immutable): what :meth:`from_dict` of :meth:`as_dict` gives, without the JSON."""
+        return Control(
+            key=self.key,
+            status=self.status,
+            phase=self.phase,
+            at=self.at,
+            waiting=self.waiting,
+            done=list(self.done),
+            undo=None if self.undo is None else list(self.undo),
+            timers=dict(self.timers),
+            issued=list(self.issued),
+            attempts=dict(self.attempts),
+            undo_attempts=dict(self.undo_attempts),
+            pivoted=self.pivoted,
+            reason=self.reason,
+            resume=self.resume,
+            kept=[Kept(k.id, dict(k.envelope)) for k in self.kept],
+            origin_ms=self.origin_ms,
+            correlation_id=self.correlation_id,
+            seq=self.seq,
+        )
+
     def as_dict(self) -> dict[str, Any]:
         """The JSON form (new lists and dicts: changing this control later leaves it)."""
         return {

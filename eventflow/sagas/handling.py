@@ -5,6 +5,9 @@ timer loop, ``app.sagas`` (a person's retry, skip, abort) and the test kit all r
   save the outcome in the transaction; when the saga's stream moved meanwhile (another
   input of the saga committed first), load and apply again (``conflicts``). Saga methods
   may so run more than once: they decide and build commands, participants do the work.
+  The first try reads nothing when it can guess: a saga this process committed last
+  (:meth:`~eventflow.sagas.persistence.SagaStore.recent`), or, for a start event, no saga
+  yet; the append's version check tells a wrong guess, which then reads the store.
 - :meth:`Handling.message`: the rules for a message (DESIGN 5): its saga key (the key
   field, else the message key); a start event starts the saga (then applies the inputs
   kept before it); any other input for a saga that has not started is kept (status
@@ -50,6 +53,9 @@ Run = Callable[[Loaded | None, float], Awaitable[Machine | None]]
 the machine to save, or None to save nothing."""
 
 Fence = Callable[[Transaction], Awaitable[None]]
+AfterCommit = Callable[[Callable[[], None]], None]
+"""Registers a call to make once the transaction of the input committed (never on a
+rollback): ``ctx._after_commit`` for a handling."""
 
 
 class Handling:
@@ -80,26 +86,49 @@ class Handling:
         """Set by the app whose tracing is on: each transition is a ``saga <name>`` span."""
 
     async def apply(
-        self, tx: Transaction, cls: type[Saga], key: str, run: Run, *, cause: Envelope | None
+        self,
+        tx: Transaction,
+        cls: type[Saga],
+        key: str,
+        run: Run,
+        *,
+        cause: Envelope | None,
+        new: bool = False,
+        after_commit: AfterCommit | None = None,
     ) -> Machine | None:
         """Load the saga of ``key``, let ``run`` apply one input and save the outcome in
-        ``tx``, again while the stream moved meanwhile. Returns the machine saved, or None
-        when ``run`` declined."""
+        ``tx``, again while the stream moved meanwhile. The first try guesses instead of
+        reading when it can: the saga as this process last committed it, else, when
+        ``new`` (a start event), no saga. Returns the machine saved, or None when ``run``
+        declined. ``after_commit``: how to learn that ``tx`` committed (the saga then joins
+        the recent ones)."""
         if self.tracing is None:
-            return await self._apply(tx, cls, key, run, cause)
+            return await self._apply(tx, cls, key, run, cause, new, after_commit)
         with self.tracing.saga(cls.definition.name, key) as span:
-            machine = await self._apply(tx, cls, key, run, cause)
+            machine = await self._apply(tx, cls, key, run, cause, new, after_commit)
             if machine is not None:
                 control = machine.control
                 self.tracing.saga_state(span, control.at, control.status.value)
             return machine
 
     async def _apply(
-        self, tx: Transaction, cls: type[Saga], key: str, run: Run, cause: Envelope | None
+        self,
+        tx: Transaction,
+        cls: type[Saga],
+        key: str,
+        run: Run,
+        cause: Envelope | None,
+        new: bool,
+        after_commit: AfterCommit | None,
     ) -> Machine | None:
         definition = cls.definition
+        persistence = self.persistence
+        loaded = persistence.recent(definition, key)
+        guessed = loaded is not None or new
         for _ in range(_MAX_CONFLICTS):
-            loaded = await self.persistence.load(definition, key)
+            if not guessed:
+                loaded = await persistence.load(definition, key)
+            was = loaded.control.status if loaded is not None else None
             now = self.clock()
             machine = await run(loaded, now)
             if machine is None:
@@ -107,7 +136,7 @@ class Handling:
             if self.check is not None:
                 self.check(machine.saga)
             try:
-                await self.persistence.save(
+                committed = await persistence.save(
                     tx,
                     definition,
                     loaded.version if loaded is not None else 0,
@@ -117,10 +146,15 @@ class Handling:
                     source=self.source,
                     cause=cause,
                     now=now,
+                    was=was,
                 )
             except ConcurrencyError:
-                self.conflicts += 1
+                if loaded is not None:  # not a start that guessed wrong: a saga moved
+                    self.conflicts += 1
+                guessed = False
                 continue
+            if after_commit is not None:
+                after_commit(committed)
             return machine
         raise ConcurrencyError(definition.stream_prefix + key, -1, -1)
 
@@ -140,10 +174,16 @@ class Handling:
             await self.tracing.send_to_outbox(sends, lambda m: outbox.add(m, tx=tx))
 
     async def message(
-        self, tx: Transaction, cls: type[Saga], event: Event, env: Envelope
+        self,
+        tx: Transaction,
+        cls: type[Saga],
+        event: Event,
+        env: Envelope,
+        *,
+        after_commit: AfterCommit | None = None,
     ) -> Machine | None:
         """Apply the message ``env`` (decoded: ``event``) to its saga in ``tx``; None when
-        it names no saga key (counted in ``stray``)."""
+        it names no saga key (counted in ``stray``). ``after_commit``: see :meth:`apply`."""
         definition = cls.definition
         key = key_of(definition, event, env.key)
         if key is None:
@@ -175,7 +215,9 @@ class Handling:
                 await machine.message(event, env.id, env.causation_id)
             return machine
 
-        return await self.apply(tx, cls, key, run, cause=env)
+        return await self.apply(
+            tx, cls, key, run, cause=env, new=is_start, after_commit=after_commit
+        )
 
     def _early(self, cls: type[Saga], raw: dict[str, object]) -> Early:
         """A kept input, decoded as the class the saga takes for its type."""
@@ -220,14 +262,19 @@ class Handling:
                 machine.timer_failed(row.timer, row.token, message_id, repr(exc))
             return machine
 
+        committed: list[Callable[[], None]] = []
         async with store.transaction() as tx:
-            machine = await self.apply(tx, cls, row.key, run, cause=None)
+            machine = await self.apply(
+                tx, cls, row.key, run, cause=None, after_commit=committed.append
+            )
             if machine is None or not machine.out.changed:
                 await self.persistence.drop_timer(tx, row)  # cancelled or rescheduled
             if machine is not None:
                 await self.queue(tx, self.sends(definition, machine, None))
             if fence is not None:
                 await fence(tx)
+        for call in committed:
+            call()
         return machine
 
 

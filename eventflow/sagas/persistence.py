@@ -7,27 +7,37 @@
   that caused it, so a re-run after a crash stores nothing twice.
 - **The tables** (:mod:`eventflow.sagas.tables`): the index and the timers (on the store's
   clock), behind one port with a SQL and a memory implementation. A timer row is written
-  in the transaction of the transition that set it. Inputs that reach a saga before its
-  start are kept in its stream (a ``kept`` transition), not in a table.
+  in the transaction of the transition that set it; the index row only when the saga's
+  status changes (``updated``: when it last did). Inputs that reach a saga before its start
+  are kept in its stream (a ``kept`` transition), not in a table.
+- **Recent sagas**: the last committed state of the sagas this process saved last
+  (:data:`RECENT` of them), so the next input of a saga usually needs no read. It is only a
+  guess: the append checks the stream's version, and a saga another process changed
+  meanwhile makes it conflict, then it is read from the store. An entry is written once its
+  transaction committed, never before.
 """
 
 from __future__ import annotations
 
 import builtins
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from ..envelope import Envelope, hashed_id
 from ..errors import StoreError
 from ..ports import Store, Transaction
-from .control import Control
+from .control import Control, Status
 from .definition import SagaDefinition
 from .outcome import Outcome
 from .tables import IndexRow, NewTimer, SagaTables, TimerRow, tables_for
 
 __all__ = [
+    "RECENT",
     "TRANSITION_TYPE",
     "IndexRow",
     "Loaded",
@@ -37,6 +47,8 @@ __all__ = [
 ]
 
 TRANSITION_TYPE = "eventflow.saga.transition"
+RECENT = 1024
+"""Sagas whose last committed state a process keeps (about 1 KB each), most recent first."""
 
 
 @dataclass
@@ -56,6 +68,7 @@ class SagaStore:
         self.tables: SagaTables = tables_for(store)
         """The index and the timers."""
         self._copy_state = not store.supports_sql
+        self._recent: dict[str, tuple[int, bytes, Control]] = {}  # id: (version, state, control)
 
     async def setup(self) -> None:
         """Create the saga tables if needed. Idempotent."""
@@ -79,6 +92,28 @@ class SagaStore:
             return Loaded(rec.stream_version, state, Control.from_dict(saga["control"]))
         return None
 
+    def recent(self, definition: SagaDefinition, key: str) -> Loaded | None:
+        """The saga of ``key`` as this process last committed it, or None (not among the
+        recent ones): a guess that the save's version check confirms."""
+        entry = self._recent.get(definition.stream_prefix + key)
+        if entry is None:
+            return None
+        version, state, control = entry
+        # Copies: the machine changes them in place.
+        return Loaded(version, orjson.loads(state), control.copy())
+
+    def _remember(self, saga_id: str, version: int, state: bytes, control: Control) -> None:
+        """After the commit of ``version`` of ``saga_id``: keep it (an older one never
+        replaces a newer), forgetting the least recent past :data:`RECENT`."""
+        recent = self._recent
+        old = recent.pop(saga_id, None)
+        if old is not None and old[0] > version:
+            recent[saga_id] = old
+            return
+        recent[saga_id] = (version, state, control)
+        if len(recent) > RECENT:
+            del recent[next(iter(recent))]
+
     async def history(self, saga_id: str) -> builtins.list[dict[str, Any]]:
         """Every transition of a saga (the JSON form), oldest first."""
         return [rec.envelope.data async for rec in self.store.read_stream(saga_id)]
@@ -95,49 +130,51 @@ class SagaStore:
         source: str,
         cause: Envelope | None,
         now: float,
-    ) -> None:
+        was: Status | None = None,
+    ) -> Callable[[], None]:
         """Append the outcome's transitions (checking the stream is still at
         ``loaded_version``: ``ConcurrencyError`` otherwise, before anything else is written),
-        then update the index and the timers, all in ``tx``."""
+        then update the timers, and the index when the status is not ``was`` (the status
+        loaded; None: a saga not stored yet), all in ``tx``. Returns what to call once
+        ``tx`` committed (the saga joins the recent ones)."""
         key = control.key
         saga_id = definition.stream_prefix + key
+        saved = {"state": state, "control": control.as_dict()}
         envelopes = self._transition_envelopes(
-            definition, saga_id, state, control, outcome, source=source, cause=cause
+            definition, saga_id, saved, control, outcome, source=source, cause=cause
         )
-        await self.store.append(saga_id, envelopes, expected_version=loaded_version)
+        version = await self.store.append(saga_id, envelopes, expected_version=loaded_version)
         started = control.origin_ms / 1000
-        status = control.status.value
-        row = IndexRow(saga_id, definition.name, key, status, _at(started), _at(now))
+        status = control.status
+        row = IndexRow(saga_id, definition.name, key, status.value, _at(started), _at(now))
         timers = [
             NewTimer(name, due - now, token) for name, (due, token) in outcome.timers_set.items()
         ]
-        await self.tables.save(tx, row, timers, outcome.timers_cancelled)
+        await self.tables.save(tx, row, timers, outcome.timers_cancelled, index=status != was)
+        kept, copied = orjson.dumps(state), control.copy()
+        return lambda: self._remember(saga_id, version, kept, copied)
 
     def _transition_envelopes(
         self,
         definition: SagaDefinition,
         saga_id: str,
-        state: dict[str, Any],
+        saved: dict[str, Any],
         control: Control,
         outcome: Outcome,
         *,
         source: str,
         cause: Envelope | None,
     ) -> list[Envelope]:
-        """One envelope per transition; the last carries the saga's state. Ids come from
-        the cause (or the input's number) so a re-run appends nothing new."""
+        """One envelope per transition; the last carries the saga's state and control
+        (``saved``). Ids come from the cause (or the input's number) so a re-run appends
+        nothing new."""
         origin = cause.id if cause is not None else f"input-{control.seq}"
         last = len(outcome.transitions) - 1
         out = []
         for i, t in enumerate(outcome.transitions):
             data: dict[str, Any] = t.as_dict()
             if i == last:
-                data["saga"] = {
-                    "name": definition.name,
-                    "key": control.key,
-                    "state": state,
-                    "control": control.as_dict(),
-                }
+                data["saga"] = {"name": definition.name, "key": control.key, **saved}
             out.append(
                 Envelope.create(
                     TRANSITION_TYPE,

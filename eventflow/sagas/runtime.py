@@ -172,10 +172,15 @@ class Sagas:
             await what(machine)
             return machine
 
+        committed: list[Callable[[], None]] = []
         async with self._store.transaction() as tx:
-            machine = await handling.apply(tx, cls, key, run, cause=None)
+            machine = await handling.apply(
+                tx, cls, key, run, cause=None, after_commit=committed.append
+            )
             assert machine is not None  # run never declines
             await handling.queue(tx, handling.sends(definition, machine, None))
+        for call in committed:
+            call()
         if self.committed is not None:
             timers = machine.out.timers_set.values()
             self.committed(definition.name, [due - machine.now for due, _ in timers])
@@ -245,7 +250,7 @@ class SagaRuntime:
     async def _handle(self, cls: type[Saga], event: Event, env: Envelope, ctx: Context) -> None:
         handling = self.sagas.handling
         async with ctx.transaction() as tx:
-            machine = await handling.message(tx, cls, event, env)
+            machine = await handling.message(tx, cls, event, env, after_commit=ctx._after_commit)
         if machine is None:
             self.timers.after_handling(ctx, cls.definition, {}, 0.0)
             return

@@ -6,7 +6,7 @@ written through the store's own transactions, in the ``$1`` style both run) and
 :class:`MemorySagaTables` (dicts, changed when the memory store's transaction commits).
 
 - **The index** ``ef_sagas`` (id, name, key, status, started, updated) serves ``list``
-  and ``find`` without reading streams.
+  and ``find`` without reading streams; it is written when a saga's status changes.
 - **The timers** ``ef_saga_timers`` (saga id, timer name, saga name, key, due, token).
   ``due`` is on the store's clock (:class:`~eventflow.ports.StoreClock`): a timer is set
   with a delay, and SQL adds it to the clock inside the statement that writes the row, so
@@ -82,9 +82,12 @@ class SagaTables(Protocol):
         row: IndexRow,
         timers: Sequence[NewTimer],
         cancelled: Iterable[str],
+        *,
+        index: bool = True,
     ) -> None:
-        """Write the saga's index row (insert, or update status and updated), delete its
-        ``cancelled`` timers and set ``timers`` (replacing a timer of the same name)."""
+        """Write the saga's index row when ``index`` (insert, or update status and
+        updated), delete its ``cancelled`` timers and set ``timers`` (replacing a timer of
+        the same name); the timer rows take the saga's name and key from ``row``."""
 
     async def list(
         self, *, name: str | None = None, status: str | None = None, limit: int = 1000
@@ -150,18 +153,22 @@ class SqlSagaTables:
         row: IndexRow,
         timers: Sequence[NewTimer],
         cancelled: Iterable[str],
+        *,
+        index: bool = True,
     ) -> None:
-        """One statement for the index row, one per timer changed."""
-        await tx.execute(
-            f"INSERT INTO ef_sagas ({_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) "
-            "ON CONFLICT (id) DO UPDATE SET status = excluded.status, updated = excluded.updated",
-            row.id,
-            row.name,
-            row.key,
-            row.status,
-            row.started.timestamp(),
-            row.updated.timestamp(),
-        )
+        """One statement for the index row (when ``index``), one per timer changed."""
+        if index:
+            await tx.execute(
+                f"INSERT INTO ef_sagas ({_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) "
+                "ON CONFLICT (id) DO UPDATE SET status = excluded.status, "
+                "updated = excluded.updated",
+                row.id,
+                row.name,
+                row.key,
+                row.status,
+                row.started.timestamp(),
+                row.updated.timestamp(),
+            )
         for timer in cancelled:
             await tx.execute(
                 "DELETE FROM ef_saga_timers WHERE saga_id = $1 AND timer = $2", row.id, timer
@@ -249,6 +256,8 @@ class MemorySagaTables:
         row: IndexRow,
         timers: Sequence[NewTimer],
         cancelled: Iterable[str],
+        *,
+        index: bool = True,
     ) -> None:
         """Applied at the commit; dues from the clock's reading now."""
         now = await self.store.clock.now(tx)
@@ -259,8 +268,9 @@ class MemorySagaTables:
         shared = self._shared
 
         def apply() -> None:
-            old = shared.index.get(row.id)
-            shared.index[row.id] = row if old is None else replace(row, started=old.started)
+            if index:
+                old = shared.index.get(row.id)
+                shared.index[row.id] = row if old is None else replace(row, started=old.started)
             for timer in gone:
                 shared.timers.pop((row.id, timer), None)
             for t in rows:

@@ -72,12 +72,19 @@ class _Wakeup:
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
-        self.look_at = float("inf")  # monotonic; inf while it looks (every wake counts)
+        self.look_at = float("inf")  # monotonic; inf while it looks
+        self.soonest = float("inf")  # monotonic: the earliest timer set during a look
         self.waiting_catch_up = False
         self.timer_woke = False
 
     def timer_set(self, delay: float) -> None:
-        if time.monotonic() + delay < self.look_at:
+        due = time.monotonic() + delay
+        if self.look_at == float("inf"):
+            # It looks now, and may or may not see this timer: the sleep after the look
+            # ends by its due time (a busy saga class must not make the loop look again
+            # after each look for timers due long after its next one).
+            self.soonest = min(self.soonest, due)
+        elif due < self.look_at:
             self.timer_woke = True
             self.event.set()
 
@@ -90,6 +97,10 @@ class _Wakeup:
         waits for the catch-up counts ``MIN_RECHECK`` after the last look at the earliest (a
         busy group must not make the loop look once per message); a timer set counts now."""
         began = time.monotonic()
+        if self.soonest < began + seconds:
+            seconds = self.soonest - began
+            self.timer_woke = True
+        self.soonest = float("inf")
         self.waiting_catch_up = catch_up
         self.look_at = began + seconds
         try:

@@ -4,7 +4,21 @@ returns)."""
 
 from __future__ import annotations
 
-from eventflow.sagas.control import Control, Timer, TimerKind
+import dataclasses
+
+from eventflow.sagas.control import (
+    Action,
+    Control,
+    Issued,
+    Kept,
+    Phase,
+    Resume,
+    Status,
+    Timer,
+    TimerKind,
+    Wait,
+    Waiting,
+)
 from eventflow.sagas.machine import Machine
 from eventflow.sagas.persistence import SagaStore
 from eventflow.stores import store_for
@@ -101,3 +115,50 @@ async def test_a_loaded_state_shares_nothing_with_the_stored_one() -> None:
         assert again is not None and again.state["extra_notes"] == {"seen": ["m-1"]}
     finally:
         await store.close()
+
+
+def test_copy_is_the_json_round_trip_and_shares_nothing_that_changes() -> None:
+    """The recent sagas a process keeps are copied with ``Control.copy``: the same control
+    as ``from_dict(as_dict())``, and changing the copy leaves the original."""
+    charge = Timer(TimerKind.DEADLINE, "charge", 1.0, "t1", "step:")
+    original = Control(
+        key="k",
+        status=Status.FAILED,
+        phase=Phase.COMPENSATING,
+        at="charge",
+        waiting=Waiting("charge", Wait.UNDO, "cmd-2"),
+        issued=[Issued("cmd-1", "reserve", Action.DO, 1)],
+        pivoted=True,
+        reason="why",
+        resume=Resume("charge", Action.UNDO, "why", charge, Status.RUNNING, (charge,)),
+        done=["reserve"],
+        undo=["reserve"],
+        timers={charge.key: charge},
+        attempts={"charge": 2},
+        undo_attempts={"reserve": 1},
+        kept=[Kept("m-0", {"id": "m-0", "data": {"a": 1}})],
+        origin_ms=5,
+        correlation_id="c",
+        seq=3,
+    )
+    defaults = Control(key="")
+    assert all(  # every field is set here, so the comparison below covers each one
+        getattr(original, f.name) != getattr(defaults, f.name) for f in dataclasses.fields(Control)
+    )
+    copied = original.copy()
+    assert copied == Control.from_dict(original.as_dict())
+    copied.done.append("charge")
+    copied.undo.append("charge")  # type: ignore[union-attr]
+    copied.timers.clear()
+    copied.attempts["charge"] = 3
+    copied.undo_attempts.clear()
+    copied.kept[0].envelope["id"] = "changed"
+    copied.kept.clear()
+    assert original.as_dict() == Control.from_dict(original.as_dict()).as_dict()
+    assert (original.done, original.undo, list(original.timers)) == (
+        ["reserve"],
+        ["reserve"],
+        [charge.key],
+    )
+    assert original.attempts == {"charge": 2} and original.undo_attempts == {"reserve": 1}
+    assert original.kept == [Kept("m-0", {"id": "m-0", "data": {"a": 1}})]

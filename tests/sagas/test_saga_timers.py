@@ -415,3 +415,18 @@ async def test_handled_messages_wake_a_waiting_loop_at_most_every_min_recheck() 
     assert not again.done()
     held.timer_set(0.0)  # a timer due now is not held back by the spacing
     await asyncio.wait_for(again, 1.0)
+
+
+async def test_a_timer_set_while_the_loop_looks_ends_its_next_sleep_only_by_its_due_time() -> None:
+    """A timer committed while the loop queries may or may not be in what it read: the
+    sleep after that look ends by the timer's due time, and no sooner when that is after
+    the sleep's end (a busy saga class does not make the loop look again after each look)."""
+    busy = _Wakeup()
+    busy.timer_set(60.0)  # while it looks (it has not gone to sleep yet)
+    sleeping = asyncio.ensure_future(busy.sleep(30.0, catch_up=False))
+    await _settle()
+    assert not sleeping.done()
+    sleeping.cancel()
+    near = _Wakeup()
+    near.timer_set(0.0)  # while it looks, due before its next look: the sleep is short
+    await asyncio.wait_for(near.sleep(30.0, catch_up=False), 1.0)
