@@ -276,8 +276,8 @@ class Requests:
             return
         try:
             waiting.reply.set_result(self._app.registry.decode_as(env, cls))
-        except DecodeError as exc:  # the reply itself is bad: say so to the one waiting
-            waiting.reply.set_exception(exc)
+        except Exception as exc:  # the reply itself is bad (a DecodeError, or a validator
+            waiting.reply.set_exception(exc)  # raising): the one waiting gets it, not the app
 
     def _stopped(self, topic: str) -> None:
         """The app stops: fail the requests waiting for a reply on ``topic``."""

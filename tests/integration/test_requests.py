@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 import eventflow
-from eventflow import App, Context, Event, RequestTimeoutError, subscribe
+from eventflow import App, Context, Envelope, Event, RequestTimeoutError, subscribe
 from eventflow.adapters.memory import MemoryBroker
 from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
 from eventflow.testing.nats_server import nats_service_url
@@ -256,6 +257,44 @@ async def test_request_checks_its_arguments(broker_url: str) -> None:
             await orders.request(ReserveStock(order_id="o"), expect=StockReserved, timeout=0)
     with pytest.raises(eventflow.BrokerError, match="not running"):
         await orders.request(ReserveStock(order_id="o"), expect=StockReserved, timeout=1.0)
+
+
+def raw_replier(payload: Callable[[str], bytes]) -> Any:
+    """A participant that answers with raw bytes of its own (a foreign producer's)."""
+
+    @subscribe(ReserveStock.event_type, group="raw")
+    async def reserve(cmd: ReserveStock, ctx: Context) -> None:
+        await ctx.app.broker.publish(StockReserved.event_type, payload(ctx.envelope.id))
+
+    return reserve
+
+
+async def test_a_foreign_producer_s_reply_is_decoded_to_be_read(broker_url: str) -> None:
+    """Bytes not in eventflow's own field order cannot be peeked at: they are decoded."""
+
+    def reordered(cause: str) -> bytes:
+        data = {"order_id": "o-f", "left": 1, "causation_id": "decoy"}
+        fields = {"data": data, "id": "f-1", "type": StockReserved.event_type}
+        return orjson.dumps({**fields, "causation_id": cause})
+
+    inventory = App("inventory", broker=broker_url, handlers=[raw_replier(reordered)])
+    async with inventory, App("orders", broker=broker_url) as orders:
+        reply = await orders.request(
+            ReserveStock(order_id="o-f"), expect=StockReserved, timeout=30.0
+        )
+    assert reply == StockReserved(order_id="o-f", left=1)
+
+
+async def test_a_reply_that_does_not_validate_raises_to_the_caller(broker_url: str) -> None:
+    def invalid(cause: str) -> bytes:
+        data = {"order_id": "o-v"}  # no "left"
+        return Envelope.create(StockReserved.event_type, data, causation_id=cause).to_bytes()
+
+    inventory = App("inventory", broker=broker_url, handlers=[raw_replier(invalid)])
+    async with inventory, App("orders", broker=broker_url) as orders:
+        with pytest.raises(eventflow.EventValidationError, match="left"):
+            await orders.request(ReserveStock(order_id="o-v"), expect=StockReserved, timeout=30.0)
+        assert orders.health().ok  # the listener goes on
 
 
 async def test_a_request_waiting_when_the_app_stops_fails(broker_url: str) -> None:
