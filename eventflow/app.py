@@ -599,6 +599,7 @@ class App:
             if supervisor is not None:
                 await supervisor.close()
         finally:
+            self._requests.stopped()
             guard, self._guard = self._guard, None
             if guard is not None:
                 guard.stop()

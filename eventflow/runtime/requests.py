@@ -234,9 +234,6 @@ class Requests:
                 joined.set_result(None)
             try:
                 await self._take(sub)
-            except asyncio.CancelledError:
-                self._stopped(topic)
-                raise
             finally:
                 await sub.close()
 
@@ -279,10 +276,12 @@ class Requests:
         except Exception as exc:  # the reply itself is bad (a DecodeError, or a validator
             waiting.reply.set_exception(exc)  # raising): the one waiting gets it, not the app
 
-    def _stopped(self, topic: str) -> None:
-        """The app stops: fail the requests waiting for a reply on ``topic``."""
+    def stopped(self) -> None:
+        """The app stopped (its listeners ended with its supervisor): fail the requests
+        still waiting, which no reply can reach any more."""
+        self._owner, self._listening = None, {}
         for command_id, waiting in self._waiting.items():
-            if topic in waiting.expect and not waiting.reply.done():
+            if not waiting.reply.done():
                 waiting.reply.set_exception(
                     BrokerError(
                         f"app {self._app.name!r} stopped while request {command_id} waited "
