@@ -17,11 +17,11 @@ of a type the request does not expect is skipped. A reply whose request gave up 
 was cancelled) is dropped and counted (``late``); the counters are ``app.stats()
 ["requests"]``.
 
-The listeners are components of the app's supervisor (restarted after a transient failure;
-an existing group resumes where it was, so nothing published meanwhile is missed) and end
-with the app. Their groups stay on the broker after the app stops, as every group does
-(NATS: consumers that a ``group_inactive_threshold`` removes; Kafka: the group's offsets,
-until ``offsets.retention.minutes``). See ``docs/api.md``, "Request-reply".
+The listeners are components of the app's supervisor (restarted after a transient failure)
+and end with the app. Their groups are temporary (``Broker.subscribe(temporary=True)``):
+each goes with its subscription, so no group is left to fill with replies nobody reads. A
+listener restarted after a failure joins at the live end again: a reply published while it
+was down is missed, and its request times out. See ``docs/semantics.md``, "Request-reply".
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ class Requests:
 
         async def run() -> None:
             try:
-                sub = await self._app.broker.subscribe(topic, group=self.group, start="latest")
+                sub = await self._app.broker.subscribe(topic, group=self.group, temporary=True)
             except Exception as exc:
                 if joined.done():
                     raise  # a rejoin after a failure: the supervisor tries again

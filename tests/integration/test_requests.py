@@ -249,6 +249,37 @@ async def test_two_apps_of_one_name_keep_their_own_replies(
             await waiter(lambda app=app: app.stats()["requests"]["skipped"] >= 2, timeout=30.0)
 
 
+async def test_a_stopped_app_leaves_no_reply_group_behind(
+    place: Place, inventory: Participant
+) -> None:
+    """Its reply groups go with it (temporary groups): on the memory broker, one left in the
+    hub would fill with replies nobody reads and then hold every publisher of the topic
+    back; on NATS, its consumers would stay for good. Kafka keeps the group's committed
+    offsets (they hold nothing back) for its offsets retention."""
+    orders = place.app("orders")
+    async with orders:
+        await orders.request(ReserveStock(order_id="o-20"), expect=StockReserved, timeout=30.0)
+        group = orders._requests.group
+        assert await orders.broker.declare(StockReserved.event_type, group=group, create=False)
+    async with place.app("observer") as observer:
+        left = await observer.broker.declare(StockReserved.event_type, group=group, create=False)
+    assert left is (place.broker.startswith("kafka"))
+
+
+async def test_replies_after_the_app_stopped_hold_no_publisher_back(
+    broker_name: str, hub: MemoryBroker
+) -> None:
+    """With room for 5 messages per group, 20 replies published after the asking app
+    stopped would wait for (and then fail on) its reply group, were it still in the hub."""
+    url = f"memory://{broker_name}?max_pending=5&publish_timeout=0.5"
+    participant = Participant()
+    async with App("inventory", broker=url, handlers=participant.handlers("inv")) as inventory:
+        async with App("orders", broker=url) as orders:
+            await orders.request(ReserveStock(order_id="o-1"), expect=StockReserved, timeout=30.0)
+        for n in range(20):
+            await inventory.publish(StockReserved(order_id=f"o-{n}", left=n))
+
+
 async def test_request_checks_its_arguments(broker_url: str) -> None:
     async with App("orders", broker=broker_url) as orders:
         with pytest.raises(eventflow.ConfigurationError, match="expect= takes an Event"):
