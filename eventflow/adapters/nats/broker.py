@@ -61,6 +61,7 @@ from .delivery import MSG_ID_HEADER
 from .lag import group_lag
 from .ledger import Leases, ReleaseLedger
 from .subscription import NatsSubscription
+from .temporary import TemporarySubscription
 
 __all__ = ["NatsBroker"]
 
@@ -352,7 +353,6 @@ class NatsBroker:
             leases=leases,
             releases=releases,
             on_close=self._subs.discard,
-            after_close=functools.partial(self._forget, js, gid) if temporary else None,
         )
         self._subs.add(sub)
         try:
@@ -360,6 +360,8 @@ class NatsBroker:
         except BaseException:
             await sub.close()
             raise
+        if temporary:
+            return TemporarySubscription(sub, functools.partial(self._forget, js, gid))
         return sub
 
     async def declare(

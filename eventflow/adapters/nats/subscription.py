@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -50,9 +50,8 @@ class NatsSubscription:
     """A live member of one group on one pattern (see the module docstring).
 
     The broker creates it with what it uses: the connection, the supervisor its coordinator
-    runs under, the lease and release ledgers, ``on_close`` (called with it once it
-    left the group) and ``after_close`` (awaited after that, while connected: a temporary
-    group's clean-up)."""
+    runs under, the lease and release ledgers, and ``on_close`` (called with it once it
+    left the group)."""
 
     def __init__(
         self,
@@ -66,7 +65,6 @@ class NatsSubscription:
         leases: Leases,
         releases: ReleaseLedger,
         on_close: Callable[[NatsSubscription], None],
-        after_close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.config = config
         self.pattern = pattern
@@ -77,7 +75,6 @@ class NatsSubscription:
         self._leases = leases
         self._releases = releases
         self._on_close = on_close
-        self._after_close = after_close
         self.member_id = f"{uuid.uuid4().hex[:12]}"
         self._closed = False
         self.now = asyncio.get_running_loop().time
@@ -171,8 +168,6 @@ class NatsSubscription:
                     except Exception as exc:  # connection already closed
                         _log.debug("unsubscribe failed: %s", exc)
             self._on_close(self)
-        if self._after_close is not None and connected:
-            await self._after_close()  # (a temporary group: its consumers go)
 
     async def _leave(self) -> None:
         try:
