@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from eventflow import App, RequestTimeoutError
+from eventflow.adapters.nats import NatsBroker
+from eventflow.adapters.nats.config import TEMPORARY_INACTIVE, consumer_name, group_id
 from eventflow.testing.nats_server import nats_service_url
 
 from .children import Child, launch
@@ -109,3 +111,23 @@ async def test_requests_to_a_participant_in_another_process(nats_base: str, wait
             assert two.stats()["requests"]["late"] == 0
     finally:
         await member.stop()
+
+
+async def test_a_temporary_group_s_consumers_expire_and_go_on_close(nats_base: str) -> None:
+    """What makes a killed requester's reply group go: its consumers are made with an
+    inactive threshold (the server removes them a minute after the last pull); a clean
+    close deletes them at once."""
+    unique = uuid.uuid4().hex[:10]
+    broker = NatsBroker.from_url(f"{nats_base}?stream=EFTMP{unique}&storage=memory")
+    await broker.start()
+    try:
+        sub = await broker.subscribe("tmp.replies", group=f"g{unique}", temporary=True)
+        js = broker._js
+        assert js is not None
+        name = consumer_name(group_id(f"g{unique}", "tmp.replies"), 0)
+        info = await js.consumer_info(f"EFTMP{unique}", name)
+        assert info.config.inactive_threshold == TEMPORARY_INACTIVE
+        await sub.close()
+        assert not await broker.declare("tmp.replies", group=f"g{unique}", create=False)
+    finally:
+        await broker.close()
