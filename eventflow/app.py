@@ -34,6 +34,7 @@ from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
 from .runtime.relay import RELAY_GROUPS, EventRelay, OutboxRelay
+from .runtime.requests import Requests
 from .runtime.stall import DEFAULT_LOOP_BLOCK_WARNING, StallGuard, check_loop_block_warning
 from .sagas.runtime import DEFAULT_CATCH_UP_LIMIT, SagaRuntime, Sagas
 from .sourcing.aggregate import Aggregate
@@ -177,6 +178,7 @@ class App:
         self._started = False
         self._lock = asyncio.Lock()
         self._log = Throttled(_log)
+        self._requests = Requests(self, lambda: self._supervisor if self._started else None)
         # None: off (tested with `is not None` on the hot paths). Automatic: decided at start.
         self._tracing_auto = tracing is None
         self._tracing: Tracing | None = (
@@ -275,8 +277,11 @@ class App:
         """Counters per consumer (``group:pattern``): received, handled, duplicates, ...;
         and per declared limit (``limit:<name>``): entered, timed_out, refused, counted,
         in_use, and with a breaker ``breaker_open`` (0 closed, 1 open, 2 half-open),
-        ``opened``, ``closed``."""
+        ``opened``, ``closed``; once ``request`` was called, ``requests``: sent, replied,
+        timed_out, late (replies dropped after their request gave up), skipped."""
         found = {c.name: c.stats.as_dict() for c in self._consumers}
+        if self._requests.stats.sent:
+            found["requests"] = self._requests.stats.as_dict()
         for name, row in self.limits.stats().items():
             found[f"limit:{name}"] = row
         return found
@@ -318,6 +323,38 @@ class App:
         else:
             validate_topic(topic)
         return await self._send(topic, env)
+
+    async def request(
+        self,
+        message: Event,
+        *,
+        expect: object,
+        timeout: float,
+        key: str | None = None,
+        topic: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        correlation_id: str | None = None,
+    ) -> Any:
+        """Publish the command ``message`` as ``publish`` does and return the first message
+        it caused (``causation_id`` = its id) of a type in ``expect`` (an Event class or a
+        union), decoded to its class. Participants answer with an ordinary ``ctx.publish``.
+
+        ``reply = await app.request(ReserveStock(...), expect=StockReserved |
+        StockRejected, timeout=5.0)``. No such reply within ``timeout`` seconds raises
+        ``RequestTimeoutError``; the command stays sent, and a reply that comes later is
+        dropped and counted (``stats()["requests"]["late"]``). The first request for a reply
+        topic joins this app object's own reply group on it, before the command is sent;
+        replies to other instances are skipped without being decoded (see
+        ``docs/api.md``, "Request-reply"). Publishing errors are ``publish``'s."""
+        return await self._requests.request(
+            message,
+            expect=expect,
+            timeout=timeout,
+            key=key,
+            topic=topic,
+            headers=headers,
+            correlation_id=correlation_id,
+        )
 
     def _not_running(self) -> None:
         raise BrokerError(
@@ -577,6 +614,7 @@ class App:
             if supervisor is not None:
                 await supervisor.close()
         finally:
+            self._requests.stopped()
             guard, self._guard = self._guard, None
             if guard is not None:
                 guard.stop()

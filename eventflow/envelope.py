@@ -35,6 +35,7 @@ __all__ = [
     "new_id",
     "new_root",
     "new_traceparent",
+    "peek_causation_id",
     "traceparent_for",
 ]
 
@@ -365,6 +366,39 @@ class Envelope(BaseModel):
     def from_mapping(cls, raw: Any) -> Envelope:
         """Validate a decoded JSON object as an envelope (the checks ``from_bytes`` makes)."""
         return cls._trusted(_checked_fields(raw))
+
+
+_OWN_FORM = b'{"id":"'
+_CAUSATION_MARK = b',"causation_id":'
+
+
+def peek_causation_id(payload: bytes) -> str | None:
+    """The ``causation_id`` of an envelope in eventflow's own wire form, read from the bytes
+    without decoding them: ``""`` when it has none (null); None when the bytes are not in
+    that form, or the value cannot be read plainly (decode them to know).
+
+    eventflow writes the fields in one order (``id``, ``type``, ``version``, ``source``,
+    ``time``, ``correlation_id``, ``causation_id``, ...), none an object before
+    ``causation_id``, so its first ``,"causation_id":`` with no ``{`` before it (but the
+    envelope's own) is the envelope's field, not a key inside ``data`` or ``headers``. A
+    request's reply listener reads it to drop the replies to other instances' requests
+    without decoding them (``eventflow.runtime.requests``).
+    """
+    if not payload.startswith(_OWN_FORM):
+        return None
+    at = payload.find(_CAUSATION_MARK)
+    if at < 0 or payload.find(b"{", 1, at) >= 0:
+        return None
+    start = at + len(_CAUSATION_MARK)
+    if payload.startswith(b"null", start):
+        return ""
+    if payload[start : start + 1] != b'"':
+        return None
+    end = payload.find(b'"', start + 1)
+    value = payload[start + 1 : end]
+    if end < 0 or b"\\" in value:
+        return None  # escaped characters: only a decode reads them right
+    return value.decode("utf-8", "replace")
 
 
 def _wire_fields(payload: bytes | bytearray | memoryview | str) -> dict[str, Any]:

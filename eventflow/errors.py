@@ -14,6 +14,7 @@
     │   └── EventValidationError    the payload fails the event model's validation
     ├── BackpressureError           a bounded queue stayed full past the publish timeout
     ├── HandlerTimeoutError         a handler ran past its soft timeout
+    ├── RequestTimeoutError         (also TimeoutError) ``app.request`` got no reply in time
     ├── Reject                      raised by a handler: a permanent failure, dead-lettered at once
     ├── RetryLater                  raised by a handler: try again no sooner than ``after`` s
     ├── BrokerError                 the broker failed or was used after close
@@ -59,6 +60,7 @@ __all__ = [
     "MissingDependencyError",
     "PublishUnconfirmedError",
     "Reject",
+    "RequestTimeoutError",
     "RetryLater",
     "StoreError",
     "UnknownEventTypeError",
@@ -135,6 +137,27 @@ class BackpressureError(EventflowError):
 
 class HandlerTimeoutError(EventflowError):
     """A handler ran past its soft ``timeout`` and was cancelled; counts as a failed attempt."""
+
+
+class RequestTimeoutError(EventflowError, TimeoutError):
+    """``app.request`` got no reply of the expected types within its ``timeout``.
+
+    The command stays sent: a participant may still handle it, and a reply that comes later
+    is dropped (counted as ``late`` in ``app.stats()["requests"]``). Ask again only if the
+    command is safe to repeat, look the outcome up where the participant records it, or
+    raise the timeout. ``command_id`` is the command's envelope id, ``expected`` the reply
+    types waited for and ``timeout`` the seconds waited.
+    """
+
+    def __init__(self, command_id: str, expected: tuple[str, ...], timeout: float) -> None:
+        super().__init__(
+            f"no reply of type {' | '.join(expected)} to command {command_id} within "
+            f"{timeout:g}s; the command was sent and may still be handled (a later reply "
+            "is dropped): raise the timeout, or check the participant is running"
+        )
+        self.command_id = command_id
+        self.expected = expected
+        self.timeout = timeout
 
 
 class Reject(EventflowError):

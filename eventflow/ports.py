@@ -230,9 +230,22 @@ class Broker(Protocol):
         """Send ``payload`` to ``topic``; returns once the broker has accepted it."""
 
     async def subscribe(
-        self, pattern: str, *, group: str, start: StartPosition = "latest"
+        self,
+        pattern: str,
+        *,
+        group: str,
+        start: StartPosition = "latest",
+        temporary: bool = False,
     ) -> Subscription:
         """Join ``group`` on ``pattern``; messages published after this returns reach it.
+
+        ``temporary=True`` makes a group for this one subscription (the caller names it
+        uniquely; an app's reply listener): it begins at the end whatever ``start``, and
+        goes when the subscription closes, so messages do not pile up for a member that
+        will never come back (the memory broker drops it from its hub; NATS deletes its
+        consumers, which the server also removes a minute after their last pull if the
+        process died; Kafka keeps the group's committed offsets,
+        which hold nothing back, until its ``offsets.retention.minutes``).
 
         ``start`` applies only when the group does not exist yet on the broker (see
         ``declare`` for what "exists" is): the group is then created at the end of the

@@ -278,13 +278,15 @@ class KafkaBroker:
     # -- subscribing -------------------------------------------------------------------------
 
     async def subscribe(
-        self, pattern: str, *, group: str, start: StartPosition = "latest"
+        self, pattern: str, *, group: str, start: StartPosition = "latest", temporary: bool = False
     ) -> KafkaSubscription:
         """Join consumer group ``group`` on ``pattern``; returns once partitions are assigned
         and their start positions committed. A new group (no committed offset on the topics
         matching ``pattern``) starts at the end of the topics that exist now with ``start=
         "latest"``, else at their beginning; a partition never committed in a group that
-        exists (a topic created since), and any topic created later, at its beginning."""
+        exists (a topic created since), and any topic created later, at its beginning. A
+        ``temporary`` group starts at the end (its offsets stay until offsets retention)."""
+        start = "latest" if temporary else start
         admin = self._live_admin()
         supervisor = self._supervisor  # set by start() together with the admin client
         if supervisor is None:

@@ -18,6 +18,7 @@ delivery's ``metadata`` is its partition and its offset in that partition, as in
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -198,12 +199,20 @@ class MemoryBroker:
         )
 
     async def subscribe(
-        self, pattern: str, *, group: str, start: StartPosition = "latest"
+        self,
+        pattern: str,
+        *,
+        group: str,
+        start: StartPosition = "latest",
+        temporary: bool = False,
     ) -> MemorySubscription:
         """Join ``group`` on ``pattern`` (created at ``start`` if the hub has no such group);
-        returns once the membership is live."""
+        returns once the membership is live. A ``temporary`` group begins with the next
+        message and leaves the hub with its last member."""
         hub = self._live_hub()
-        state, _ = self._group(hub, pattern, group, start)
+        state, _ = self._group(hub, pattern, group, "latest" if temporary else start)
+        if temporary and state.drop is None:
+            state.drop = functools.partial(_drop_group, hub, state)
         sub = MemorySubscription(state, self._subs)
         state.members.append(sub)
         state.rebalance()
@@ -270,3 +279,16 @@ class MemoryBroker:
         """Unacked messages per (group, pattern): the lag of each group, for status and tests."""
         hub = self._live_hub()
         return {k: g.size for k, g in hub.groups.items()}
+
+
+def _drop_group(hub: Hub, group: Group) -> None:
+    """Remove a temporary ``group`` from ``hub``: no message waits for it any more, and a
+    publisher waiting for room in it goes on."""
+    if hub.groups.get((group.name, group.pattern)) is group:
+        del hub.groups[(group.name, group.pattern)]
+        hub.routes.clear()
+    for part in group.partitions:  # (its last member gave back what it held: all here)
+        part.pending.clear()
+        part.retry.clear()
+    group.size = 0
+    group.space.set()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...errors import BrokerError
@@ -84,6 +84,7 @@ class Group:
 
     __slots__ = (
         "capacity",
+        "drop",
         "low_water",
         "members",
         "name",
@@ -107,6 +108,8 @@ class Group:
         self.space = asyncio.Event()
         self.space.set()
         self.rr = itertools.cycle(range(partitions))
+        # A temporary group's removal from its hub, called when its last member leaves.
+        self.drop: Callable[[], None] | None = None
 
     def put(
         self,
@@ -425,5 +428,7 @@ class MemorySubscription:
                 part.owner = None
         if self in group.members:
             group.members.remove(self)
+        if group.drop is not None and not group.members:
+            group.drop()
         group.rebalance()
         self.wakeup.set()

@@ -38,7 +38,13 @@ from ...errors import BrokerError, ConfigurationError
 from ...ports import StartPosition
 from .config import NatsBrokerConfig, consumer_name
 
-__all__ = ["consumer_exists", "ensure_consumer", "ensure_kv", "ensure_stream"]
+__all__ = [
+    "consumer_exists",
+    "delete_consumers",
+    "ensure_consumer",
+    "ensure_kv",
+    "ensure_stream",
+]
 
 _log = logging.getLogger("eventflow.nats")
 _PARTITIONS_META = "eventflow.partitions"
@@ -151,6 +157,27 @@ async def _check_ttl(js: JetStreamContext, kv: KeyValue, bucket: str, ttl: float
 async def consumer_exists(js: JetStreamContext, cfg: NatsBrokerConfig, name: str) -> bool:
     """Whether the stream has the consumer ``name``."""
     return await _consumer_info(js, cfg, name) is not None
+
+
+async def delete_consumers(js: JetStreamContext, cfg: NatsBrokerConfig, gid: str) -> None:
+    """Delete the partition consumers of the (group, pattern) ``gid`` (a temporary group
+    whose member left); one already gone is fine. A failure is logged, not raised: the
+    server removes them after their ``inactive_threshold`` anyway."""
+    for partition in range(cfg.partitions):
+        name = consumer_name(gid, partition)
+        try:
+            await js.delete_consumer(cfg.stream, name)
+        except NotFoundError:
+            pass
+        except (NatsError, TimeoutError) as exc:
+            _log.warning(
+                "could not delete consumer %s of stream %s (%s); the server removes it "
+                "once idle past its inactive_threshold",
+                name,
+                cfg.stream,
+                exc,
+            )
+            return
 
 
 async def _consumer_info(js: JetStreamContext, cfg: NatsBrokerConfig, name: str) -> Any:

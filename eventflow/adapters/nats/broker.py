@@ -13,6 +13,8 @@ maybe sent (``PublishUnconfirmedError``: a request timed out) or not sent (``Bro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import logging
 import re
 import uuid
@@ -31,7 +33,13 @@ from ...headers import KEY_HEADER, MESSAGE_ID_HEADER, SEND_ID_HEADER
 from ...patterns import validate_pattern, validate_topic
 from ...ports import Lag, StartPosition, Subscription
 from ...supervision import Supervisor
-from .config import NatsBrokerConfig, consumer_name, group_id, partition_of
+from .config import (
+    TEMPORARY_INACTIVE,
+    NatsBrokerConfig,
+    consumer_name,
+    group_id,
+    partition_of,
+)
 
 try:
     from nats.aio.client import Client
@@ -41,13 +49,20 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("nats-py", "nats") from exc
 
-from .admin import consumer_exists, ensure_consumer, ensure_kv, ensure_stream
+from .admin import (
+    consumer_exists,
+    delete_consumers,
+    ensure_consumer,
+    ensure_kv,
+    ensure_stream,
+)
 from .answers import publish_error, too_large, unsent
 from .connection import connect_first, discard, header_bytes
 from .delivery import MSG_ID_HEADER
 from .lag import group_lag
 from .ledger import Leases, ReleaseLedger
 from .subscription import NatsSubscription
+from .temporary import TemporarySubscription
 
 __all__ = ["NatsBroker"]
 
@@ -326,18 +341,27 @@ class NatsBroker:
         )
 
     async def subscribe(
-        self, pattern: str, *, group: str, start: StartPosition = "latest"
+        self,
+        pattern: str,
+        *,
+        group: str,
+        start: StartPosition = "latest",
+        temporary: bool = False,
     ) -> Subscription:
         """Join ``group`` on ``pattern`` (its consumers created at ``start`` if they do not
-        exist); returns once this member holds its partitions."""
+        exist); returns once this member holds its partitions. A ``temporary`` group's
+        consumers begin at the end, expire ``TEMPORARY_INACTIVE`` seconds after their last
+        pull and are deleted when this subscription closes."""
         nc = self._connection()
         js, supervisor, leases, releases = self._js, self._supervisor, self._leases, self._releases
         assert js is not None and supervisor is not None  # set with the connection
         assert leases is not None and releases is not None
-        begin = check_group(pattern, group, start)
+        begin = check_group(pattern, group, "latest" if temporary else start)
         cfg = self.config
         gid = group_id(group, pattern)
-        if gid not in self._consumers:
+        if temporary:
+            await self._ensure_group(js, pattern, group, begin, inactive=TEMPORARY_INACTIVE)
+        elif gid not in self._consumers:
             await self._ensure_group(js, pattern, group, begin)
         sub = NatsSubscription(
             cfg,
@@ -356,6 +380,8 @@ class NatsBroker:
         except BaseException:
             await sub.close()
             raise
+        if temporary:
+            return TemporarySubscription(sub, functools.partial(self._forget, js, gid))
         return sub
 
     async def declare(
@@ -382,14 +408,28 @@ class NatsBroker:
         )
         return any(found)
 
+    async def _forget(self, js: JetStreamContext, gid: str) -> None:
+        """Delete a temporary group's consumers once its member left."""
+        self._consumers.discard(gid)
+        await delete_consumers(js, self.config, gid)
+
     async def _ensure_group(
-        self, js: JetStreamContext, pattern: str, group: str, start: StartPosition
+        self,
+        js: JetStreamContext,
+        pattern: str,
+        group: str,
+        start: StartPosition,
+        *,
+        inactive: float | None = None,
     ) -> bool:
         """Create or update the group's partition consumers; whether any existed before (a
         group exists while its consumers do). A new group's creation is logged; consumers
         missing from an existing group (deleted by hand, or idle past
-        ``group_inactive_threshold``) are made at ``start`` with a warning."""
+        ``group_inactive_threshold``) are made at ``start`` with a warning. ``inactive``
+        overrides ``group_inactive_threshold`` (a temporary group's)."""
         cfg = self.config
+        if inactive is not None:
+            cfg = dataclasses.replace(cfg, group_inactive_threshold=inactive)
         gid = group_id(group, pattern)
         created = await asyncio.gather(
             *(ensure_consumer(js, cfg, gid, p, pattern, start) for p in range(cfg.partitions))

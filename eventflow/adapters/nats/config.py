@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_PARTITIONS",
     "DEFAULT_STREAM",
     "LEASE_MARGIN",
+    "TEMPORARY_INACTIVE",
     "NatsBrokerConfig",
     "consumer_name",
     "group_id",
@@ -41,6 +42,9 @@ DEFAULT_MAX_ACK_PENDING = 1000
 DEFAULT_HEARTBEAT_INTERVAL = 1.0
 DEFAULT_JOIN_TIMEOUT = 2.0
 DEFAULT_PULL_EXPIRES = 1.0
+TEMPORARY_INACTIVE = 60.0
+"""Seconds after its last pull that the server removes a temporary group's consumer (its
+process died without deleting it); a live member pulls every ``pull_expires``."""
 DEFAULT_PUBLISH_TIMEOUT = 10.0
 DEFAULT_REQUEST_TIMEOUT = 2.0
 DEFAULT_CONNECT_TIMEOUT = 5.0
