@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import os
-import signal
 import socket
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,28 +25,29 @@ from .groups import GroupSpec
 from .headers import MESSAGE_ID_HEADER
 from .limits import Limits
 from .metrics.wiring import Observability
-from .patterns import overlap, validate_topic
+from .patterns import validate_topic
 from .ports import Broker, DedupStore, Store, declared
 from .projections import Projection, ProjectionRunner
+from .runtime.checks import check_catch_up_limit, check_groups, checked_projections
 from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
+from .runtime.health import app_health
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
 from .runtime.relay import RELAY_GROUPS, EventRelay, OutboxRelay
 from .runtime.requests import Requests
+from .runtime.serving import serve_app
 from .runtime.stall import DEFAULT_LOOP_BLOCK_WARNING, StallGuard, check_loop_block_warning
 from .sagas.runtime import DEFAULT_CATCH_UP_LIMIT, SagaRuntime, Sagas
 from .sourcing.aggregate import Aggregate
 from .sourcing.repository import Repository
 from .stores import dedup_for, store_for
-from .subscribe import HandlerSpec, check_reachable, collect_handlers, inspect_handler
+from .subscribe import check_reachable, collect_handlers, inspect_handler
 from .supervision import Component, Health, RestartPolicy, Supervisor
 from .telemetry import TracingSetting, tracing_for
 
 if TYPE_CHECKING:
-    from .telemetry.tracing import Tracing
-
-if TYPE_CHECKING:
     from .metrics.registry import AppMetrics
+    from .telemetry.tracing import Tracing
 
 __all__ = ["DEFAULT_GRACE_PERIOD", "MESSAGE_ID_HEADER", "App"]
 
@@ -121,16 +120,7 @@ class App:
     ) -> None:
         if not name or any(c in name for c in " \t\n"):
             raise ConfigurationError(f"app name {name!r} must be non-empty without spaces")
-        if (
-            isinstance(catch_up_limit, bool)
-            or not isinstance(catch_up_limit, int | float)
-            or not 0 < catch_up_limit < math.inf
-        ):
-            raise ConfigurationError(
-                f"catch_up_limit must be a number of seconds above 0, got {catch_up_limit!r}; "
-                f"keep it above the broker's failover time (the default is "
-                f"{DEFAULT_CATCH_UP_LIMIT:g})"
-            )
+        check_catch_up_limit(catch_up_limit)
         self.name = name
         self.broker: Broker = open_broker(broker)
         self.store: Store = store_for(store)
@@ -150,20 +140,8 @@ class App:
             (spec, spec.group or name, inspect_handler(spec.fn)) for spec in self._specs
         ]
         check_reachable((spec, signature) for spec, _, signature in self._bindings)
-        self._check_groups()
-        self.projections: tuple[Projection, ...] = tuple(projections)
-        for p in self.projections:
-            if not isinstance(p, Projection):
-                raise ConfigurationError(
-                    f"projections= takes Projection instances, got {p!r}: pass StockLevels()"
-                )
-        names = [p.name for p in self.projections]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ConfigurationError(
-                f"two projections are named {', '.join(map(repr, dupes))}; names identify "
-                "checkpoints, give each projection its own name="
-            )
+        check_groups((spec, group) for spec, group, _ in self._bindings)
+        self.projections: tuple[Projection, ...] = checked_projections(projections)
         self.relay_events = relay_events
         self.loop_block_warning = check_loop_block_warning(loop_block_warning)
         self._guard: StallGuard | None = None
@@ -194,19 +172,6 @@ class App:
             metrics=metrics,
             meter_provider=meter_provider,
         )
-
-    def _check_groups(self) -> None:
-        seen: list[tuple[str, HandlerSpec]] = []
-        for spec, group, _ in self._bindings:
-            for other_group, other in seen:
-                if group == other_group and overlap(spec.pattern, other.pattern):
-                    raise ConfigurationError(
-                        f"handlers {other.name} ({other.pattern!r}) and {spec.name} "
-                        f"({spec.pattern!r}) are in the same group {group!r} with overlapping "
-                        "patterns, so one would take the other's messages; give one of them "
-                        "its own group="
-                    )
-            seen.append((group, spec))
 
     # -- public surface --------------------------------------------------------------------
 
@@ -416,26 +381,7 @@ class App:
         supervisor = self._supervisor
         if supervisor is None:
             return Health("stopped")
-        health = supervisor.health()
-        # An open breaker pauses subscriptions; a broker away fails publishes; a projection
-        # failing on one event retries it inside its runner, unseen by the supervisor.
-        extra = (
-            *self._broker_problems(),
-            *(p for r in self._projection_runners if (p := r.problem()) is not None),
-            *self.limits.problems(),
-        )
-        if not extra:
-            return health
-        return Health("degraded" if health.ok else health.status, health.problems + extra)
-
-    def _broker_problems(self) -> tuple[str, ...]:
-        # A broker written before the port declared problems() still runs an app (as one
-        # without lag() does without sagas); its connection is then not in the health.
-        try:
-            problems = declared(self.broker, Broker, "problems")
-        except ConfigurationError:
-            return ()
-        return tuple(problems())
+        return app_health(supervisor, self.broker, self._projection_runners, self.limits)
 
     def readiness(self) -> tuple[bool, Health]:
         """Whether the app is ready (``/readyz``): started, so every subscription is live,
@@ -667,53 +613,14 @@ class App:
         ``ComponentFailedError``. With ``handle_signals=False`` the caller owns the signals
         (several apps in one loop).
         """
-        stop = stop or asyncio.Event()
-        loop = asyncio.get_running_loop()
-        installed: list[signal.Signals] = []
-        for sig in (signal.SIGINT, signal.SIGTERM) if handle_signals else ():
-            try:
-                loop.add_signal_handler(sig, stop.set)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass  # not the main thread or no signal support: rely on `stop`
-        try:
-            await self._serve(stop)
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+        await serve_app(
+            self, stop or asyncio.Event(), self._wait_failed, handle_signals=handle_signals
+        )
 
-    async def _serve(self, stop: asyncio.Event) -> None:
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            starting = asyncio.ensure_future(self.start())
-            try:
-                await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not starting.done() and not stopping.done():  # serve() itself cancelled
-                    starting.cancel()
-                    await asyncio.wait({starting})
-            if not starting.done():
-                _log.info("app %s: start-up interrupted; stopping", self.name)
-                starting.cancel()
-                await asyncio.wait({starting})
-                if not starting.cancelled() and starting.exception() is None:
-                    await self.stop()  # it finished starting just as it was cancelled
-                return
-            starting.result()  # a failed start-up raises here
-            supervisor = self._supervisor
-            assert supervisor is not None
-            _log.info("app %s running (%d subscriptions)", self.name, len(self._consumers))
-            failed = asyncio.ensure_future(supervisor.wait_failed())
-            try:
-                await asyncio.wait({stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                failed.cancel()
-                _log.info("app %s stopping", self.name)
-                await self.stop()
-            if self._failure is not None:
-                raise self._failure
-        finally:
-            stopping.cancel()
+    async def _wait_failed(self) -> None:
+        supervisor = self._supervisor
+        assert supervisor is not None  # serving: started
+        await supervisor.wait_failed()
 
     def run(self) -> None:
         """Block running the app until SIGINT/SIGTERM (then a graceful shutdown); raise

@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import functools
 import logging
-import re
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -61,6 +60,7 @@ from .connection import connect_first, discard, header_bytes
 from .delivery import MSG_ID_HEADER
 from .lag import group_lag
 from .ledger import Leases, ReleaseLedger
+from .refusals import Refusals
 from .subscription import NatsSubscription
 from .temporary import TemporarySubscription
 
@@ -68,9 +68,6 @@ __all__ = ["NatsBroker"]
 
 _log = logging.getLogger("eventflow.nats")
 _RETRY_PAUSE = 0.05
-_DENIED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
-_DENIED_FOR = 60.0
-_MAX_DENIED = 1024
 _MAX_RETRY_PAUSE = 0.5
 
 
@@ -91,7 +88,7 @@ class NatsBroker:
         self._subs: set[NatsSubscription] = set()
         self._consumers: set[str] = set()
         self._topics: set[str] = set()
-        self._denied: dict[str, float] = {}  # topic -> when the server refused a publish
+        self._refusals = Refusals(self.config.prefix)
         self._rr = 0
         self._closed = False
         self._lock = asyncio.Lock()
@@ -198,17 +195,9 @@ class NatsBroker:
             )
 
     async def _on_error(self, exc: Exception) -> None:
-        denied = _DENIED.search(str(exc))
-        if denied is not None:
-            # The server refuses this client publishing to the subject; the request that
-            # caused it only times out, so publish() learns it from here, per topic (its
-            # subjects differ by partition).
-            subject, head = denied.group(1), f"{self.config.prefix}."
-            topic = subject[len(head) :].partition(".")[2] if subject.startswith(head) else ""
-            if topic:
-                if len(self._denied) >= _MAX_DENIED:
-                    self._denied.clear()
-                self._denied[topic] = asyncio.get_running_loop().time()
+        # The server refuses this client publishing to the subject; the request that
+        # caused it only times out, so publish() learns it from here.
+        self._refusals.note(exc)
         if self._nc is None:
             # Still connecting for the first time: the error goes into start's BrokerError.
             _log.debug("connecting to NATS at %s: %s", self.url, exc)
@@ -270,7 +259,7 @@ class NatsBroker:
         if size > nc.max_payload:
             # The server would answer a PUB over its max_payload by closing the connection.
             raise MessageRefusedError(too_large(topic, size, nc.max_payload))
-        self._check_allowed(topic)
+        self._refusals.check(topic)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + cfg.publish_timeout
         pause = _RETRY_PAUSE
@@ -310,7 +299,7 @@ class NatsBroker:
                 raise unsent(
                     self.config, topic, "the NATS broker closed while publishing", hdrs, maybe
                 )
-            self._check_allowed(topic)
+            self._refusals.check(topic)
             remaining = deadline - loop.time()
             if remaining <= 0:
                 if full is not None and full == problem:
@@ -323,22 +312,6 @@ class NatsBroker:
                 raise unsent(self.config, topic, why, hdrs, maybe)
             await asyncio.sleep(min(pause, remaining))
             pause = min(pause * 2, _MAX_RETRY_PAUSE)
-
-    def _check_allowed(self, topic: str) -> None:
-        """Raise ``MessageRefusedError`` if the server refused this client a publish to
-        ``topic`` lately (permissions may change with a reload, so a refusal is believed
-        for ``_DENIED_FOR`` seconds)."""
-        at = self._denied.get(topic)
-        if at is None:
-            return
-        if asyncio.get_running_loop().time() - at > _DENIED_FOR:
-            del self._denied[topic]
-            return
-        raise MessageRefusedError(
-            f"NATS refuses this client publishing to {topic!r} (a permissions violation on "
-            f"its subjects {self.config.prefix}.<partition>.{topic}); it is not retried: "
-            "grant the user publish permission on them in the server's configuration"
-        )
 
     async def subscribe(
         self,
