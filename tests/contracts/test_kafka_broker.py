@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,16 +31,9 @@ from eventflow.testing import (
 )
 from eventflow.testing.broker_contract import SilentServer
 from eventflow.testing.broker_contract.startup import BrokerAt, StartupContract, refused_start
-from eventflow.testing.kafka_server import KafkaServer, fast_test_url, kafka_service_url
+from eventflow.testing.kafka_server import KafkaServer, fast_test_url
 
 pytestmark = pytest.mark.service("kafka")
-
-
-@pytest.fixture(scope="session")
-def kafka_url() -> Iterator[str]:
-    """One Kafka-protocol broker for the whole session, with test timings in the URL."""
-    with kafka_service_url() as url:
-        yield fast_test_url(url)
 
 
 @pytest.fixture
