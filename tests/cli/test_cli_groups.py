@@ -18,7 +18,7 @@ import pytest
 
 from eventflow import App
 from eventflow.cli import main
-from eventflow.testing import eventually
+from eventflow.testing.broker_contract import eventually
 
 pytestmark = pytest.mark.service("nats")
 

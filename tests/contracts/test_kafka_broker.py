@@ -20,16 +20,16 @@ from eventflow.adapters.nats import NatsBroker
 from eventflow.brokers import open_broker
 from eventflow.errors import BrokerError, ConfigurationError, MessageRefusedError
 from eventflow.supervision import ComponentState, Supervisor
-from eventflow.testing import (
+from eventflow.testing.broker_contract import (
     BrokerContract,
     BrokerFactory,
+    SilentServer,
     broker_pool,
     collect,
     drain,
     eventually,
     unique_name,
 )
-from eventflow.testing.broker_contract import SilentServer
 from eventflow.testing.broker_contract.startup import BrokerAt, StartupContract, refused_start
 from eventflow.testing.kafka_server import KafkaServer, fast_test_url
 
