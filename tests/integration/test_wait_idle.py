@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from eventflow import (
 )
 from eventflow.events import envelope_for
 from eventflow.runtime.idle import busy_lines
+from eventflow.testing.plugin import AppFactory
 
 
 class IdleFirst(Event, type="waitidle.first"):
@@ -44,8 +45,11 @@ SETUPS = [
 
 
 @pytest.fixture(params=SETUPS)
-def make(request: pytest.FixtureRequest, tmp_path: Path, broker_url: str) -> Callable[..., App]:
-    """``make(*handlers)``: an app (not started) on the setup's broker and store."""
+def make(
+    request: pytest.FixtureRequest, tmp_path: Path, broker_url: str, make_app: AppFactory
+) -> Callable[..., Awaitable[App]]:
+    """``await make(*handlers)``: a started app on the setup's broker and store (the
+    plugin's ``make_app``, which stops it after the test)."""
     if request.param == "memory-sqlite":
         broker, store = broker_url, f"sqlite:///{tmp_path / 'idle.db'}"
     else:
@@ -53,8 +57,8 @@ def make(request: pytest.FixtureRequest, tmp_path: Path, broker_url: str) -> Cal
         broker = f"{nats}?stream=EFIDLE{uuid.uuid4().hex[:10].upper()}&storage=memory"
         store = request.getfixturevalue("postgres_url")
 
-    def build(*handlers: Any) -> App:
-        return App("idle", broker=broker, store=store, handlers=handlers)
+    async def build(*handlers: Any) -> App:
+        return await make_app(*handlers, name="idle", broker=broker, store=store)
 
     return build
 
@@ -65,7 +69,7 @@ def _groups() -> tuple[str, str]:
 
 
 async def test_a_chain_through_the_outbox_is_idle_only_after_its_second_hop(
-    make: Callable[..., App],
+    make: Callable[..., Awaitable[App]],
 ) -> None:
     first_group, second_group = _groups()
     seen: list[int] = []
@@ -80,17 +84,17 @@ async def test_a_chain_through_the_outbox_is_idle_only_after_its_second_hop(
         await asyncio.sleep(0.05)  # slower than a look: an early return would miss it
         seen.append(event.n)
 
-    async with make(hop1, hop2) as app:
-        for n in range(5):
-            await app.publish(IdleFirst(n=n), key=f"k{n}")
-        await app.wait_idle(timeout=30)
-        assert sorted(seen) == [0, 1, 2, 3, 4]
-        totals = {c.group: c.stats.handled for c in app.consumers}
-        assert totals == {first_group: 5, second_group: 5}
+    app = await make(hop1, hop2)
+    for n in range(5):
+        await app.publish(IdleFirst(n=n), key=f"k{n}")
+    await app.wait_idle(timeout=30)
+    assert sorted(seen) == [0, 1, 2, 3, 4]
+    totals = {c.group: c.stats.handled for c in app.consumers}
+    assert totals == {first_group: 5, second_group: 5}
 
 
 async def test_a_pending_message_is_not_idle_and_the_timeout_names_its_group(
-    make: Callable[..., App],
+    make: Callable[..., Awaitable[App]],
 ) -> None:
     first_group, second_group = _groups()
     gate = asyncio.Event()
@@ -106,31 +110,31 @@ async def test_a_pending_message_is_not_idle_and_the_timeout_names_its_group(
         await gate.wait()  # the second hop holds its message until the test lets go
         seen.append(event.n)
 
-    async with make(hop1, hop2) as app:
-        await app.publish(IdleFirst(n=1), key="k")
-        with pytest.raises(IdleTimeoutError) as caught:
-            await app.wait_idle(timeout=1.0)
-        assert f"group {second_group!r} on 'waitidle.second'" in str(caught.value)
-        assert any(second_group in line for line in caught.value.busy)
-        assert isinstance(caught.value, TimeoutError)
-        assert seen == []
-        gate.set()
-        await app.wait_idle(timeout=30)
-        assert seen == [1]
+    app = await make(hop1, hop2)
+    await app.publish(IdleFirst(n=1), key="k")
+    with pytest.raises(IdleTimeoutError) as caught:
+        await app.wait_idle(timeout=1.0)
+    assert f"group {second_group!r} on 'waitidle.second'" in str(caught.value)
+    assert any(second_group in line for line in caught.value.busy)
+    assert isinstance(caught.value, TimeoutError)
+    assert seen == []
+    gate.set()
+    await app.wait_idle(timeout=30)
+    assert seen == [1]
 
 
-async def test_a_dead_lettered_message_counts_as_done(make: Callable[..., App]) -> None:
+async def test_a_dead_lettered_message_counts_as_done(make: Callable[..., Awaitable[App]]) -> None:
     first_group, _ = _groups()
 
     @subscribe("waitidle.first", group=first_group)
     async def refuse(event: IdleFirst, ctx: Context) -> None:
         raise Reject(f"no {event.n}")
 
-    async with make(refuse) as app:
-        await app.publish(IdleFirst(n=7), key="k")
-        await app.wait_idle(timeout=30)
-        letters = await app.dead_letters.list()
-        assert [(d.group, d.reason) for d in letters] == [(first_group, "rejected")]
+    app = await make(refuse)
+    await app.publish(IdleFirst(n=7), key="k")
+    await app.wait_idle(timeout=30)
+    letters = await app.dead_letters.list()
+    assert [(d.group, d.reason) for d in letters] == [(first_group, "rejected")]
 
 
 async def test_wait_idle_outside_a_running_app_says_to_start_it(broker_url: str) -> None:
