@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from ..errors import IdleTimeoutError
+from ..errors import ConfigurationError, IdleTimeoutError
 from ..ports import Outbox, Store, declared
 from .consumer import Consumer
 
@@ -103,7 +103,7 @@ async def wait_idle(
     naming what is still busy after ``timeout`` seconds. ``check()`` is called before each
     look and may raise (the app stopped or failed)."""
     if not timeout > 0:
-        raise ValueError(f"timeout must be a number of seconds above 0, got {timeout!r}")
+        raise ConfigurationError(f"timeout must be a number of seconds above 0, got {timeout!r}")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     interval = _INTERVAL

@@ -151,3 +151,9 @@ async def test_outbox_rows_count_as_busy_until_the_relay_removed_them(tmp_path: 
         assert await busy_lines([], store, []) == ["outbox: 1 rows not yet relayed to the broker"]
         await store.outbox.remove([m.seq for m in await store.outbox.pending()])
         assert await busy_lines([], store, []) == []
+
+
+async def test_a_timeout_of_zero_is_refused(broker_url: str) -> None:
+    async with App("idle", broker=broker_url) as app:
+        with pytest.raises(ConfigurationError, match="above 0"):
+            await app.wait_idle(timeout=0)
