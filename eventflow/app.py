@@ -33,6 +33,8 @@ from .runtime.consumer import Consumer
 from .runtime.deadletters import DeadLetters
 from .runtime.health import app_health
 from .runtime.heartbeat import DEFAULT_HEARTBEAT_INTERVAL, Heartbeater
+from .runtime.idle import DEFAULT_IDLE_TIMEOUT
+from .runtime.idle import wait_idle as wait_for_idle
 from .runtime.relay import RELAY_GROUPS, EventRelay, OutboxRelay
 from .runtime.requests import Requests
 from .runtime.serving import serve_app
@@ -372,6 +374,31 @@ class App:
                     )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, _SEND_RETRY_MAX)
+
+    async def wait_idle(self, *, timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+        """Return once everything published so far that this app's subscriptions receive
+        (and what their handlers published in turn, directly or through the outbox) has
+        been handled or dead-lettered: every subscription's broker lag is zero with nothing
+        in flight, the outbox has no pending row and every projection has caught up, in two
+        looks in a row with no handling in between (``eventflow.runtime.idle``, and
+        ``docs/testing.md``). Raises ``IdleTimeoutError`` naming what is still busy after
+        ``timeout`` seconds, and the app's ``failure`` if a component failed."""
+        await wait_for_idle(
+            self._consumers,
+            self.store,
+            [p.name for p in self.projections],
+            timeout=timeout,
+            check=self._check_running,
+            name=f"app {self.name!r}",
+        )
+
+    def _check_running(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if not self._started:
+            raise ConfigurationError(
+                f"app {self.name!r} is not running: call wait_idle inside `async with app:`"
+            )
 
     # -- health ------------------------------------------------------------------------------
 

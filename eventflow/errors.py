@@ -21,6 +21,7 @@
     │   ├── MessageRefusedError     the broker refused a message for good (too large, ...)
     │   └── PublishUnconfirmedError a publish not confirmed: maybe sent (a retry is safe)
     ├── ComponentFailedError        a background component failed and could not recover
+    ├── IdleTimeoutError            (also TimeoutError) ``app.wait_idle`` found work still busy
     ├── GivenBack                   (eventflow.limits) a limit gave the message back, no attempt
     │   ├── CircuitOpenError        the limit's circuit breaker is open
     │   └── LimitTimeoutError       no slot or rate token came free within the limit's timeout
@@ -54,6 +55,7 @@ __all__ = [
     "EventflowError",
     "FutureVersionError",
     "HandlerTimeoutError",
+    "IdleTimeoutError",
     "LeaseLostError",
     "MalformedMessageError",
     "MessageRefusedError",
@@ -133,6 +135,16 @@ class BackpressureError(EventflowError):
 
     Consumers are not keeping up: add consumers, raise ``concurrency``, or slow the producer.
     """
+
+
+class IdleTimeoutError(EventflowError, TimeoutError):
+    """``app.wait_idle(timeout=...)`` found work still busy when its timeout ran out; the
+    message names what (a group's lag on a pattern, handlings in flight, outbox rows,
+    projections behind). ``busy`` holds the same as lines."""
+
+    def __init__(self, message: str, busy: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.busy = busy
 
 
 class HandlerTimeoutError(EventflowError):

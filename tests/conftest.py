@@ -1,5 +1,7 @@
 """Shared fixtures: unique in-memory brokers per test, a bounded polling helper, and a check
-that no test leaves a task running.
+that no test leaves a task running. The servers (``nats_url``, ``kafka_url``, a
+``postgres_url`` schema per test) and ``make_app`` come from the plugin the package ships,
+``eventflow.testing.plugin``, as users get them.
 
 Memory brokers opened with the same ``memory://NAME`` share a hub for as long as one of them
 is open, so each test gets its own name; ``hub`` keeps a broker open on that name so that
@@ -13,31 +15,32 @@ import inspect
 import itertools
 import os
 import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
 from eventflow.adapters.memory import MemoryBroker
 from eventflow.adapters.memory.broker import MemoryBrokerConfig
+from eventflow.testing.waiting import eventually
 
 _names = itertools.count()
+_PLUGIN = "eventflow.testing.plugin"
 
 Condition = Callable[[], bool | Awaitable[bool]]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Load the package's pytest plugin, unless its entry point already did (an install made
+    before the entry point existed, or ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``, does not)."""
+    plugins = config.pluginmanager
+    if not plugins.has_plugin("eventflow") and not plugins.has_plugin(_PLUGIN):
+        plugins.import_plugin(_PLUGIN)
+
+
 async def wait_until(condition: Condition, *, timeout: float = 10.0, what: str = "") -> None:
-    """Poll ``condition`` (sync or async) until it is true; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or condition!r}")
-        await asyncio.sleep(0.005)
+    """Poll ``condition`` (sync or async) until it is true; fail the test after ``timeout``
+    with its last value (``eventflow.testing.eventually``)."""
+    await eventually(condition, timeout, interval=0.005, message=what)
 
 
 async def _check_no_leaked_tasks(before: set[asyncio.Task[object]]) -> None:

@@ -81,6 +81,13 @@ class Consumer:
         return value
 
     @property
+    def inflight(self) -> int:
+        """Deliveries of the current run fetched and not yet settled (handled, dead-lettered
+        or given back); 0 between runs."""
+        dispatcher = self._dispatcher
+        return 0 if dispatcher is None else dispatcher.inflight
+
+    @property
     def stats(self) -> ConsumerStats:
         """Counters since the consumer started."""
         return self._pipeline.stats

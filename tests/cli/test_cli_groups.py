@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -19,8 +18,7 @@ import pytest
 
 from eventflow import App
 from eventflow.cli import main
-from eventflow.testing import eventually
-from eventflow.testing.nats_server import nats_service_url
+from eventflow.testing.broker_contract import eventually
 
 pytestmark = pytest.mark.service("nats")
 
@@ -49,13 +47,6 @@ async def audit(event: ReserveStock) -> None:
 inventory = App("inventory", broker={broker!r}, handlers=[reserve])
 auditor = App("auditor", broker={broker!r}, handlers=[audit])
 """
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    """A NATS server with JetStream for this module."""
-    with nats_service_url() as url:
-        yield url
 
 
 def _write(tmp_path: Path, module: str, **names: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,27 +20,20 @@ from eventflow.adapters.nats import NatsBroker
 from eventflow.brokers import open_broker
 from eventflow.errors import BrokerError, ConfigurationError, MessageRefusedError
 from eventflow.supervision import ComponentState, Supervisor
-from eventflow.testing import (
+from eventflow.testing.broker_contract import (
     BrokerContract,
     BrokerFactory,
+    SilentServer,
     broker_pool,
     collect,
     drain,
     eventually,
     unique_name,
 )
-from eventflow.testing.broker_contract import SilentServer
 from eventflow.testing.broker_contract.startup import BrokerAt, StartupContract, refused_start
-from eventflow.testing.kafka_server import KafkaServer, fast_test_url, kafka_service_url
+from eventflow.testing.kafka_server import KafkaServer, fast_test_url
 
 pytestmark = pytest.mark.service("kafka")
-
-
-@pytest.fixture(scope="session")
-def kafka_url() -> Iterator[str]:
-    """One Kafka-protocol broker for the whole session, with test timings in the URL."""
-    with kafka_service_url() as url:
-        yield fast_test_url(url)
 
 
 @pytest.fixture

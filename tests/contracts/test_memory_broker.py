@@ -17,7 +17,7 @@ from eventflow.adapters.memory.groups import MemorySubscription
 from eventflow.brokers import open_broker
 from eventflow.errors import BackpressureError, ConfigurationError, MessageRefusedError
 from eventflow.ports import Delivery, Subscription
-from eventflow.testing import (
+from eventflow.testing.broker_contract import (
     BrokerContract,
     BrokerFactory,
     broker_pool,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -42,17 +42,10 @@ from eventflow.testing.broker_contract import (
     unique_name,
 )
 from eventflow.testing.broker_contract.startup import BrokerAt, StartupContract, refused_start
-from eventflow.testing.nats_server import NatsServer, find_nats_server, nats_service_url
+from eventflow.testing.nats_server import NatsServer, find_nats_server
 from eventflow.testing.services import free_port
 
 pytestmark = pytest.mark.service("nats")
-
-
-@pytest.fixture(scope="session")
-def nats_url() -> Iterator[str]:
-    """A NATS server with JetStream for the whole session."""
-    with nats_service_url() as url:
-        yield url
 
 
 class TestNatsBroker(BrokerContract):

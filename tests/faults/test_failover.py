@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from eventflow import App, Context, Envelope, Event, subscribe
-from eventflow.testing import eventually, unique_name
+from eventflow.testing.broker_contract import eventually, unique_name
 from eventflow.testing.kafka_server import kafka_service_url
 from eventflow.testing.nats_server import NatsServer, NatsServerUnavailable
 from eventflow.testing.services import service_unavailable

@@ -17,7 +17,7 @@ import pytest
 
 from eventflow import App
 from eventflow.runtime.stall import HARD_TIMEOUT_EXIT_CODE
-from eventflow.testing import eventually, unique_name
+from eventflow.testing.broker_contract import eventually, unique_name
 from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
 from eventflow.testing.nats_server import nats_service_url
 

@@ -35,7 +35,7 @@ from eventflow import (
 )
 from eventflow.adapters.kafka import KafkaBroker
 from eventflow.adapters.kafka.logs import CLIENT_LOG_THROTTLE
-from eventflow.testing import eventually, unique_name
+from eventflow.testing.broker_contract import eventually, unique_name
 from eventflow.testing.kafka_server import (
     KafkaServer,
     KafkaServerUnavailable,

@@ -27,7 +27,7 @@ import pytest
 
 from eventflow import App, Breaker, Context, Envelope, Event, Limit, RetryPolicy, subscribe
 from eventflow.limits.shared import SharedSlots
-from eventflow.testing import eventually, unique_name
+from eventflow.testing.broker_contract import eventually, unique_name
 from eventflow.testing.nats_server import NatsServer, NatsServerUnavailable
 from eventflow.testing.postgres import isolated_schema, postgres_url
 from eventflow.testing.redis import redis_url

@@ -31,7 +31,7 @@ from eventflow import App, Saga, open_store
 from eventflow.events import EventRegistry
 from eventflow.sagas.control import WAIT_ROW
 from eventflow.sagas.runtime import Sagas
-from eventflow.testing import eventually, unique_name
+from eventflow.testing.broker_contract import eventually, unique_name
 from eventflow.testing.nats_server import nats_service_url
 
 from .saga_app import (

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from eventflow import App, Context, Event, Saga, step, subscribe
-from eventflow.testing import eventually, unique_name
+from eventflow.testing.broker_contract import eventually, unique_name
 from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
 from eventflow.testing.postgres import isolated_schema, postgres_url
 

@@ -20,7 +20,7 @@ from eventflow import App, open_store
 from eventflow.events import default_registry
 from eventflow.sagas.control import WAIT_ROW
 from eventflow.sagas.runtime import Sagas
-from eventflow.testing import eventually
+from eventflow.testing.broker_contract import eventually
 from eventflow.testing.nats_server import nats_service_url
 
 from .saga_app import (

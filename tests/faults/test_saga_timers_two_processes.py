@@ -23,7 +23,7 @@ import pytest
 from eventflow import App, open_store
 from eventflow.events import EventRegistry
 from eventflow.sagas.runtime import Sagas
-from eventflow.testing import eventually
+from eventflow.testing.broker_contract import eventually
 from eventflow.testing.nats_server import nats_service_url
 
 from .saga_app import (

@@ -18,7 +18,7 @@ import logging
 import random
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,6 @@ from eventflow.headers import COMPENSATES_HEADER
 from eventflow.ports import DedupStore, Store
 from eventflow.runtime.compensation import Decision, decide
 from eventflow.stores import dedup_for, store_for
-from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
-from eventflow.testing.nats_server import nats_service_url
 from eventflow.testing.postgres import isolated_schema, postgres_url
 from eventflow.testing.redis import redis_url
 
@@ -90,20 +88,6 @@ class Place:
         return App(name, broker=self.broker, store=self.store, handlers=handlers)
 
 
-@pytest.fixture(scope="session")
-def comp_nats_url() -> Iterator[str]:
-    """A NATS server with JetStream for these tests."""
-    with nats_service_url() as url:
-        yield url
-
-
-@pytest.fixture(scope="session")
-def comp_kafka_url() -> Iterator[str]:
-    """A Kafka-protocol broker (Tansu) for these tests, with test timings."""
-    with kafka_service_url() as url:
-        yield fast_test_url(url)
-
-
 @pytest.fixture
 async def comp_schema() -> AsyncIterator[str]:
     """A PostgreSQL schema of the test's own."""
@@ -130,10 +114,10 @@ def place(request: pytest.FixtureRequest, broker_url: str, tmp_path: Path) -> Pl
         return Place(kind, broker_url, f"sqlite:///{tmp_path / 'comp.db'}", sql=True)
     schema: str = request.getfixturevalue("comp_schema")
     if kind == "nats-postgres":
-        nats: str = request.getfixturevalue("comp_nats_url")
+        nats: str = request.getfixturevalue("nats_url")
         return Place(kind, f"{nats}?stream=EFCOMP{unique}&storage=memory", schema, sql=True)
     assert kind == "kafka-postgres", kind
-    kafka: str = request.getfixturevalue("comp_kafka_url")
+    kafka: str = request.getfixturevalue("kafka_url")
     return Place(kind, f"{kafka}&topic_prefix=t{unique}.", schema, sql=True)
 
 

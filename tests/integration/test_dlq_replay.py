@@ -10,7 +10,7 @@ environment or testcontainers); without one these tests skip, or fail under ``CI
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,28 +21,12 @@ import pytest
 from eventflow import App, BackpressureError, Context, Event, subscribe
 from eventflow.cli import main
 from eventflow.testing.broker_contract import eventually, unique_name
-from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
-from eventflow.testing.nats_server import nats_service_url
 
 
 class ReplayJob(Event, type="it.replay.job"):
     """A job whose handler fails until it is told to work."""
 
     n: int
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    """A NATS server with JetStream for this module."""
-    with nats_service_url() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def kafka_url() -> Iterator[str]:
-    """A Kafka-protocol broker (Tansu) for this module."""
-    with kafka_service_url() as url:
-        yield fast_test_url(url)
 
 
 @pytest.fixture(params=["memory", "nats", "kafka"])

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,6 @@ from eventflow import App, Context, Event, Reject, RetryLater, RetryPolicy, subs
 from eventflow.cli import main
 from eventflow.context import idempotency_key
 from eventflow.testing.broker_contract import eventually, unique_name
-from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
-from eventflow.testing.nats_server import nats_service_url
 
 
 class FcOrder(Event, type="it.fc.order"):
@@ -32,20 +29,6 @@ class FcOrder(Event, type="it.fc.order"):
 
     n: int
     sku: str
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    """A NATS server with JetStream for this module."""
-    with nats_service_url() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def kafka_url() -> Iterator[str]:
-    """A Kafka-protocol broker (Tansu) for this module."""
-    with kafka_service_url() as url:
-        yield fast_test_url(url)
 
 
 @pytest.fixture(

@@ -6,7 +6,6 @@ that disagree on the TTL are still refused."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import nats
 import pytest
@@ -17,17 +16,10 @@ from eventflow.adapters.nats.admin import ensure_consumer, ensure_stream
 from eventflow.adapters.nats.config import consumer_name, group_id
 from eventflow.errors import ConfigurationError
 from eventflow.testing import unique_name
-from eventflow.testing.nats_server import nats_service_url
 
 pytestmark = pytest.mark.service("nats")
 
 PARTITIONS = 2
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with nats_service_url() as url:
-        yield url
 
 
 async def test_a_deployment_of_the_old_defaults_is_upgraded_not_refused(

@@ -11,7 +11,7 @@ from eventflow import App, Event, Saga, subscribe
 from eventflow.adapters.memory import MemoryBroker
 from eventflow.adapters.memory.config import MemoryBrokerConfig
 from eventflow.groups import GroupSpec, declare_groups
-from eventflow.testing import eventually, unique_name
+from eventflow.testing.broker_contract import eventually, unique_name
 
 
 class Command(Event, type="it.newgroups.command"):

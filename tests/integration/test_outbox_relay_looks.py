@@ -24,7 +24,7 @@ from eventflow.ports import Broker, OutboxMessage, Store
 from eventflow.runtime import relay as relay_module
 from eventflow.runtime.relay import OutboxRelay
 from eventflow.stores import store_for
-from eventflow.testing import eventually, unique_name
+from eventflow.testing.broker_contract import eventually, unique_name
 from eventflow.testing.postgres import isolated_schema, postgres_url
 
 WITHIN = 10.0  # seconds; the relay's idle poll is raised to a minute: only a wake-up sends

@@ -24,7 +24,7 @@ from eventflow.adapters.postgres.outbox import outbox_channel
 from eventflow.runtime import relay as relay_module
 from eventflow.runtime.relay import OutboxRelay
 from eventflow.stores import store_for
-from eventflow.testing import eventually
+from eventflow.testing.broker_contract import eventually
 from eventflow.testing.postgres import isolated_schema, postgres_url
 
 pytestmark = pytest.mark.service("postgres")

@@ -21,7 +21,7 @@ from eventflow.adapters.postgres import events as pg_events
 from eventflow.adapters.postgres import sequencer as pg_sequencer
 from eventflow.events import to_envelope
 from eventflow.stores import store_for
-from eventflow.testing import eventually
+from eventflow.testing.broker_contract import eventually
 from eventflow.testing.postgres import isolated_schema, postgres_url
 
 pytestmark = pytest.mark.service("postgres")

@@ -5,7 +5,7 @@ NATS server (its ``max_payload``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,7 +18,6 @@ from eventflow.adapters.nats import NatsBroker, NatsBrokerConfig
 from eventflow.ports import Broker, DeadLetter
 from eventflow.runtime.relay import OUTBOX_GROUP, PARK_AFTER
 from eventflow.testing import unique_name
-from eventflow.testing.nats_server import nats_service_url
 
 Wait = Callable[..., Awaitable[None]]
 LIMIT = 4096  # the memory broker's max_message_bytes in these tests
@@ -37,12 +36,6 @@ class RfShipped(Event, type="it.rf.shipped"):
 
     n: int
     note: str = ""
-
-
-@pytest.fixture(scope="module")
-def nats_url() -> Iterator[str]:
-    with nats_service_url() as url:
-        yield url
 
 
 @pytest.fixture(params=["memory", pytest.param("nats", marks=pytest.mark.service("nats"))])

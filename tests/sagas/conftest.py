@@ -12,14 +12,15 @@ Kafka (Tansu) + PostgreSQL. Each test gets a place of its own that several apps 
 - Kafka: the session's Tansu broker with a topic prefix of the test's own;
 - PostgreSQL: a schema of the test's own (``isolated_schema``), dropped afterwards.
 
-Without NATS, Kafka or PostgreSQL those tests skip, and fail under ``CI=true``, as every
-service test does (``eventflow.testing``).
+The servers are the session's ``nats_url`` and ``kafka_url`` and the test's ``postgres_url``
+schema, from the package's pytest plugin (``eventflow.testing.plugin``). Without NATS, Kafka
+or PostgreSQL those tests skip, and fail under ``CI=true``, as every service test does.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,9 +30,6 @@ import pytest
 from eventflow import App
 from eventflow.adapters.memory import MemoryBroker, MemoryStore
 from eventflow.ports import Store
-from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
-from eventflow.testing.nats_server import nats_service_url
-from eventflow.testing.postgres import isolated_schema, postgres_url
 
 
 @dataclass
@@ -47,27 +45,6 @@ class Setup:
     def app(self, name: str, **kwargs: Any) -> App:
         """An app on this setup's broker and store (every call: the same place)."""
         return App(name, broker=self.broker_url, store=self.store, **kwargs)
-
-
-@pytest.fixture(scope="session")
-def saga_nats_url() -> Iterator[str]:
-    """A NATS server with JetStream for the saga tests of the session."""
-    with nats_service_url() as url:
-        yield url
-
-
-@pytest.fixture(scope="session")
-def saga_kafka_url() -> Iterator[str]:
-    """A Kafka-protocol broker (Tansu) for the saga tests of the session, test timings."""
-    with kafka_service_url() as url:
-        yield fast_test_url(url)
-
-
-@pytest.fixture
-async def postgres_schema_url() -> AsyncIterator[str]:
-    """A PostgreSQL schema of the test's own."""
-    async with isolated_schema(postgres_url()) as url:
-        yield url
 
 
 SERVICES = [
@@ -92,11 +69,11 @@ def saga_setup(
         return Setup(kind, broker_url, MemoryStore(), f"shop{unique}")
     if kind == "memory-sqlite":
         return Setup(kind, broker_url, f"sqlite:///{tmp_path / 'sagas.db'}", f"shop{unique}")
-    store = fetch("postgres_schema_url")
+    store = fetch("postgres_url")
     if kind == "nats-postgres":
-        nats = fetch("saga_nats_url")
+        nats = fetch("nats_url")
         url = f"{nats}?stream=EFSAGA{unique}&storage=memory"
         return Setup(kind, url, store, f"shop{unique}")
     assert kind == "kafka-postgres", kind
-    kafka = fetch("saga_kafka_url")
+    kafka = fetch("kafka_url")
     return Setup(kind, f"{kafka}&topic_prefix=t{unique}.", store, f"shop{unique}")

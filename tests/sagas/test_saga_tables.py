@@ -38,7 +38,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str | Store:
         return MemoryStore(clock=Clock())
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'tables.db'}"
-    url: str = request.getfixturevalue("postgres_schema_url")
+    url: str = request.getfixturevalue("postgres_url")
     return url
 
 

@@ -347,7 +347,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str | Store:
         return MemoryStore()
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'timers.db'}"
-    url: str = request.getfixturevalue("postgres_schema_url")
+    url: str = request.getfixturevalue("postgres_url")
     return url
 
 

@@ -5,12 +5,12 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 
 from ...ports import Broker, Delivery, Subscription
+from ..waiting import eventually as _eventually
 
 __all__ = [
     "BrokerContractBase",
@@ -44,19 +44,10 @@ async def eventually(
     timeout: float = DEFAULT_TIMEOUT,
     interval: float = _POLL_INTERVAL,
     message: str = "condition",
-) -> None:
-    """Poll ``condition`` (sync, or returning an awaitable) until truthy; fail after ``timeout``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = condition()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return
-        if loop.time() >= deadline:
-            raise AssertionError(f"{message} still false after {timeout}s")
-        await asyncio.sleep(interval)
+) -> object:
+    """:func:`eventflow.testing.waiting.eventually` with the contracts' defaults (10 s: a
+    network broker on a loaded machine); fails with the condition's last value."""
+    return await _eventually(condition, timeout, interval=interval, message=message)
 
 
 async def collect(
