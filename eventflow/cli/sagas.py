@@ -334,8 +334,7 @@ async def _act(
     for t in outcome.transitions:
         by = f"  by {t.by}" if t.by else ""
         print(f"{t.kind:<18}{t.step or '-':<14}{t.detail}{by}")
-    after = await sagas.find(row.id)
-    status = after.status if after is not None else "?"
+    status = outcome.status or "?"
     if not outcome.changed:
         # Another input changed the saga between the check above and the action.
         raise CliError(f"saga {row.id} changed meanwhile and is {status}: nothing done")

@@ -79,6 +79,9 @@ class Outcome:
     messages: list[Event] = field(default_factory=list)  # plain events from timer methods
     timers_set: dict[str, tuple[float, str]] = field(default_factory=dict)  # key: (due, token)
     timers_cancelled: set[str] = field(default_factory=set)
+    status: str | None = None
+    """The saga's status once the input was applied (set by ``app.sagas`` retry, skip and
+    abort: what a running app does next may change it before the caller reads it)."""
 
     @property
     def changed(self) -> bool:

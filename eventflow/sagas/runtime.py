@@ -184,6 +184,7 @@ class Sagas:
         if self.committed is not None:
             timers = machine.out.timers_set.values()
             self.committed(definition.name, [due - machine.now for due, _ in timers])
+        machine.out.status = machine.control.status.value
         return machine.out
 
 

@@ -33,7 +33,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return "memory://"
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / 'guesses.db'}"
-    url: str = request.getfixturevalue("postgres_schema_url")
+    url: str = request.getfixturevalue("postgres_url")
     return url
 
 
