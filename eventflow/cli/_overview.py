@@ -12,12 +12,13 @@ of the first event it has not handled).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from ..events import default_registry
-from ..ports import Heartbeat, Store
+from ..ports import Broker, Heartbeat, Store
 from ..sagas.control import STATUSES
 from ..sagas.runtime import Sagas
 from ._common import Target, is_memory_broker
@@ -83,7 +84,14 @@ async def read_overview(
             "a network broker)"
         )
         return out
-    await target.broker.start()
+    try:
+        await target.broker.start()
+    except Exception as exc:  # the broker down is when status matters: report the rest
+        error = f"{type(exc).__name__}: {exc}"
+        await _close_quietly(target.broker)
+        out.groups_note = f"cannot ask the broker for the groups' lag: {error}"
+        out.groups = [GroupLag(group, pattern, None, None, error) for group, pattern in pairs]
+        return out
     try:
         for group, pattern in pairs:
             try:
@@ -100,6 +108,12 @@ async def read_overview(
     finally:
         await target.broker.close()
     return out
+
+
+async def _close_quietly(broker: Broker) -> None:
+    """Release what a broker that failed to start may hold; its own error was reported."""
+    with contextlib.suppress(Exception):  # the start's error is the one to report
+        await broker.close()
 
 
 async def _projections(store: Store, now: datetime) -> list[ProjectionLag]:

@@ -153,7 +153,8 @@ def render_overview(overview: Overview) -> str:
                 "?" if g.messages is None else str(g.messages),
                 _seconds(g.seconds),
             ]
-            + ([g.error] if g.error else [""])
+            # one error for every group (the broker is unreachable) is the note above
+            + ([g.error] if g.error and not overview.groups_note else [""])
             for g in overview.groups
         ]
         if rows:

@@ -110,3 +110,36 @@ def test_status_watch_redraws_until_interrupted(
     assert out.count("dead letters: 3") == 2 and naps == [0.5, 0.5]
     assert main(["status", "--store", store_url, "--watch", "0"]) == 2
     assert "--watch takes a number of seconds > 0" in capsys.readouterr().err
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_status_with_the_broker_down_still_shows_the_instances_and_why_lag_is_missing(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The broker being down is when a person runs ``status``: it used to end in
+    ``eventflow: error: BrokerError: cannot connect`` (exit 1), hiding the DEGRADED
+    instances and their causes, because asking for the groups' lag could not connect."""
+    problem = "broker: disconnected from NATS at nats://127.0.0.1:4222 since 2026-12-02 03:09:26Z"
+    beat = make_beat("billing", health="degraded", problems=(problem,))
+    fill(store_url, beats=[beat])
+    broker = f"nats://127.0.0.1:{_closed_port()}?connect_timeout=2"
+    assert main(["status", "--store", store_url, "--broker", broker]) == 0
+    out = capsys.readouterr().out
+    assert "DEGRADED" in out and problem in out
+    groups = out.split("consumer groups:", 1)[1]
+    assert "cannot ask the broker for the groups' lag" in groups and "BrokerError" in groups
+    assert main(["status", "--store", store_url, "--broker", broker, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["instances"][0]["problems"] == [problem]
+    (group,) = data["groups"]
+    assert (group["group"], group["pattern"]) == ("billing", "invoice.*")
+    assert group["lag_messages"] is None and "BrokerError" in group["error"]
