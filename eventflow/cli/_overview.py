@@ -23,7 +23,14 @@ from ..sagas.control import STATUSES
 from ..sagas.runtime import Sagas
 from ._common import Target, is_memory_broker
 
-__all__ = ["GroupLag", "Overview", "ProjectionLag", "read_overview"]
+__all__ = [
+    "GroupLag",
+    "Overview",
+    "ProjectionLag",
+    "read_overview",
+    "reported_projections",
+    "stored_projections",
+]
 
 SAGA_COUNT_CAP = 10_000
 """Sagas counted per status at most (``>10000`` past it): the index is listed, not summed."""
@@ -73,7 +80,7 @@ async def read_overview(
 ) -> Overview:
     """Read everything but the instances (the store is open)."""
     out = Overview()
-    out.projections = await _projections(target.store, now)
+    out.projections = await _projections(target.store, beats, now)
     out.sagas, out.sagas_note = await _sagas(target.store)
     pairs = subscriptions(beats)
     if not pairs:
@@ -116,10 +123,32 @@ async def _close_quietly(broker: Broker) -> None:
         await broker.close()
 
 
-async def _projections(store: Store, now: datetime) -> list[ProjectionLag]:
+def reported_projections(beats: Sequence[Heartbeat]) -> set[str]:
+    """The projections that running instances report problems for (``projection NAME:
+    ...``): one failing on its first batch has no checkpoint yet, only these lines."""
+    return {
+        p.split(":", 1)[0].removeprefix("projection ")
+        for b in beats
+        for p in b.problems
+        if p.startswith("projection ")
+    }
+
+
+async def stored_projections(store: Store, beats: Sequence[Heartbeat]) -> dict[str, int]:
+    """Every projection the store knows of, by name, with its checkpoint: those with a
+    checkpoint row and those the instances report failing before their first (at 0)."""
+    positions = dict(await store.checkpoints.list())
+    for name in reported_projections(beats):
+        positions.setdefault(name, 0)
+    return dict(sorted(positions.items()))
+
+
+async def _projections(
+    store: Store, beats: Sequence[Heartbeat], now: datetime
+) -> list[ProjectionLag]:
     last = await store.last_position()
     out = []
-    for name, position in sorted((await store.checkpoints.list()).items()):
+    for name, position in (await stored_projections(store, beats)).items():
         seconds: float | None = 0.0
         if position < last:
             seconds = None

@@ -143,3 +143,32 @@ def test_status_with_the_broker_down_still_shows_the_instances_and_why_lag_is_mi
     (group,) = data["groups"]
     assert (group["group"], group["pattern"]) == ("billing", "invoice.*")
     assert group["lag_messages"] is None and "BrokerError" in group["error"]
+
+
+def test_status_shows_a_projection_failing_before_its_first_checkpoint(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A projection that fails on its first batch has no checkpoint row; the instance that
+    runs it reports it. ``projections status`` listed it and ``status`` left it out."""
+    import asyncio
+
+    from eventflow import Event, open_store
+
+    class Counted(Event, type="cli.status.counted"):
+        n: int
+
+    async def go() -> None:
+        async with open_store(store_url) as store:
+            await store.append("counts-1", [Counted(n=i) for i in range(4)])
+
+    asyncio.run(go())
+    problem = "projection counts: failing on event @1 ('cli.status.counted') since 2026-12-02"
+    fill(store_url, beats=[make_beat("billing", health="degraded", problems=(problem,))])
+    assert main(["status", "--store", store_url]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.strip().startswith("counts "))
+    assert row.split()[:3] == ["counts", "0", "4"]  # no checkpoint yet, 4 events behind
+    assert main(["status", "--store", store_url, "--json"]) == 0
+    (proj,) = json.loads(capsys.readouterr().out)["projections"]
+    assert (proj["name"], proj["checkpoint"], proj["lag_events"]) == ("counts", 0, 4)
+    assert proj["lag_seconds"] >= 0
