@@ -206,15 +206,24 @@ async def statuses(
     ``lock_timeout`` > 0 looks up each projection's lease holder, waiting that long for
     the store (``running`` is None past it).
     """
-    if names:
-        projections = [find_projection(projections, n) for n in names]
     if not projections:
+        known = await stored_projections(store, beats)
+        for name in names:
+            if name not in known:
+                raise CliError(
+                    f"the store has no projection named {name!r} (its projections: "
+                    f"{', '.join(known) or 'none'}); a projection is known once it has a "
+                    "checkpoint: pass --app MODULE:APP to ask for one that has not run yet",
+                    EXIT_USAGE,
+                )
         last = await store.last_position()
         return [
             ProjectionStatus(name, position, last, await _held(store, name, lock_timeout))
-            for name, position in (await stored_projections(store, beats)).items()
+            for name, position in known.items()
             if not names or name in names
         ]
+    if names:
+        projections = [find_projection(projections, n) for n in names]
     out = []
     for projection in projections:
         runner = ProjectionRunner(projection, store)
