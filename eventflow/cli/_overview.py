@@ -80,9 +80,15 @@ async def read_overview(
 ) -> Overview:
     """Read everything but the instances (the store is open)."""
     out = Overview()
-    out.projections = await _projections(target.store, beats, now)
+    # With --app, its code names its groups and projections too: every instance being down
+    # (nothing in the heartbeats) is when their lag matters most.
+    app = target.app
+    own = () if app is None else tuple(p.name for p in app.projections)
+    out.projections = await _projections(target.store, beats, now, own)
     out.sagas, out.sagas_note = await _sagas(target.store)
     pairs = subscriptions(beats)
+    if app is not None:
+        pairs = sorted(set(pairs) | {(s.group, s.pattern) for s in app.subscriptions})
     if not pairs:
         return out
     if not broker_given or is_memory_broker(target.broker):
@@ -134,21 +140,24 @@ def reported_projections(beats: Sequence[Heartbeat]) -> set[str]:
     }
 
 
-async def stored_projections(store: Store, beats: Sequence[Heartbeat]) -> dict[str, int]:
+async def stored_projections(
+    store: Store, beats: Sequence[Heartbeat], also: Sequence[str] = ()
+) -> dict[str, int]:
     """Every projection the store knows of, by name, with its checkpoint: those with a
-    checkpoint row and those the instances report failing before their first (at 0)."""
+    checkpoint row and those the instances report failing before their first (at 0), and
+    the names in ``also`` (an app's projections, at 0 until they have a checkpoint)."""
     positions = dict(await store.checkpoints.list())
-    for name in reported_projections(beats):
+    for name in (*reported_projections(beats), *also):
         positions.setdefault(name, 0)
     return dict(sorted(positions.items()))
 
 
 async def _projections(
-    store: Store, beats: Sequence[Heartbeat], now: datetime
+    store: Store, beats: Sequence[Heartbeat], now: datetime, also: Sequence[str]
 ) -> list[ProjectionLag]:
     last = await store.last_position()
     out = []
-    for name, position in (await stored_projections(store, beats)).items():
+    for name, position in (await stored_projections(store, beats, also)).items():
         seconds: float | None = 0.0
         if position < last:
             seconds = None
