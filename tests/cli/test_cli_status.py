@@ -172,3 +172,4 @@ def test_status_shows_a_projection_failing_before_its_first_checkpoint(
     (proj,) = json.loads(capsys.readouterr().out)["projections"]
     assert (proj["name"], proj["checkpoint"], proj["lag_events"]) == ("counts", 0, 4)
     assert proj["lag_seconds"] >= 0
+
