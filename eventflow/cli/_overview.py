@@ -76,9 +76,16 @@ def subscriptions(beats: Sequence[Heartbeat]) -> list[tuple[str, str]]:
 
 
 async def read_overview(
-    target: Target, beats: Sequence[Heartbeat], *, broker_given: bool, now: datetime
+    target: Target,
+    beats: Sequence[Heartbeat],
+    *,
+    broker_given: bool,
+    now: datetime,
+    keep_broker: bool = False,
 ) -> Overview:
-    """Read everything but the instances (the store is open)."""
+    """Read everything but the instances (the store is open). The broker is started here
+    and closed after, unless ``keep_broker`` (``--watch`` asks it again every round in the
+    same event loop, and a closed broker cannot start again): then the caller closes it."""
     out = Overview()
     # With --app, its code names its groups and projections too: every instance being down
     # (nothing in the heartbeats) is when their lag matters most.
@@ -101,7 +108,8 @@ async def read_overview(
         await target.broker.start()
     except Exception as exc:  # the broker down is when status matters: report the rest
         error = f"{type(exc).__name__}: {exc}"
-        await _close_quietly(target.broker)
+        if not keep_broker:
+            await _close_quietly(target.broker)
         out.groups_note = f"cannot ask the broker for the groups' lag: {error}"
         out.groups = [GroupLag(group, pattern, None, None, error) for group, pattern in pairs]
         return out
@@ -119,7 +127,8 @@ async def read_overview(
             )
             out.groups.append(GroupLag(group, pattern, lag.messages, seconds))
     finally:
-        await target.broker.close()
+        if not keep_broker:
+            await target.broker.close()
     return out
 
 

@@ -99,12 +99,12 @@ def test_status_watch_redraws_until_interrupted(
     """``--watch`` prints the report again every interval; Ctrl-C ends it with exit 0."""
     naps: list[float] = []
 
-    def nap(seconds: float) -> None:
+    async def nap(seconds: float) -> None:
         naps.append(seconds)
         if len(naps) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("eventflow.cli.status.time.sleep", nap)
+    monkeypatch.setattr("eventflow.cli.status._nap", nap)
     assert main(["status", "--store", store_url, "--watch", "0.5"]) == 0
     out = capsys.readouterr().out
     assert out.count("dead letters: 3") == 2 and naps == [0.5, 0.5]
@@ -172,4 +172,3 @@ def test_status_shows_a_projection_failing_before_its_first_checkpoint(
     (proj,) = json.loads(capsys.readouterr().out)["projections"]
     assert (proj["name"], proj["checkpoint"], proj["lag_events"]) == ("counts", 0, 4)
     assert proj["lag_seconds"] >= 0
-

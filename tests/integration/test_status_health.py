@@ -192,7 +192,7 @@ app = App("health-down", broker={broker!r}, store={store!r}, handlers=[on_ping],
 
 @pytest.mark.service("nats")
 async def test_status_of_an_app_with_no_instance_running_shows_its_groups_lag(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every instance down is when a group's lag grows; ``status --app`` listed the groups
     of the running instances' heartbeats only, so it showed none (nor the app's projection
@@ -221,3 +221,19 @@ async def test_status_of_an_app_with_no_instance_running_shows_its_groups_lag(
         assert group["lag_seconds"] >= 0
         (proj,) = data["projections"]
         assert (proj["name"], proj["checkpoint"]) == ("it_health_never", 0)
+        # --watch asks the broker every round: after the first it said "this NATS broker
+        # was closed; create a new one" (each round closed the one broker object)
+        sys.modules.pop("health_down_app")
+        rounds: list[float] = []
+
+        async def nap(seconds: float) -> None:
+            rounds.append(seconds)
+            if len(rounds) == 3:
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr("eventflow.cli.status._nap", nap)
+        argv = ["status", *spec, "--watch", "0.1", "--json"]
+        assert await asyncio.to_thread(main, argv) == 0
+        reports = [json.loads(line) for line in capsys.readouterr().out.split("\n") if line]
+        assert len(reports) == 3
+        assert [r["groups"][0].get("lag_messages") for r in reports] == [3, 3, 3], reports
