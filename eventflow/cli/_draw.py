@@ -33,16 +33,16 @@ def terminal(stream: TextIO | None = None) -> bool:
         return False
 
 
-def _console(file: TextIO) -> Any:
+def _console(file: TextIO, min_width: int = 0) -> Any:
     from rich.console import Console
 
-    width = shutil.get_terminal_size((120, 24)).columns
+    width = max(shutil.get_terminal_size((120, 24)).columns, min_width)
     return Console(file=file, force_terminal=True, width=width, highlight=False)
 
 
-def _render(renderable: Any) -> str:
+def _render(renderable: Any, min_width: int = 0) -> str:
     buffer = io.StringIO()
-    _console(buffer).print(renderable)
+    _console(buffer, min_width).print(renderable)
     return buffer.getvalue().rstrip("\n")
 
 
@@ -54,8 +54,18 @@ def terminal_table(headers: list[str], rows: list[list[str]]) -> str:
     from rich.text import Text
 
     grid = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
-    for header in headers:
-        grid.add_column(header, overflow="fold")
+    # Ids, names and times keep their width (a folded id cannot be copied); only the last
+    # column, the free text (data, error, stats), folds to fit the terminal. Where even
+    # that does not fit, the lines are drawn longer than the terminal (which wraps them, as
+    # it does plain text) rather than cropped.
+    widths = [
+        max([len(h), *(len(r[n]) for r in rows if n < len(r))]) for n, h in enumerate(headers)
+    ]
+    for n, header in enumerate(headers):
+        if n == len(headers) - 1:
+            grid.add_column(header, overflow="fold", min_width=min(widths[n], _FOLDED_WIDTH))
+        else:
+            grid.add_column(header, no_wrap=True, min_width=widths[n])
     for row in rows:
         cells = []
         for cell in row:
@@ -63,7 +73,14 @@ def terminal_table(headers: list[str], rows: list[list[str]]) -> str:
             style = _STYLES.get(cell) or (_STYLES["stale"] if cell.endswith(" stale") else None)
             cells.append(Text(cell, style=style or _STYLES.get(word, "")))
         grid.add_row(*cells)
-    return _render(grid)
+    needed = sum(widths[:-1]) + min(widths[-1], _FOLDED_WIDTH) + _GAP * (len(widths) - 1)
+    return _render(grid, needed)
+
+
+_FOLDED_WIDTH = 24
+"""The least width of a table's last column (its free text folds into it)."""
+_GAP = 3
+"""Spaces between the columns of a drawn table."""
 
 
 def terminal_tree(label: str, roots: list[tuple[str, list[Any]]]) -> str:

@@ -12,17 +12,25 @@ of the first event it has not handled).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from ..events import default_registry
-from ..ports import Heartbeat, Store
+from ..ports import Broker, Heartbeat, Store
 from ..sagas.control import STATUSES
 from ..sagas.runtime import Sagas
 from ._common import Target, is_memory_broker
 
-__all__ = ["GroupLag", "Overview", "ProjectionLag", "read_overview"]
+__all__ = [
+    "GroupLag",
+    "Overview",
+    "ProjectionLag",
+    "read_overview",
+    "reported_projections",
+    "stored_projections",
+]
 
 SAGA_COUNT_CAP = 10_000
 """Sagas counted per status at most (``>10000`` past it): the index is listed, not summed."""
@@ -68,13 +76,26 @@ def subscriptions(beats: Sequence[Heartbeat]) -> list[tuple[str, str]]:
 
 
 async def read_overview(
-    target: Target, beats: Sequence[Heartbeat], *, broker_given: bool, now: datetime
+    target: Target,
+    beats: Sequence[Heartbeat],
+    *,
+    broker_given: bool,
+    now: datetime,
+    keep_broker: bool = False,
 ) -> Overview:
-    """Read everything but the instances (the store is open)."""
+    """Read everything but the instances (the store is open). The broker is started here
+    and closed after, unless ``keep_broker`` (``--watch`` asks it again every round in the
+    same event loop, and a closed broker cannot start again): then the caller closes it."""
     out = Overview()
-    out.projections = await _projections(target.store, now)
+    # With --app, its code names its groups and projections too: every instance being down
+    # (nothing in the heartbeats) is when their lag matters most.
+    app = target.app
+    own = () if app is None else tuple(p.name for p in app.projections)
+    out.projections = await _projections(target.store, beats, now, own)
     out.sagas, out.sagas_note = await _sagas(target.store)
     pairs = subscriptions(beats)
+    if app is not None:
+        pairs = sorted(set(pairs) | {(s.group, s.pattern) for s in app.subscriptions})
     if not pairs:
         return out
     if not broker_given or is_memory_broker(target.broker):
@@ -83,7 +104,15 @@ async def read_overview(
             "a network broker)"
         )
         return out
-    await target.broker.start()
+    try:
+        await target.broker.start()
+    except Exception as exc:  # the broker down is when status matters: report the rest
+        error = f"{type(exc).__name__}: {exc}"
+        if not keep_broker:
+            await _close_quietly(target.broker)
+        out.groups_note = f"cannot ask the broker for the groups' lag: {error}"
+        out.groups = [GroupLag(group, pattern, None, None, error) for group, pattern in pairs]
+        return out
     try:
         for group, pattern in pairs:
             try:
@@ -98,14 +127,46 @@ async def read_overview(
             )
             out.groups.append(GroupLag(group, pattern, lag.messages, seconds))
     finally:
-        await target.broker.close()
+        if not keep_broker:
+            await target.broker.close()
     return out
 
 
-async def _projections(store: Store, now: datetime) -> list[ProjectionLag]:
+async def _close_quietly(broker: Broker) -> None:
+    """Release what a broker that failed to start may hold; its own error was reported."""
+    with contextlib.suppress(Exception):  # the start's error is the one to report
+        await broker.close()
+
+
+def reported_projections(beats: Sequence[Heartbeat]) -> set[str]:
+    """The projections that running instances report problems for (``projection NAME:
+    ...``): one failing on its first batch has no checkpoint yet, only these lines."""
+    return {
+        p.split(":", 1)[0].removeprefix("projection ")
+        for b in beats
+        for p in b.problems
+        if p.startswith("projection ")
+    }
+
+
+async def stored_projections(
+    store: Store, beats: Sequence[Heartbeat], also: Sequence[str] = ()
+) -> dict[str, int]:
+    """Every projection the store knows of, by name, with its checkpoint: those with a
+    checkpoint row and those the instances report failing before their first (at 0), and
+    the names in ``also`` (an app's projections, at 0 until they have a checkpoint)."""
+    positions = dict(await store.checkpoints.list())
+    for name in (*reported_projections(beats), *also):
+        positions.setdefault(name, 0)
+    return dict(sorted(positions.items()))
+
+
+async def _projections(
+    store: Store, beats: Sequence[Heartbeat], now: datetime, also: Sequence[str]
+) -> list[ProjectionLag]:
     last = await store.last_position()
     out = []
-    for name, position in sorted((await store.checkpoints.list()).items()):
+    for name, position in (await stored_projections(store, beats, also)).items():
         seconds: float | None = 0.0
         if position < last:
             seconds = None

@@ -47,6 +47,7 @@ from ._common import (
     table,
 )
 from ._draw import progress_for
+from ._overview import stored_projections
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
@@ -196,22 +197,33 @@ async def statuses(
     projections: Sequence[Projection],
     names: Sequence[str] = (),
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    beats: Sequence[Heartbeat] = (),
 ) -> list[ProjectionStatus]:
     """Status of the app's projections (all, or ``names``) in an opened ``store``.
 
-    Without projections (no ``--app``), every checkpoint of the store is listed, with
-    ``running`` unknown. ``lock_timeout`` > 0 looks up each projection's lease holder,
-    waiting that long for the store (``running`` is None past it).
+    Without projections (no ``--app``), every projection the store knows of is listed: its
+    checkpoints, and those the instances' ``beats`` report failing before their first.
+    ``lock_timeout`` > 0 looks up each projection's lease holder, waiting that long for
+    the store (``running`` is None past it).
     """
-    if names:
-        projections = [find_projection(projections, n) for n in names]
     if not projections:
+        known = await stored_projections(store, beats)
+        for name in names:
+            if name not in known:
+                raise CliError(
+                    f"the store has no projection named {name!r} (its projections: "
+                    f"{', '.join(known) or 'none'}); a projection is known once it has a "
+                    "checkpoint: pass --app MODULE:APP to ask for one that has not run yet",
+                    EXIT_USAGE,
+                )
         last = await store.last_position()
         return [
             ProjectionStatus(name, position, last, await _held(store, name, lock_timeout))
-            for name, position in sorted((await store.checkpoints.list()).items())
+            for name, position in known.items()
             if not names or name in names
         ]
+    if names:
+        projections = [find_projection(projections, n) for n in names]
     out = []
     for projection in projections:
         runner = ProjectionRunner(projection, store)
@@ -238,31 +250,11 @@ async def _status(
 ) -> tuple[list[ProjectionStatus], dict[str, list[str]]]:
     await store.open()
     try:
-        rows = await statuses(store, projections, names, lock_timeout)
         beats = await store.heartbeats.list()
-        if not projections:
-            # A projection failing on its first batch has no checkpoint yet: the running
-            # instances' heartbeats name it.
-            listed = {r.name for r in rows}
-            last = await store.last_position()
-            for name in sorted(_reported(beats) - listed):
-                if not names or name in names:
-                    rows.append(
-                        ProjectionStatus(name, 0, last, await _held(store, name, lock_timeout))
-                    )
+        rows = await statuses(store, projections, names, lock_timeout, beats)
         return rows, failing(beats, [r.name for r in rows])
     finally:
         await store.close()
-
-
-def _reported(beats: Sequence[Heartbeat]) -> set[str]:
-    """The projections that running instances report problems for."""
-    return {
-        p.split(":", 1)[0].removeprefix("projection ")
-        for b in beats
-        for p in b.problems
-        if p.startswith("projection ")
-    }
 
 
 def failing(beats: Sequence[Heartbeat], names: Sequence[str]) -> dict[str, list[str]]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
-import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -88,25 +88,43 @@ def command(args: argparse.Namespace) -> int:
     target = resolve_target(args)
     broker_given = bool(args.app or args.broker or os.environ.get(BROKER_ENV))
     if args.watch is None:
-        _show(args, target, broker_given)
+        asyncio.run(_show(args, target, broker_given))
         return 0
+    try:
+        asyncio.run(_watch(args, target, broker_given))
+    except KeyboardInterrupt:
+        return 0  # the way to stop watching
+    return 0
+
+
+async def _watch(args: argparse.Namespace, target: Target, broker_given: bool) -> None:
+    """Every round in one event loop, with one broker connection for all of them (a broker
+    closed after a round cannot start again)."""
     redraw = sys.stdout.isatty()
     try:
         while True:
             if redraw:
                 print("\x1b[H\x1b[2J", end="")  # home, clear: the report in place
-            _show(args, target, broker_given)
+            await _show(args, target, broker_given, keep_broker=True)
             if not redraw:
                 print(flush=True)
-            time.sleep(args.watch)
-    except KeyboardInterrupt:
-        return 0  # the way to stop watching
+            await _nap(args.watch)
+    finally:
+        with contextlib.suppress(Exception):  # what was shown is what matters
+            await target.broker.close()
 
 
-def _show(args: argparse.Namespace, target: Target, broker_given: bool) -> None:
+async def _nap(seconds: float) -> None:
+    """The pause between two ``--watch`` rounds."""
+    await asyncio.sleep(seconds)
+
+
+async def _show(
+    args: argparse.Namespace, target: Target, broker_given: bool, *, keep_broker: bool = False
+) -> None:
     now = datetime.now(UTC)
-    beats, counts, overview = asyncio.run(
-        _read(target, args.stale if args.prune else None, broker_given, now)
+    beats, counts, overview = await _read(
+        target, args.stale if args.prune else None, broker_given, now, keep_broker
     )
     if args.json:
         data = _as_json(beats, counts, now, args.stale)
@@ -121,7 +139,11 @@ def _show(args: argparse.Namespace, target: Target, broker_given: bool) -> None:
 
 
 async def _read(
-    target: Target, prune_after: float | None, broker_given: bool, now: datetime
+    target: Target,
+    prune_after: float | None,
+    broker_given: bool,
+    now: datetime,
+    keep_broker: bool = False,
 ) -> tuple[list[Heartbeat], dict[str, int], Overview]:
     await target.store.open()
     try:
@@ -129,7 +151,9 @@ async def _read(
             await target.store.heartbeats.prune(prune_after)
         beats = await target.store.heartbeats.list()
         counts = await target.dead_letters.count()
-        overview = await read_overview(target, beats, broker_given=broker_given, now=now)
+        overview = await read_overview(
+            target, beats, broker_given=broker_given, now=now, keep_broker=keep_broker
+        )
     finally:
         await target.store.close()
     return beats, counts, overview
@@ -153,7 +177,8 @@ def render_overview(overview: Overview) -> str:
                 "?" if g.messages is None else str(g.messages),
                 _seconds(g.seconds),
             ]
-            + ([g.error] if g.error else [""])
+            # one error for every group (the broker is unreachable) is the note above
+            + ([g.error] if g.error and not overview.groups_note else [""])
             for g in overview.groups
         ]
         if rows:

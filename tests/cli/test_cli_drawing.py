@@ -114,3 +114,30 @@ def test_store_read_on_a_terminal_is_a_table(
     assert main(["store", "read", "--all", "--store", url]) == 0
     drawn = capsys.readouterr().out
     assert "POSITION" in drawn and "─" in drawn and "order-1@1" in drawn
+
+
+def test_a_narrow_terminal_folds_only_the_last_column(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a 100-column terminal, ``store read`` and ``dlq list`` folded every column,
+    ids included (``...7ecc85d61b`` on one line, ``76`` under it): an id a person cannot
+    copy. The ids, names and times keep their width and the free text of the last column
+    folds; where that does not fit either, lines run past the terminal, nothing cropped."""
+    import re
+
+    from eventflow.cli._draw import terminal_table
+
+    monkeypatch.setenv("COLUMNS", "100")
+    ident = "01a234b9-2729-7146-878e-7ecc85d61b76"
+    drawn = terminal_table(
+        ["POSITION", "STREAM", "ID", "DATA"],
+        [["2", "saga-obsorder-o-1@2", ident, '{"kind": "command-sent", ' * 8]],
+    )
+    text = re.sub(r"\x1b\[[0-9;]*m", "", drawn)
+    assert ident in text and "saga-obsorder-o-1@2" in text
+    assert max(len(line) for line in text.splitlines()) <= 100  # it fits: the data folds
+    assert len(text.splitlines()) > 3
+    wide = terminal_table(
+        ["ID", "GROUP", "TOPIC", "FAILED AT", "ERROR"],
+        [[ident, "inventory", "obs.order.placed", "2026-12-02 03:07:59Z", "ValueError: x"]],
+    )
+    text = re.sub(r"\x1b\[[0-9;]*m", "", wide)
+    assert ident in text and "2026-12-02 03:07:59Z" in text and "ValueError: x" in text

@@ -99,14 +99,76 @@ def test_status_watch_redraws_until_interrupted(
     """``--watch`` prints the report again every interval; Ctrl-C ends it with exit 0."""
     naps: list[float] = []
 
-    def nap(seconds: float) -> None:
+    async def nap(seconds: float) -> None:
         naps.append(seconds)
         if len(naps) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("eventflow.cli.status.time.sleep", nap)
+    monkeypatch.setattr("eventflow.cli.status._nap", nap)
     assert main(["status", "--store", store_url, "--watch", "0.5"]) == 0
     out = capsys.readouterr().out
     assert out.count("dead letters: 3") == 2 and naps == [0.5, 0.5]
     assert main(["status", "--store", store_url, "--watch", "0"]) == 2
     assert "--watch takes a number of seconds > 0" in capsys.readouterr().err
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_status_with_the_broker_down_still_shows_the_instances_and_why_lag_is_missing(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The broker being down is when a person runs ``status``: it used to end in
+    ``eventflow: error: BrokerError: cannot connect`` (exit 1), hiding the DEGRADED
+    instances and their causes, because asking for the groups' lag could not connect."""
+    problem = "broker: disconnected from NATS at nats://127.0.0.1:4222 since 2026-12-02 03:09:26Z"
+    beat = make_beat("billing", health="degraded", problems=(problem,))
+    fill(store_url, beats=[beat])
+    broker = f"nats://127.0.0.1:{_closed_port()}?connect_timeout=2"
+    assert main(["status", "--store", store_url, "--broker", broker]) == 0
+    out = capsys.readouterr().out
+    assert "DEGRADED" in out and problem in out
+    groups = out.split("consumer groups:", 1)[1]
+    assert "cannot ask the broker for the groups' lag" in groups and "BrokerError" in groups
+    assert main(["status", "--store", store_url, "--broker", broker, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["instances"][0]["problems"] == [problem]
+    (group,) = data["groups"]
+    assert (group["group"], group["pattern"]) == ("billing", "invoice.*")
+    assert group["lag_messages"] is None and "BrokerError" in group["error"]
+
+
+def test_status_shows_a_projection_failing_before_its_first_checkpoint(
+    store_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A projection that fails on its first batch has no checkpoint row; the instance that
+    runs it reports it. ``projections status`` listed it and ``status`` left it out."""
+    import asyncio
+
+    from eventflow import Event, open_store
+
+    class Counted(Event, type="cli.status.counted"):
+        n: int
+
+    async def go() -> None:
+        async with open_store(store_url) as store:
+            await store.append("counts-1", [Counted(n=i) for i in range(4)])
+
+    asyncio.run(go())
+    problem = "projection counts: failing on event @1 ('cli.status.counted') since 2026-12-02"
+    fill(store_url, beats=[make_beat("billing", health="degraded", problems=(problem,))])
+    assert main(["status", "--store", store_url]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.strip().startswith("counts "))
+    assert row.split()[:3] == ["counts", "0", "4"]  # no checkpoint yet, 4 events behind
+    assert main(["status", "--store", store_url, "--json"]) == 0
+    (proj,) = json.loads(capsys.readouterr().out)["projections"]
+    assert (proj["name"], proj["checkpoint"], proj["lag_events"]) == ("counts", 0, 4)
+    assert proj["lag_seconds"] >= 0

@@ -139,3 +139,42 @@ class TestPostgresStore(StoreContract, LeaseLossContract, ConnectionLossContract
                 yield faults
             finally:
                 await faults.close()
+
+
+@pytest.mark.service("postgres")
+async def test_a_store_closed_in_one_event_loop_opens_again_in_another(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``eventflow status --watch`` opens and closes one store object in an event loop per
+    round; on PostgreSQL the second round failed with ``postgres sequencer failed and
+    cannot recover: ... Event ... is bound to a different event loop`` once the sequencer
+    had waited for work in the first round's loop."""
+    import asyncio
+
+    from eventflow import Event
+    from eventflow.testing.postgres import isolated_schema
+
+    class Reopened(Event, type="pg.reopened"):
+        n: int
+
+    def rounds(url: str) -> list[int]:
+        store = store_for(url)
+        seen: list[int] = []
+
+        async def one(n: int) -> None:
+            await store.open()
+            try:
+                await asyncio.sleep(0.3)  # the sequencer's pass ends and it waits for work
+                await store.append(f"reopened-{n}", [Reopened(n=n)])
+                seen.extend([r.stream_version async for r in store.read_all()])
+            finally:
+                await store.close()
+
+        for n in range(2):
+            asyncio.run(one(n))
+        return seen
+
+    async with isolated_schema(postgres_url()) as url:
+        assert await asyncio.to_thread(rounds, url) == [1, 1, 1]
+    failed = [r.getMessage() for r in caplog.records if "cannot recover" in r.getMessage()]
+    assert failed == []

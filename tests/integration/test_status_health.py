@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -168,3 +169,71 @@ async def test_a_stopped_app_releases_its_failing_projections_lease(
         await waiter(lambda: app.projection_runners[0].failures >= 2, what="two failures")
     async with open_store(url) as store:
         assert await store.leases.holder(lease_name("it_health_tallies")) is None
+
+
+APP_MODULE = """
+from eventflow import App, Envelope, subscribe
+from eventflow.projections import Projection
+
+
+@subscribe("it.health.ping", group="health-down")
+async def on_ping(envelope: Envelope) -> None:
+    pass
+
+
+class Never(Projection, name="it_health_never"):
+    pass
+
+
+app = App("health-down", broker={broker!r}, store={store!r}, handlers=[on_ping],
+          projections=[Never()])
+"""
+
+
+@pytest.mark.service("nats")
+async def test_status_of_an_app_with_no_instance_running_shows_its_groups_lag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every instance down is when a group's lag grows; ``status --app`` listed the groups
+    of the running instances' heartbeats only, so it showed none (nor the app's projection
+    that has no checkpoint yet), though the app's code names them."""
+    url = f"sqlite:///{tmp_path / 'down.db'}"
+    try:
+        server = NatsServer()
+    except NatsServerUnavailable as exc:
+        service_unavailable(str(exc))
+    with server:
+        broker = f"{server.url}?stream={unique_name('EF').upper()}"
+        (tmp_path / "health_down_app.py").write_text(APP_MODULE.format(broker=broker, store=url))
+        spec = ["--app", "health_down_app:app", "--app-dir", str(tmp_path)]
+        assert await asyncio.to_thread(main, ["groups", "declare", *spec[1:]]) == 0
+        sys.modules.pop("health_down_app")  # each command is a process of its own
+        async with App("health-sender", broker=broker, store=url) as sender:
+            for n in range(3):
+                await sender.publish(Ping(n=n), key=f"k{n}")
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, ["status", *spec, "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert data["instances"] == []
+        (group,) = data["groups"]
+        assert (group["group"], group["pattern"]) == ("health-down", "it.health.ping")
+        assert group["lag_messages"] == 3, group
+        assert group["lag_seconds"] >= 0
+        (proj,) = data["projections"]
+        assert (proj["name"], proj["checkpoint"]) == ("it_health_never", 0)
+        # --watch asks the broker every round: after the first it said "this NATS broker
+        # was closed; create a new one" (each round closed the one broker object)
+        sys.modules.pop("health_down_app")
+        rounds: list[float] = []
+
+        async def nap(seconds: float) -> None:
+            rounds.append(seconds)
+            if len(rounds) == 3:
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr("eventflow.cli.status._nap", nap)
+        argv = ["status", *spec, "--watch", "0.1", "--json"]
+        assert await asyncio.to_thread(main, argv) == 0
+        reports = [json.loads(line) for line in capsys.readouterr().out.split("\n") if line]
+        assert len(reports) == 3
+        assert [r["groups"][0].get("lag_messages") for r in reports] == [3, 3, 3], reports

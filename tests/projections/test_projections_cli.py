@@ -210,6 +210,22 @@ def test_status_of_a_store_alone_lists_its_checkpoints(
     ).items()
 
 
+def test_status_of_a_store_alone_takes_names(
+    shop: tuple[str, Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``status NAME --store`` (no app) was refused with "the app has no projection named"
+    although no app was given and the store has that projection's checkpoint."""
+    assert _cli(shop, "rebuild", "cli_stock", "--quiet") == 0
+    store = ["--store", f"sqlite:///{shop[2]}"]
+    capsys.readouterr()
+    assert main(["projections", "status", "cli_stock", *store, "--json"]) == 0
+    (row,) = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (row["name"], row["checkpoint"]) == ("cli_stock", EVENTS)
+    assert main(["projections", "status", "nope", *store]) == 2
+    err = capsys.readouterr().err
+    assert "the store has no projection named 'nope' (its projections: cli_stock)" in err
+
+
 def test_progress_bar_throttles_and_finishes_the_line() -> None:
     out = io.StringIO()
     bar = ProgressBar(out, "p", width=10, interval=3600)

@@ -97,6 +97,9 @@ class Sequencer:
         and the listener as components of ``supervisor``, or of a supervisor of its own."""
         loop = asyncio.get_running_loop()
         self.tick = loop.create_future()
+        # A fresh event per start: one the passes waited on is bound to that start's loop,
+        # and a store is opened again in another (`eventflow status --watch`, each round).
+        self._pending = asyncio.Event()
         await self._listen()  # the first connection fails open() within connect_timeout
         # Components of the owner's supervisor (the app's), or of the store's own: started
         # in open(), stopped in close().
