@@ -29,7 +29,7 @@ from .config import KafkaBrokerConfig, kafka_topic, pattern_regex
 from .connection import close_client, probe
 from .groups import commit_outside, end_offsets, has_position, nothing_to_commit
 from .lag import LAG_TIMEOUT, PEEK_OPTIONS, group_lag
-from .logs import throttle_client_logs
+from .logs import expect_idempotence_refusal, throttle_client_logs
 from .partition import attempts_group
 from .publishing import publish_failure
 from .subscription import KafkaSubscription
@@ -146,7 +146,11 @@ class KafkaBroker:
             producer = self._make_producer(True)
             opened.append(producer)
             try:
-                await producer.start()
+                if mode == "auto":
+                    with expect_idempotence_refusal():
+                        await producer.start()
+                else:
+                    await producer.start()
             except KafkaError as exc:
                 await producer.stop()
                 opened.remove(producer)
@@ -156,9 +160,10 @@ class KafkaBroker:
                         f"({exc!r}); use idempotence=auto or off with this broker"
                     ) from exc
                 _log.warning(
-                    "kafka: the broker at %s does not support the idempotent producer (%r); "
-                    "publishing with acks=all without it, so a retried send may store a "
-                    "message twice (consumers skip the copy by its envelope id)",
+                    "kafka: the broker at %s refused the idempotent producer (%r to "
+                    "InitProducerId; Tansu has none); publishing with acks=all without it, "
+                    "so a retried send may store a message twice (consumers skip the copy by "
+                    "its envelope id); ?idempotence=off skips this try",
                     self.url,
                     exc,
                 )

@@ -8,18 +8,32 @@ interval (30 s, as :class:`eventflow._logging.Throttled`), the next one saying h
 left out. A record recurs when it has the same logger, level and message template; records
 below WARNING pass untouched. To see every record, remove :data:`CLIENT_LOG_THROTTLE` from
 the ``aiokafka`` loggers (``logging.getLogger(name).removeFilter(CLIENT_LOG_THROTTLE)``).
+
+One known case is dropped instead: while the adapter tries the idempotent producer with
+``idempotence="auto"`` (:func:`expect_idempotence_refusal`), aiokafka's ERROR
+"Unexpected error during InitProducerIdRequest" from a broker without it (Tansu, on every
+start), as the adapter logs one line of its own that says what it does about it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..._logging import DEFAULT_LOG_INTERVAL
 
-__all__ = ["CLIENT_LOG_THROTTLE", "ClientLogThrottle", "throttle_client_logs"]
+__all__ = [
+    "CLIENT_LOG_THROTTLE",
+    "ClientLogThrottle",
+    "expect_idempotence_refusal",
+    "throttle_client_logs",
+]
 
 _MAX_KEYS = 1024
+_SENDER = "aiokafka.producer.sender"
+_INIT_PID_FAILED = "Unexpected error during InitProducerIdRequest"
 
 
 class ClientLogThrottle(logging.Filter):
@@ -29,12 +43,21 @@ class ClientLogThrottle(logging.Filter):
         super().__init__()
         self.interval = interval
         self._last: dict[tuple[str, int, str], tuple[float, int]] = {}
+        self.expecting = 0
+        """Idempotent producers being tried in ``auto`` mode now: their refusal is dropped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """False for a recurrence within the interval; True otherwise (the record then
-        counts the recurrences left out since the last one)."""
+        """False for a recurrence within the interval, and for an expected refusal of the
+        idempotent producer; True otherwise (the record then counts the recurrences left
+        out since the last one)."""
         if record.levelno < logging.WARNING:
             return True
+        if (
+            self.expecting
+            and record.name == _SENDER
+            and str(record.msg).startswith(_INIT_PID_FAILED)
+        ):
+            return False
         key = (record.name, record.levelno, str(record.msg))
         now = time.monotonic()
         last = self._last.get(key)
@@ -67,3 +90,14 @@ def throttle_client_logs() -> None:
         logger = logging.getLogger(name)
         if CLIENT_LOG_THROTTLE not in logger.filters:
             logger.addFilter(CLIENT_LOG_THROTTLE)
+
+
+@contextmanager
+def expect_idempotence_refusal() -> Iterator[None]:
+    """While inside, drop aiokafka's ERROR about a refused ``InitProducerIdRequest``: the
+    caller logs what it does about it (see the module doc)."""
+    CLIENT_LOG_THROTTLE.expecting += 1
+    try:
+        yield
+    finally:
+        CLIENT_LOG_THROTTLE.expecting -= 1
