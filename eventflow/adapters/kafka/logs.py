@@ -13,14 +13,21 @@ One known case is dropped instead: while the adapter tries the idempotent produc
 ``idempotence="auto"`` (:func:`expect_idempotence_refusal`), aiokafka's ERROR
 "Unexpected error during InitProducerIdRequest" from a broker without it (Tansu, on every
 start), as the adapter logs one line of its own that says what it does about it.
+
+aiokafka's INFO records (eight or so per join or rebalance: "Joined group", "Setting newly
+assigned partitions", ...) are held back too: :func:`throttle_client_logs` sets the
+``aiokafka`` logger to WARNING unless a level was given to it, and the adapter logs its
+own lines (a new group, a slow join, a new topic a wildcard starts reading). To see them,
+``logging.getLogger("aiokafka").setLevel(logging.INFO)`` before the broker starts.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from ..._logging import DEFAULT_LOG_INTERVAL
 
@@ -28,6 +35,7 @@ __all__ = [
     "CLIENT_LOG_THROTTLE",
     "ClientLogThrottle",
     "expect_idempotence_refusal",
+    "log_new_topics",
     "throttle_client_logs",
 ]
 
@@ -83,7 +91,11 @@ CLIENT_LOG_THROTTLE = ClientLogThrottle()
 
 
 def throttle_client_logs() -> None:
-    """Put :data:`CLIENT_LOG_THROTTLE` on every ``aiokafka`` logger that exists. Idempotent."""
+    """Put :data:`CLIENT_LOG_THROTTLE` on every ``aiokafka`` logger that exists, and set
+    the ``aiokafka`` logger to WARNING if it has no level of its own. Idempotent."""
+    root = logging.getLogger("aiokafka")
+    if root.level == logging.NOTSET:
+        root.setLevel(logging.WARNING)
     manager = logging.Logger.manager
     names = [n for n in list(manager.loggerDict) if n == "aiokafka" or n.startswith("aiokafka.")]
     for name in ["aiokafka", *names]:
@@ -101,3 +113,16 @@ def expect_idempotence_refusal() -> Iterator[None]:
         yield
     finally:
         CLIENT_LOG_THROTTLE.expecting -= 1
+
+
+def log_new_topics(group: str, pattern: str, partitions: Sequence[Any], prefix_len: int) -> None:
+    """Say (INFO, on ``eventflow.kafka``) which topics, created since ``group`` subscribed to
+    ``pattern``, a member now reads from their beginning (``partitions``: aiokafka's)."""
+    topics = sorted({tp.topic[prefix_len:] for tp in partitions})
+    if topics:
+        logging.getLogger("eventflow.kafka").info(
+            "kafka group %r (%s): reading %s from the beginning (created since it subscribed)",
+            group,
+            pattern,
+            ", ".join(topics),
+        )
