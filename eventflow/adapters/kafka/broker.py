@@ -25,11 +25,11 @@ from ...groups import check_group, log_new_group
 from ...patterns import is_wildcard, validate_pattern, validate_topic
 from ...ports import Lag, StartPosition
 from ...supervision import Supervisor
-from .config import KafkaBrokerConfig, kafka_topic, pattern_regex
+from .config import EXACT_METADATA_MAX_AGE, KafkaBrokerConfig, kafka_topic, pattern_regex
 from .connection import close_client, probe
 from .groups import commit_outside, end_offsets, has_position, nothing_to_commit
 from .lag import LAG_TIMEOUT, PEEK_OPTIONS, group_lag
-from .logs import throttle_client_logs
+from .logs import expect_idempotence_refusal, throttle_client_logs
 from .partition import attempts_group
 from .publishing import publish_failure
 from .subscription import KafkaSubscription
@@ -146,7 +146,11 @@ class KafkaBroker:
             producer = self._make_producer(True)
             opened.append(producer)
             try:
-                await producer.start()
+                if mode == "auto":
+                    with expect_idempotence_refusal():
+                        await producer.start()
+                else:
+                    await producer.start()
             except KafkaError as exc:
                 await producer.stop()
                 opened.remove(producer)
@@ -156,9 +160,10 @@ class KafkaBroker:
                         f"({exc!r}); use idempotence=auto or off with this broker"
                     ) from exc
                 _log.warning(
-                    "kafka: the broker at %s does not support the idempotent producer (%r); "
-                    "publishing with acks=all without it, so a retried send may store a "
-                    "message twice (consumers skip the copy by its envelope id)",
+                    "kafka: the broker at %s refused the idempotent producer (%r to "
+                    "InitProducerId; Tansu has none); publishing with acks=all without it, "
+                    "so a retried send may store a message twice (consumers skip the copy by "
+                    "its envelope id); ?idempotence=off skips this try",
                     self.url,
                     exc,
                 )
@@ -295,6 +300,11 @@ class KafkaBroker:
         cfg = self.config
         regex = pattern_regex(pattern, cfg.topic_prefix)
         exact = None if is_wildcard(pattern) else await self._kafka_name(pattern)
+        # A wildcard sees new topics at its consumer's metadata refresh: often (a request
+        # for every topic's metadata each time); an exact topic only needs partition changes.
+        refresh = cfg.metadata_max_age
+        if exact is not None:
+            refresh = max(refresh, EXACT_METADATA_MAX_AGE)
         consumer = self._new_consumer(
             group_id=group,
             enable_auto_commit=False,
@@ -303,7 +313,7 @@ class KafkaBroker:
             heartbeat_interval_ms=_ms(cfg.heartbeat_interval),
             max_poll_interval_ms=_ms(cfg.max_poll_interval),
             rebalance_timeout_ms=_ms(cfg.rebalance_timeout),
-            metadata_max_age_ms=_ms(cfg.metadata_max_age),
+            metadata_max_age_ms=_ms(refresh),
             max_poll_records=cfg.max_buffer,
         )
         companion = self._new_consumer(

@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_REBALANCE_TIMEOUT",
     "DEFAULT_REVOKE_TIMEOUT",
     "DEFAULT_SESSION_TIMEOUT",
+    "EXACT_METADATA_MAX_AGE",
     "KafkaBrokerConfig",
     "kafka_topic",
     "pattern_regex",
@@ -46,7 +47,8 @@ DEFAULT_MAX_POLL_INTERVAL = 300.0
 DEFAULT_REBALANCE_TIMEOUT = 60.0
 DEFAULT_REVOKE_TIMEOUT = 30.0
 DEFAULT_COMMIT_INTERVAL = 0.5
-DEFAULT_METADATA_MAX_AGE = 30.0
+DEFAULT_METADATA_MAX_AGE = 2.0
+EXACT_METADATA_MAX_AGE = 30.0
 DEFAULT_MAX_BUFFER = 2000
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
@@ -78,7 +80,10 @@ class KafkaBrokerConfig:
       to be acked before committing and giving up its partitions (keep it below
       ``rebalance_timeout``). Messages still unacked then are redelivered elsewhere.
     - ``commit_interval``: how often acked offsets (and delivery counts) are committed.
-    - ``metadata_max_age``: how soon a new topic matching a wildcard subscription is seen.
+    - ``metadata_max_age``: how often a wildcard subscription's consumer asks for the
+      topics there are (2 s), so how soon a new topic matching it is seen (plus a rebalance
+      of its group); a subscription to one topic asks every ``EXACT_METADATA_MAX_AGE``
+      (30 s), or ``metadata_max_age`` if longer.
     - ``max_buffer``: records prefetched per subscription before its partitions are paused.
     - ``publish_timeout``: a publish not accepted in this time raises ``BackpressureError``.
     - ``connect_timeout``: ``start`` fails with a ``BrokerError`` when no bootstrap server

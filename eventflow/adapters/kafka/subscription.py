@@ -26,11 +26,9 @@ first unfinished one were handed out, and how often that first one was delivered
 encoding is described in :mod:`.partition`). (Commit metadata strings would do, but not every
 Kafka-protocol broker keeps them; Tansu does not.)
 
-The pump runs as a component of the broker's supervisor. A retriable Kafka error ends the
-run with a ``BrokerError``, and the supervisor starts it again after a backoff (logging at
-most once per interval); any other error ends the membership: ``fetch`` raises a
-``BrokerError`` and the consumer subscribes again (an error that is not Kafka's, a bug,
-also fails the component, which the supervisor reports).
+The pump is a component of the broker's supervisor: a retriable Kafka error ends the run
+with a ``BrokerError`` and the supervisor restarts it after a backoff; any other ends the
+membership (``fetch`` raises a ``BrokerError``; a bug also fails the component).
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ from ...errors import BrokerError
 from ...supervision import Component, ComponentState, Supervisor
 from .config import KafkaBrokerConfig
 from .connection import stop_consumer
+from .logs import log_new_topics
 from .partition import KafkaDelivery, MemberState, Partition
 
 __all__ = ["KafkaSubscription"]
@@ -389,6 +388,8 @@ class KafkaSubscription:
         missing = [tp for tp, c in zip(tps, committed, strict=True) if c is None]
         unknown = [tp for tp in missing if tp not in self._start_offsets]
         earliest = await consumer.beginning_offsets(unknown) if unknown else {}
+        if self._assigned.is_set():  # after the join: topics created since (or partitions)
+            log_new_topics(self.group, self.pattern, unknown, self._prefix_len)
         to_commit: dict[Any, int] = {}
         for part, done, value in zip(new, committed, prior, strict=True):
             tp = part.tp
