@@ -24,7 +24,9 @@ from request handlers (``pip install 'eventflow[fastapi]'``)::
 - :func:`readyz` is an endpoint answering 200 while the app is ready and 503 once a
   component failed for good (or the app is not running), with the body of the app's own
   ``/readyz``, so the server's readiness probe learns of a failure. A failure also makes
-  the lifespan's shutdown fail with the ``ComponentFailedError``, which the server logs.
+  the lifespan's shutdown fail with the ``ComponentFailedError``, which the server logs;
+  ``lifespan(app, on_failure=terminate)`` stops the server at once instead, so that the
+  process is restarted as ``eventflow run`` is.
 
 Only Starlette's ``HTTPConnection`` and ``JSONResponse`` are imported (FastAPI injects the
 request by that annotation); FastAPI itself is never imported here.
@@ -32,13 +34,16 @@ request by that annotation); FastAPI itself is never imported here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import signal
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from .app import App
-from .errors import ConfigurationError, MissingDependencyError
+from .errors import ComponentFailedError, ConfigurationError, MissingDependencyError
 
 try:
     from starlette.requests import HTTPConnection
@@ -46,7 +51,9 @@ try:
 except ImportError as exc:  # pragma: no cover - the test extra installs it
     raise MissingDependencyError("starlette", "fastapi") from exc
 
-__all__ = ["STATE_ATTRIBUTE", "Lifespan", "current_app", "lifespan", "readyz"]
+__all__ = ["STATE_ATTRIBUTE", "Lifespan", "current_app", "lifespan", "readyz", "terminate"]
+
+_log = logging.getLogger("eventflow.asgi")
 
 STATE_ATTRIBUTE = "eventflow"
 """The attribute of the ASGI app's ``state`` that holds the running ``App``."""
@@ -56,7 +63,21 @@ Lifespan = Callable[[Any], AbstractAsyncContextManager[Mapping[str, Any] | None]
 may yield the lifespan state (a mapping) or None."""
 
 
-def lifespan(app: App, *, inner: Lifespan | None = None) -> Lifespan:
+def terminate(failure: ComponentFailedError) -> None:
+    """An ``on_failure`` for :func:`lifespan`: send this process SIGTERM, so that the server
+    shuts down as on ``kill`` (its requests finished, the app drained, the failure logged)
+    and exits; its supervisor (systemd, Kubernetes) then restarts it, as it would restart
+    ``eventflow run`` after a failure."""
+    _log.error("%s; stopping the server (SIGTERM) so that it is restarted", failure)
+    signal.raise_signal(signal.SIGTERM)
+
+
+def lifespan(
+    app: App,
+    *,
+    inner: Lifespan | None = None,
+    on_failure: Callable[[ComponentFailedError], object] | None = None,
+) -> Lifespan:
     """A lifespan for ``FastAPI(lifespan=...)`` / ``Starlette(lifespan=...)`` that runs
     ``app``: started (every subscription live) before the server serves, stopped (draining
     in-flight handlers within ``app.grace_period``) after it has finished its requests.
@@ -65,7 +86,8 @@ def lifespan(app: App, *, inner: Lifespan | None = None) -> Lifespan:
     stops; whatever state it yields is yielded on. The app is kept as
     ``asgi_app.state.eventflow`` for :func:`current_app`. A start that fails (a broker
     unreachable) fails the server's start-up; a component that failed for good while
-    serving is raised at shutdown (its ``ComponentFailedError``)."""
+    serving is raised at shutdown (its ``ComponentFailedError``), and, with ``on_failure``,
+    passed to it as soon as it happens (:func:`terminate` stops the server)."""
 
     @contextlib.asynccontextmanager
     async def run(asgi_app: Any) -> AsyncIterator[Mapping[str, Any] | None]:
@@ -73,7 +95,7 @@ def lifespan(app: App, *, inner: Lifespan | None = None) -> Lifespan:
         if state is not None:
             setattr(state, STATE_ATTRIBUTE, app)
         try:
-            async with app:
+            async with app, _watching(app, on_failure):
                 if inner is None:
                     yield None
                 else:
@@ -84,6 +106,28 @@ def lifespan(app: App, *, inner: Lifespan | None = None) -> Lifespan:
                 delattr(state, STATE_ATTRIBUTE)
 
     return run
+
+
+@contextlib.asynccontextmanager
+async def _watching(
+    app: App, on_failure: Callable[[ComponentFailedError], object] | None
+) -> AsyncIterator[None]:
+    """Call ``on_failure`` with the app's failure when one happens, while the block runs."""
+    if on_failure is None:
+        yield
+        return
+
+    async def watch() -> None:
+        on_failure(await app.wait_failed())
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        await asyncio.wait({watcher})
+        if not watcher.cancelled() and watcher.exception() is not None:
+            _log.error("on_failure raised", exc_info=watcher.exception())
 
 
 def current_app(connection: HTTPConnection) -> App:

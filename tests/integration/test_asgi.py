@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
@@ -33,6 +38,7 @@ from eventflow.adapters.memory.broker import MemoryBrokerConfig
 from eventflow.asgi import current_app, lifespan, readyz
 from eventflow.ports import Delivery, Subscription
 from eventflow.testing.nats_server import nats_service_url
+from eventflow.testing.services import free_port, stop_process
 
 Events = Annotated[App, Depends(current_app)]
 """The running App, as an endpoint's parameter (how docs/fastapi.md declares it)."""
@@ -298,6 +304,106 @@ async def test_a_failed_component_makes_readyz_answer_503(broker_name: str, wait
     assert isinstance(life.error, ComponentFailedError)
     assert life.error is events.failure
     assert "adapter bug" in answer["message"]
+
+
+async def test_on_failure_hears_of_a_failure_when_it_happens(broker_name: str, waiter: Any) -> None:
+    broker = BreakableBroker(MemoryBrokerConfig(name=broker_name))
+    events, _ = orders_service(broker, Seen(), "record")
+    heard: list[ComponentFailedError] = []
+    http = FastAPI(lifespan=lifespan(events, on_failure=heard.append))
+    life = Lifespan(http)
+    assert await life.startup() == "lifespan.startup.complete"
+    assert heard == []
+    broker.broken = True
+    await waiter(lambda: heard != [], what="on_failure called")
+    assert heard == [events.failure]
+    assert (await life.shutdown())["type"] == "lifespan.shutdown.failed"
+
+
+def test_terminate_stops_uvicorn_when_a_component_fails(tmp_path: Path) -> None:
+    """``on_failure=terminate``: the server stops by itself (SIGTERM to its own process),
+    shutting down as on ``kill``, and logs the failure."""
+    (tmp_path / "failing_http.py").write_text(FAILING_SERVICE)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "failing_http:http", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{base}/readyz").status_code == 200:
+                    break
+            time.sleep(0.05)
+        assert httpx.post(f"{base}/break").status_code == 204
+        out, _ = proc.communicate(timeout=30)  # it ends by itself
+    finally:
+        stop_process(proc)  # type: ignore[arg-type]
+    assert "RuntimeError: adapter bug" in out
+    assert "stopping the server (SIGTERM) so that it is restarted" in out
+    assert "Application shutdown failed" in out
+    assert proc.returncode != 0
+
+
+FAILING_SERVICE = """
+from typing import Any
+
+from fastapi import FastAPI, Response
+
+from eventflow import App, Event, subscribe
+from eventflow.adapters.memory import MemoryBroker
+
+
+class Tick(Event, type="asgitest.tick"):
+    n: int
+
+
+class Broken:
+    def __init__(self, broker: Any, inner: Any) -> None:
+        self._broker, self._inner = broker, inner
+        self.pattern, self.group = inner.pattern, inner.group
+
+    async def fetch(self, max_messages: int, timeout: float) -> Any:
+        if self._broker.broken:
+            raise RuntimeError("adapter bug")
+        return await self._inner.fetch(max_messages, timeout)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+class BreakableBroker(MemoryBroker):
+    broken = False
+
+    async def subscribe(self, pattern: str, **kwargs: Any) -> Any:
+        return Broken(self, await super().subscribe(pattern, **kwargs))
+
+
+@subscribe("asgitest.tick", group="g")
+async def tick(event: Tick) -> None: ...
+
+
+broker = BreakableBroker()
+events = App("failing", broker=broker, handlers=[tick])
+http = FastAPI(lifespan=lifespan(events, on_failure=terminate))
+http.add_api_route("/readyz", readyz)
+
+
+@http.post("/break", status_code=204)
+async def breaks() -> Response:
+    broker.broken = True
+    return Response(status_code=204)
+""".replace(
+    "from eventflow import",
+    "from eventflow.asgi import lifespan, readyz, terminate\nfrom eventflow import",
+)
 
 
 def test_current_app_outside_a_lifespan_says_what_to_do() -> None:
