@@ -309,6 +309,8 @@ async def test_a_failed_component_makes_readyz_answer_503(broker_name: str, wait
 async def test_on_failure_hears_of_a_failure_when_it_happens(broker_name: str, waiter: Any) -> None:
     broker = BreakableBroker(MemoryBrokerConfig(name=broker_name))
     events, _ = orders_service(broker, Seen(), "record")
+    with pytest.raises(ConfigurationError, match="not running"):
+        await events.wait_failed()
     heard: list[ComponentFailedError] = []
     http = FastAPI(lifespan=lifespan(events, on_failure=heard.append))
     life = Lifespan(http)
