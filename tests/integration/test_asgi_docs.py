@@ -6,6 +6,7 @@ publishing call at once, while its handler sleeps, and its last line must still 
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import signal
@@ -13,10 +14,14 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
+from eventflow.testing.nats_server import nats_service_url
 from eventflow.testing.services import free_port, stop_process
 
 PAGE = (Path(__file__).resolve().parents[2] / "docs" / "fastapi.md").read_text()
@@ -56,13 +61,39 @@ def _wait_ready(base: str, proc: subprocess.Popen[str]) -> None:
     raise AssertionError(f"uvicorn did not answer /readyz within {_START_TIMEOUT}s")
 
 
-def test_the_example_answers_what_the_page_says_and_drains_on_sigterm(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def docs_nats_url() -> Iterator[str]:
+    with nats_service_url() as url:
+        yield url
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("memory", id="memory"),
+        pytest.param("nats", id="nats-2-workers", marks=pytest.mark.service("nats")),
+    ]
+)
+def where(request: pytest.FixtureRequest) -> tuple[dict[str, str], list[str]]:
+    """The example's environment and uvicorn's extra arguments: memory://, one process;
+    or NATS (a stream of its own) with two workers."""
+    if request.param == "memory":
+        return {}, []
+    nats = request.getfixturevalue("docs_nats_url")
+    broker = f"{nats}?stream=EFDOC{uuid.uuid4().hex[:10]}&storage=memory"
+    return {"EVENTFLOW_BROKER": broker}, ["--workers", "2"]
+
+
+def test_the_example_answers_what_the_page_says_and_drains_on_sigterm(
+    tmp_path: Path, where: tuple[dict[str, str], list[str]]
+) -> None:
     (tmp_path / "shop_http.py").write_text(_blocks("python")[0])
     command = _blocks("bash")[0].splitlines()[0]
     assert command == "uvicorn shop_http:http --port 8000"
     port = free_port()
+    env, extra = where
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "shop_http:http", "--port", str(port)],
+        [sys.executable, "-m", "uvicorn", "shop_http:http", "--port", str(port), *extra],
+        env={**os.environ, **env},
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
