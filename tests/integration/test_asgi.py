@@ -22,6 +22,10 @@ from typing import Annotated, Any
 import httpx
 import pytest
 from fastapi import Depends, FastAPI, Request, Response
+from starlette.applications import Starlette
+from starlette.requests import Request as StarletteRequest
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from eventflow import (
     App,
@@ -95,7 +99,7 @@ class Lifespan:
 
 
 @contextlib.asynccontextmanager
-async def served(asgi: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+async def served(asgi: Starlette) -> AsyncIterator[httpx.AsyncClient]:
     """The ASGI app started (its lifespan complete) and a client on it; shut down after."""
     life = Lifespan(asgi)
     assert await life.startup() == "lifespan.startup.complete"
@@ -406,6 +410,24 @@ async def breaks() -> Response:
     "from eventflow import",
     "from eventflow.asgi import lifespan, readyz, terminate\nfrom eventflow import",
 )
+
+
+async def test_a_starlette_app_without_fastapi(broker_url: str, hub: Any, waiter: Any) -> None:
+    """The lifespan, ``current_app`` and ``readyz`` need only Starlette."""
+    seen = Seen()
+    events, _ = orders_service(broker_url, seen, "record")
+
+    async def place(request: StarletteRequest) -> JSONResponse:
+        order_id = request.path_params["order_id"]
+        await current_app(request).publish(OrderPlaced(order_id=order_id), key=order_id)
+        return JSONResponse({"order_id": order_id}, status_code=202)
+
+    routes = [Route("/readyz", readyz), Route("/orders/{order_id}", place, methods=["POST"])]
+    web = Starlette(lifespan=lifespan(events), routes=routes)
+    async with served(web) as client:
+        assert (await client.get("/readyz")).json()["status"] == "ok"
+        assert (await client.post("/orders/o-7")).status_code == 202
+        await waiter(lambda: seen.orders == ["o-7"], what="the handler got the order")
 
 
 def test_current_app_outside_a_lifespan_says_what_to_do() -> None:
