@@ -1,6 +1,7 @@
 """Run an ``App`` inside an ASGI application's lifespan (FastAPI, Starlette) and reach it
 from request handlers (``pip install 'eventflow[fastapi]'``)::
 
+    from typing import Annotated
     from fastapi import Depends, FastAPI
     from eventflow import App
     from eventflow.asgi import current_app, lifespan, readyz
@@ -10,7 +11,7 @@ from request handlers (``pip install 'eventflow[fastapi]'``)::
     http.add_api_route("/readyz", readyz)
 
     @http.post("/orders")
-    async def place(body: OrderIn, app: App = Depends(current_app)) -> dict[str, str]:
+    async def place(body: OrderIn, app: Annotated[App, Depends(current_app)]) -> dict[str, str]:
         env = await app.publish(OrderPlaced(...), key=body.order_id)
         return {"id": env.id}
 

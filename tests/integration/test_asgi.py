@@ -430,6 +430,18 @@ async def test_a_starlette_app_without_fastapi(broker_url: str, hub: Any, waiter
         await waiter(lambda: seen.orders == ["o-7"], what="the handler got the order")
 
 
+async def test_a_test_can_override_the_dependency(broker_url: str, hub: Any, waiter: Any) -> None:
+    """``dependency_overrides[current_app]``: the endpoint publishes through another app."""
+    seen = Seen()
+    replacement, _ = orders_service(broker_url, seen, "record")
+    _, http = orders_service("memory://never-started", Seen(), "record")
+    http.dependency_overrides[current_app] = lambda: replacement
+    transport = httpx.ASGITransport(app=http)
+    async with replacement, httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        assert (await client.post("/orders/o-9")).status_code == 202
+        await waiter(lambda: seen.orders == ["o-9"], what="the replacement's handler")
+
+
 def test_current_app_outside_a_lifespan_says_what_to_do() -> None:
     http = FastAPI()
 
