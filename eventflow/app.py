@@ -433,6 +433,17 @@ class App:
         """The first component failure of the current (or last) run, if one happened."""
         return self._failure
 
+    async def wait_failed(self) -> ComponentFailedError:
+        """Wait, while the app runs, until one of its components fails for good; return that
+        failure (``failure``). For hosts that run the app without ``serve`` and must learn
+        of it (``eventflow.asgi.lifespan(app, on_failure=...)``)."""
+        supervisor = self._supervisor
+        if supervisor is None:
+            raise ConfigurationError(
+                f"app {self.name!r} is not running: call wait_failed after `await app.start()`"
+            )
+        return await supervisor.wait_failed()
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
