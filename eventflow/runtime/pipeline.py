@@ -91,6 +91,8 @@ class Pipeline:
         self._log = Throttled(_log)
         self._tracing = tracing
         self._events = None if tracing is None else tracing.events(host.store)
+        # With tracing on, each delivery is handled inside its `process` span.
+        self._entry = self._handle if tracing is None else self._traced
         self._settlement = Settlement(
             host.store, group, idempotent=spec.idempotent, name=name, tracing=tracing
         )
@@ -142,9 +144,7 @@ class Pipeline:
             return False
         env_id: str = fields["id"]
         if not self._guard_ids:
-            if self._tracing is not None:
-                return await self._traced(delivery, fields, env_id, watch)
-            return await self._handle(delivery, fields, env_id, watch)
+            return await self._entry(delivery, fields, env_id, watch)
         # Two copies of one message in flight at once (a republish without a key): the
         # second waits for the first's outcome, then finds it in the dedup store.
         handling = self._handling
@@ -155,9 +155,7 @@ class Pipeline:
             await asyncio.shield(busy)
         handling[env_id] = None
         try:
-            if self._tracing is not None:
-                return await self._traced(delivery, fields, env_id, watch)
-            return await self._handle(delivery, fields, env_id, watch)
+            return await self._entry(delivery, fields, env_id, watch)
         finally:
             busy = handling.pop(env_id)
             if busy is not None and not busy.done():
