@@ -45,6 +45,7 @@ from typing import Any
 
 from .app import App
 from .errors import ComponentFailedError, ConfigurationError, MissingDependencyError
+from .runtime.health import readiness_body
 
 try:
     from starlette.requests import HTTPConnection
@@ -150,5 +151,4 @@ async def readyz(connection: HTTPConnection) -> JSONResponse:
     ``/readyz`` one: ``{"app", "status", "problems"}``."""
     app = current_app(connection)
     ready, health = app.readiness()
-    body = {"app": app.name, "status": health.status, "problems": list(health.problems)}
-    return JSONResponse(body, status_code=200 if ready else 503)
+    return JSONResponse(readiness_body(app.name, health), status_code=200 if ready else 503)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..runtime.consumer import Consumer
+from ..runtime.health import readiness_body
 from ..runtime.http import HttpServer, Response
 from ..sagas.runtime import SagaRuntime
 from ..supervision import Supervisor
@@ -93,7 +94,7 @@ class Observability:
 
     async def _readyz(self) -> Response:
         ready, health = self.app.readiness()
-        body = {"app": self.name, "status": health.status, "problems": list(health.problems)}
+        body = readiness_body(self.name, health)
         return Response(200 if ready else 503, orjson.dumps(body), "application/json")
 
     async def _scrape(self) -> Response:

@@ -12,7 +12,7 @@ from ..ports import Broker, declared
 from ..projections import ProjectionRunner
 from ..supervision import Health, Supervisor
 
-__all__ = ["app_health"]
+__all__ = ["app_health", "readiness_body"]
 
 
 def app_health(
@@ -34,6 +34,12 @@ def app_health(
     if not extra:
         return health
     return Health("degraded" if health.ok else health.status, health.problems + extra)
+
+
+def readiness_body(app: str, health: Health) -> dict[str, object]:
+    """The JSON body of a readiness answer (``/readyz`` on the app's port, and
+    ``eventflow.asgi.readyz``): the app's name, its status and a line per problem."""
+    return {"app": app, "status": health.status, "problems": list(health.problems)}
 
 
 def _broker_problems(broker: Broker) -> tuple[str, ...]:
