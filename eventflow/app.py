@@ -651,14 +651,7 @@ class App:
         ``ComponentFailedError``. With ``handle_signals=False`` the caller owns the signals
         (several apps in one loop).
         """
-        await serve_app(
-            self, stop or asyncio.Event(), self._wait_failed, handle_signals=handle_signals
-        )
-
-    async def _wait_failed(self) -> None:
-        supervisor = self._supervisor
-        assert supervisor is not None  # serving: started
-        await supervisor.wait_failed()
+        await serve_app(self, stop or asyncio.Event(), handle_signals=handle_signals)
 
     def run(self) -> None:
         """Block running the app until SIGINT/SIGTERM (then a graceful shutdown); raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Sized
+from collections.abc import Sized
 from typing import Protocol
 
 from ..errors import ComponentFailedError
@@ -35,17 +35,18 @@ class App(Protocol):
 
     async def stop(self) -> None: ...
 
+    async def wait_failed(self) -> ComponentFailedError: ...
+
 
 async def serve_app(
     app: App,
     stop: asyncio.Event,
-    wait_failed: Callable[[], Awaitable[None]],
     *,
     handle_signals: bool,
 ) -> None:
     """Start ``app``, serve until ``stop`` is set (or SIGINT/SIGTERM when
-    ``handle_signals``) or ``wait_failed`` returns (a component failed for good), then
-    stop it; raise the app's failure, if one happened."""
+    ``handle_signals``) or a component failed for good (``app.wait_failed``), then stop
+    it; raise the app's failure, if one happened."""
     loop = asyncio.get_running_loop()
     installed: list[signal.Signals] = []
     for sig in (signal.SIGINT, signal.SIGTERM) if handle_signals else ():
@@ -55,13 +56,13 @@ async def serve_app(
         except (NotImplementedError, RuntimeError, ValueError):
             pass  # not the main thread or no signal support: rely on `stop`
     try:
-        await _serve(app, stop, wait_failed)
+        await _serve(app, stop)
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
 
 
-async def _serve(app: App, stop: asyncio.Event, wait_failed: Callable[[], Awaitable[None]]) -> None:
+async def _serve(app: App, stop: asyncio.Event) -> None:
     stopping = asyncio.ensure_future(stop.wait())
     try:
         starting = asyncio.ensure_future(app.start())
@@ -80,7 +81,7 @@ async def _serve(app: App, stop: asyncio.Event, wait_failed: Callable[[], Awaita
             return
         starting.result()  # a failed start-up raises here
         _log.info("app %s running (%d subscriptions)", app.name, len(app.consumers))
-        failed = asyncio.ensure_future(wait_failed())
+        failed = asyncio.ensure_future(app.wait_failed())
         try:
             await asyncio.wait({stopping, failed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
