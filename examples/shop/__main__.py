@@ -23,7 +23,15 @@ import signal
 import sys
 from pathlib import Path
 
-from .system import SERVICES, Ports, ShopError, ShopSystem, broker_server, ensure_database
+from .system import (
+    CLEAN_EXITS,
+    SERVICES,
+    Ports,
+    ShopError,
+    ShopSystem,
+    broker_server,
+    ensure_database,
+)
 
 DEFAULT_STORE = "postgresql://postgres@127.0.0.1:5432/shop"
 """The machine's PostgreSQL; each service keeps its own schema in this database."""
@@ -157,14 +165,24 @@ async def run(args: argparse.Namespace) -> int:
         crashed = exited.result() if exited.done() and not exited.cancelled() else ""
         print("stopping ...", flush=True)
         codes = await shop.stop()
-        print("stopped: " + ", ".join(f"{n} (exit {c})" for n, c in codes.items()), flush=True)
+        print("stopped: " + ", ".join(f"{n} ({_how(c)})" for n, c in codes.items()), flush=True)
+    unclean = [n for n, c in codes.items() if c not in CLEAN_EXITS]
     if crashed:
         print(
             f"{crashed} exited on its own: see {shop.services[crashed].log_path}",
             file=sys.stderr,
         )
         return 1
+    if unclean:
+        print(f"did not stop cleanly: {', '.join(unclean)}: see their logs", file=sys.stderr)
+        return 1
     return 0
+
+
+def _how(code: int | None) -> str:
+    if code in CLEAN_EXITS:
+        return "clean"
+    return "never started" if code is None else f"exit {code}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 __all__ = [
+    "CLEAN_EXITS",
     "PARTICIPANTS",
     "SERVICES",
     "Ports",
@@ -61,6 +62,9 @@ READY_TIMEOUT = 90.0
 """Seconds a service may take to answer ``/readyz`` with 200 (imports, broker, store)."""
 STOP_GRACE = 30.0
 """Seconds a service may take to exit after SIGTERM before it is killed."""
+CLEAN_EXITS = frozenset({0, -signal.SIGTERM})
+"""Exit codes of a clean stop on SIGTERM: ``eventflow run`` exits 0; uvicorn, once it has
+shut down, raises the signal again, so its exit code is -SIGTERM."""
 
 
 class ShopError(RuntimeError):

@@ -70,7 +70,10 @@ async def test_launcher_runs_the_shop_and_stops_it_on_ctrl_c(
         "--set",
         "SHOP_SHIP_LATE=0",
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join((str(REPO), os.environ.get("PYTHONPATH", ""))),
+        },
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
