@@ -10,6 +10,7 @@ from collections import Counter
 import httpx
 import pytest
 
+from examples.shop import load
 from examples.shop.load import main, percentile, run_load
 
 
@@ -35,15 +36,28 @@ class _Orders:
             if n % 3 == 0 and n not in self.never:
                 return httpx.Response(200, json={"order_id": order_id, "status": "completed"})
             return httpx.Response(202, json={"order_id": order_id, "status": "pending"})
-        order_id = request.url.path.rsplit("/", 1)[1]
+        if request.url.path == "/orders":  # the list of one status
+            wanted = request.url.params["status"]
+            listed = [self._look(o) for o in self.bodies]
+            return httpx.Response(
+                200, json={"orders": [o for o in listed if o["status"] == wanted]}
+            )
+        return httpx.Response(200, json=self._look(request.url.path.rsplit("/", 1)[1]))
+
+    def _look(self, order_id: str) -> dict[str, str]:
         n = int(order_id.rsplit("-", 1)[1])
         self.gets[order_id] += 1
-        final = n not in self.never and self.gets[order_id] >= 2
+        final = n not in self.never and n not in self.refuse and self.gets[order_id] >= 2
         status = ("compensated" if n % 2 else "completed") if final else "pending"
-        return httpx.Response(200, json={"order_id": order_id, "status": status})
+        return {"order_id": order_id, "status": status}
 
 
-async def test_load_counts_accepted_refused_final_and_lost() -> None:
+@pytest.mark.parametrize("listing", [False, True], ids=["per-order", "by-status-lists"])
+async def test_load_counts_accepted_refused_final_and_lost(
+    listing: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if listing:  # a backlog: poll with GET /orders?status=... from the first pending order
+        monkeypatch.setattr(load, "LIST_ABOVE", 0)
     api = _Orders(never={4, 7}, refuse={5})
     result = await run_load(
         "http://shop.test",
