@@ -74,7 +74,7 @@ def catalog_skus() -> list[str]:
     """The SKUs of ``examples/shop/catalog.py``."""
     from . import catalog
 
-    return list(catalog.SKUS)
+    return list(catalog.CATALOG)
 
 
 @dataclass

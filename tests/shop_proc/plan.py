@@ -61,13 +61,15 @@ def plan_orders(
     catalog: Catalog, *, count: int, declined: int, short: int, seed: int, prefix: str
 ) -> tuple[list[Planned], Decimal]:
     """``count`` orders, ``declined`` and ``short`` of them of those kinds, the rest to
-    complete, shuffled; and the decline limit to set (``SHOP_DECLINE_ABOVE``)."""
+    complete, shuffled; and the decline limit to set (``SHOP_DECLINE_ABOVE``).
+
+    A completing order is one or two units of different SKUs, the dearest SKU left out, so
+    the limit is the price of the next two dearest; a declined order asks, of one SKU with
+    enough stock left, the fewest units that cost more than that."""
     rng = random.Random(seed)
     by_price = sorted(catalog.skus, key=lambda s: catalog.price[s], reverse=True)
-    # Every completing order costs at most the two dearest SKUs, one unit each: the limit.
-    limit = catalog.amount([(sku, 1) for sku in by_price[:2]])
-    dearest = by_price[0]
-    decline_qty = int(limit // catalog.price[dearest]) + 1  # just above the limit
+    everyday = by_price[1:] if len(by_price) > 2 else by_price
+    limit = catalog.amount([(sku, 1) for sku in everyday[:2]])
     left = dict(catalog.stock)
     kinds = ["declined"] * declined + ["short"] * short
     kinds += ["ok"] * (count - len(kinds))
@@ -75,28 +77,30 @@ def plan_orders(
     orders: list[Planned] = []
     for i, kind in enumerate(kinds):
         if kind == "declined":
-            lines = [(dearest, decline_qty)]
+            need = {sku: int(limit // catalog.price[sku]) + 1 for sku in catalog.skus}
+            fits = [sku for sku in catalog.skus if left[sku] >= need[sku]]
+            assert fits, f"no stock left for declined order {i}: place fewer orders"
+            sku = max(fits, key=lambda s: left[s] / need[s])
+            lines = [(sku, need[sku])]
         elif kind == "short":
             sku = rng.choice(catalog.skus)
             lines = [(sku, catalog.stock[sku] + 1)]
-            other = [s for s in catalog.skus if s != sku and left[s] > 0]
+            other = [s for s in everyday if s != sku and left[s] > 0]
             if other and rng.random() < 0.5:  # a fine line beside the short one
                 lines.insert(0, (rng.choice(other), 1))
         else:
-            lines = [(sku, 1) for sku in rng.sample(catalog.skus, k=min(2, len(catalog.skus)))]
-            lines = lines[: rng.choice((1, 2))]
+            stocked = [s for s in everyday if left[s] > 0]
+            assert stocked, f"no stock left for order {i}: place fewer orders"
+            lines = [(s, 1) for s in rng.sample(stocked, k=min(rng.choice((1, 2)), len(stocked)))]
         orders.append(Planned(f"{prefix}-{i:03d}", tuple(lines), kind))
         for sku, qty in lines:
             if qty <= catalog.stock[sku]:  # a short line reserves nothing
                 left[sku] -= qty
-    overdrawn = {sku: n for sku, n in left.items() if n < 0}
-    assert not overdrawn, (
-        f"the plan asks more than the catalog's stock ({overdrawn}): place fewer orders"
-    )
     for order in orders:  # the plan's own promise, checked before anything runs
         amount = catalog.amount(list(order.lines))
         if order.kind != "short":
             assert (amount > limit) == (order.kind == "declined"), (order, amount, limit)
+    assert min(left.values()) >= 0, left
     return orders, limit
 
 
