@@ -10,11 +10,11 @@ never more than ``--in-flight`` at once nor past ``duration + --settle`` seconds
 in count and in time. Each POST asks ``?wait=W`` (``--wait``), so the orders service
 answers with the final body when the saga ends within W seconds: the time from sending the
 POST to that answer is the order's completion time. An order still pending then (202) is
-polled, every 0.2 s, until it is final, its time taken when a poll first sees it final
-(so within a poll round of the truth): with ``GET /orders/{id}``, or, while more than 40
-are pending (a backlog), with ``GET /orders?status=...`` for each final status, which
-costs the service three requests a round instead of one per order. ``--wait 0`` polls
-every order.
+polled until it is final, its time taken when a poll first sees it final (so within a
+poll round of the truth): every 0.2 s with ``GET /orders/{id}``, or, while more than 40
+are pending (a backlog), every second with one ``GET /orders?status=pending`` and a
+``GET /orders/{id}`` of those of ours it no longer lists, so that polling a backlog does
+not cost the service one request per pending order. ``--wait 0`` polls every order.
 An accepted order that is not final ``--settle`` seconds after the last POST is lost.
 
 The report: orders sent, accepted (202/200) and refused (with why), accepted orders per
@@ -47,8 +47,12 @@ POLL_INTERVAL = 0.2
 POLLERS = 8
 """Pending orders polled at once (the polls compete with the orders for the service)."""
 LIST_ABOVE = 40
-"""With more orders pending than this, a poll round lists the orders of each final status
-(``GET /orders?status=...``, three requests) instead of asking for each order."""
+"""With more orders pending than this (a backlog), a poll round lists the pending orders
+(``GET /orders?status=pending``) and asks only for those of ours it no longer lists."""
+LIST_INTERVAL = 1.0
+"""Seconds between two poll rounds that list the pending orders."""
+PROBES = 200
+"""The most orders a listing round asks for one by one (the oldest first)."""
 
 
 def percentile(values: Sequence[float], share: float) -> float:
@@ -88,6 +92,7 @@ class LoadResult:
     refused: Counter[str] = field(default_factory=Counter)
     statuses: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
+    by_status: dict[str, list[float]] = field(default_factory=dict)
     lost: list[str] = field(default_factory=list)
     send_window: float = 0.0
     finish_window: float = 0.0
@@ -120,6 +125,13 @@ class LoadResult:
             "p95_ms": _ms(percentile(self.latencies, 0.95)),
             "p99_ms": _ms(percentile(self.latencies, 0.99)),
             "max_ms": _ms(max(self.latencies, default=math.nan)),
+            "by_status_ms": {
+                status: {
+                    "p50": _ms(percentile(times, 0.50)),
+                    "p99": _ms(percentile(times, 0.99)),
+                }
+                for status, times in sorted(self.by_status.items())
+            },
             "lost": self.lost,
             "most_behind_schedule_ms": _ms(self.behind),
         }
@@ -155,6 +167,7 @@ class _Run:
         now = time.monotonic()
         self.result.statuses[status] += 1
         self.result.latencies.append(now - sent_at)
+        self.result.by_status.setdefault(status, []).append(now - sent_at)
         self.last_final = now
         self.pending.pop(order_id, None)
         self.on_change(self.result, len(self.pending))
@@ -216,14 +229,19 @@ class _Run:
                     deadline = time.monotonic() + settle
                 if not self.pending or time.monotonic() > deadline:
                     break
+            listing = len(self.pending) > LIST_ABOVE
             await self._poll_round()
-            await asyncio.sleep(POLL_INTERVAL)
+            await asyncio.sleep(LIST_INTERVAL if listing else POLL_INTERVAL)
         self.result.lost = sorted(self.pending)
 
     async def _poll_round(self) -> None:
         if len(self.pending) > LIST_ABOVE:
             await self._poll_lists()
-            return
+        else:
+            await self._ask(list(self.pending.items()))
+
+    async def _ask(self, orders: list[tuple[str, float]]) -> None:
+        """``GET /orders/{id}`` of each of ``orders`` (order id, when sent), a few at once."""
         gate = asyncio.Semaphore(POLLERS)
 
         async def one(order_id: str, sent_at: float) -> None:
@@ -238,23 +256,22 @@ class _Run:
                         self._final(order_id, status, sent_at)
 
         async with asyncio.TaskGroup() as tg:
-            for order_id, sent_at in list(self.pending.items()):
+            for order_id, sent_at in orders:
                 tg.create_task(one(order_id, sent_at))
 
     async def _poll_lists(self) -> None:
-        """Many pending: three ``GET /orders?status=...`` instead of one GET per order."""
-        for status in sorted(FINAL):
-            try:
-                answer = await self.client.get("/orders", params={"status": status}, timeout=30.0)
-            except httpx.HTTPError:
-                return  # asked again next round
-            if answer.status_code != 200:
-                return
-            for order in answer.json().get("orders", []):
-                order_id = str(order.get("order_id"))
-                sent_at = self.pending.get(order_id)
-                if sent_at is not None:
-                    self._final(order_id, status, sent_at)
+        """A backlog: one ``GET /orders?status=pending``; the orders of ours it no longer
+        lists (the oldest :data:`PROBES` of them) are asked for one by one: final, or not
+        yet in the service's list of orders (its projection lags)."""
+        try:
+            answer = await self.client.get("/orders", params={"status": "pending"}, timeout=60.0)
+        except httpx.HTTPError:
+            return  # asked again next round
+        if answer.status_code != 200:
+            return
+        still = {str(order.get("order_id")) for order in answer.json().get("orders", [])}
+        oldest = sorted(self.pending.items(), key=lambda item: item[1])
+        await self._ask([(o, t) for o, t in oldest if o not in still][:PROBES])
 
 
 async def run_load(
@@ -314,6 +331,13 @@ def _report(result: LoadResult) -> str:
             "POST to final",
             f"p50 {data['p50_ms']} ms, p95 {data['p95_ms']} ms, p99 {data['p99_ms']} ms, "
             f"max {data['max_ms']} ms",
+        ),
+        *(
+            (
+                f"  {status}",
+                f"p50 {_ms(percentile(times, 0.5))} ms, p99 {_ms(percentile(times, 0.99))} ms",
+            )
+            for status, times in sorted(result.by_status.items())
         ),
         ("lost", lost),
     ]

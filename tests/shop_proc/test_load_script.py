@@ -58,6 +58,7 @@ async def test_load_counts_accepted_refused_final_and_lost(
 ) -> None:
     if listing:  # a backlog: poll with GET /orders?status=... from the first pending order
         monkeypatch.setattr(load, "LIST_ABOVE", 0)
+        monkeypatch.setattr(load, "LIST_INTERVAL", load.POLL_INTERVAL)
     api = _Orders(never={4, 7}, refuse={5})
     result = await run_load(
         "http://shop.test",
