@@ -64,9 +64,18 @@ def percentile(values: Sequence[float], share: float) -> float:
     return ordered[rank - 1]
 
 
-def order_body(order_id: str, rng: random.Random, skus: Sequence[str]) -> dict[str, object]:
-    """A small order: one or two lines of one unit each (well below the decline limit)."""
-    lines = rng.sample(list(skus), k=min(len(skus), rng.choice((1, 1, 2))))
+def order_body(
+    order_id: str, rng: random.Random, skus: Sequence[str], weights: Sequence[int] | None = None
+) -> dict[str, object]:
+    """A small order: one or two lines of one unit each (below the default decline limit),
+    SKUs drawn in proportion to ``weights`` (their initial stock, so that no SKU runs out
+    long before the others)."""
+    want = min(len(skus), rng.choice((1, 1, 2)))
+    lines: list[str] = []
+    while len(lines) < want:
+        sku = rng.choices(list(skus), weights=weights)[0]
+        if sku not in lines:
+            lines.append(sku)
     return {
         "order_id": order_id,
         "customer": f"c-{rng.randrange(1000)}",
@@ -74,11 +83,11 @@ def order_body(order_id: str, rng: random.Random, skus: Sequence[str]) -> dict[s
     }
 
 
-def catalog_skus() -> list[str]:
-    """The SKUs of ``examples/shop/catalog.py``."""
-    from . import catalog
+def catalog_stock() -> dict[str, int]:
+    """The SKUs of ``examples/shop/catalog.py`` and their initial stock."""
+    from .catalog import CATALOG
 
-    return list(catalog.CATALOG)
+    return {sku: item.initial_stock for sku, item in CATALOG.items()}
 
 
 @dataclass
@@ -87,6 +96,7 @@ class LoadResult:
 
     rate: float
     duration: float
+    planned: int = 0
     sent: int = 0
     accepted: int = 0
     refused: Counter[str] = field(default_factory=Counter)
@@ -115,6 +125,7 @@ class LoadResult:
         return {
             "target_rate": self.rate,
             "duration_s": self.duration,
+            "planned": self.planned,
             "sent": self.sent,
             "accepted": self.accepted,
             "refused": dict(self.refused),
@@ -296,10 +307,11 @@ async def run_load(
     run_id = (
         uuid.UUID(int=rng.getrandbits(128)).hex[:8] if seed is not None else uuid.uuid4().hex[:8]
     )
-    choices = list(skus) if skus is not None else catalog_skus()
+    stock = dict.fromkeys(skus, 1) if skus is not None else catalog_stock()
+    choices, weights = list(stock), list(stock.values())
     count = max(1, int(rate * duration))
-    bodies = [order_body(f"load-{run_id}-{i}", rng, choices) for i in range(count)]
-    result = LoadResult(rate=rate, duration=duration)
+    bodies = [order_body(f"load-{run_id}-{i}", rng, choices, weights) for i in range(count)]
+    result = LoadResult(rate=rate, duration=duration, planned=count)
     limits = httpx.Limits(max_connections=in_flight + POLLERS, max_keepalive_connections=200)
     async with httpx.AsyncClient(base_url=url, limits=limits, transport=transport) as client:
         run = _Run(client, result, wait=wait, in_flight=in_flight, on_change=on_change or _quiet)
@@ -322,7 +334,16 @@ def _report(result: LoadResult) -> str:
     lost = f"{len(result.lost)}" + (f" ({', '.join(result.lost[:10])} ...)" if result.lost else "")
     rows = [
         ("target", f"{result.rate:g} orders/s for {result.duration:g} s"),
-        ("sent", f"{result.sent} (at most {data['most_behind_schedule_ms']} ms behind schedule)"),
+        (
+            "sent",
+            f"{result.sent} of {result.planned}, at most {data['most_behind_schedule_ms']} ms "
+            "behind schedule"
+            + (
+                ""
+                if result.sent == result.planned
+                else " (the rest not sent: the service answered too slowly for the rate)"
+            ),
+        ),
         ("accepted", f"{result.accepted}, refused: {refused}"),
         ("accepted/s", f"{data['accepted_per_s']} over {result.send_window:.1f} s"),
         ("final/s", f"{data['final_per_s']} over {result.finish_window:.1f} s"),
