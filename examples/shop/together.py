@@ -18,7 +18,6 @@ call (``orders.place_order``, ...) and payments calls the provider's object dire
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -37,8 +36,13 @@ Result = tuple[int, Any]
 
 
 def http_available() -> bool:
-    """Whether FastAPI and httpx are installed (the HTTP APIs can run)."""
-    return all(importlib.util.find_spec(m) is not None for m in ("fastapi", "httpx"))
+    """Whether FastAPI and httpx can be imported (the HTTP APIs can run)."""
+    try:
+        import fastapi  # noqa: F401
+        import httpx  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class ShopClient(Protocol):
