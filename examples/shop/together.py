@@ -222,3 +222,39 @@ async def running(
             await stack.enter_async_context(shop.orders)
             shop.client = DirectClient(shop, bank)
         yield shop
+
+
+SAMPLE = (
+    ("o-1", [("sku-1", 2), ("sku-5", 3)], "placed"),
+    ("o-2", [("sku-3", 5)], "placed"),  # 600.00: above the payments limit
+    ("o-3", [("sku-4", 21)], "placed"),  # the shelf holds 20
+    ("o-4", [("sku-2", 1)], "cancelled"),  # cancelled right after it was placed
+)
+"""The orders ``python -m examples.shop.together`` places."""
+
+
+async def main(config: Settings = settings) -> None:
+    """Place the ``SAMPLE`` orders and print how each ended (the stores stay behind)."""
+    async with running(config) as shop:
+        for order_id, lines, what in SAMPLE:
+            body = {
+                "order_id": order_id,
+                "customer": "c-1",
+                "lines": [{"sku": sku, "qty": qty} for sku, qty in lines],
+            }
+            if what == "cancelled":
+                await shop.client.place(body)
+                await shop.client.cancel(order_id)
+            else:
+                await shop.client.place(body, wait=10)
+        for app in (*shop.apps, *shop.apps):
+            await app.wait_idle(timeout=30)
+        for order_id, _, _ in SAMPLE:
+            _, order = await shop.client.get(order_id)
+            print(" ".join(filter(None, (order_id, order["status"], order["reason"]))))
+
+
+if __name__ == "__main__":
+    import asyncio
+
+    asyncio.run(main())
