@@ -17,12 +17,13 @@ from examples.shop import shipping, together
 from examples.shop.catalog import CATALOG
 from examples.shop.events import OrderCancelled, ReleaseStock, ReserveStock
 from examples.shop.orders import OrderSaga
-from examples.shop.settings import Settings
+from examples.shop.settings import Settings, from_env
 
 
 def _config(tmp_path: Path, broker_url: str, **overrides: Any) -> Settings:
+    defaults = from_env({})  # no SHOP_* variable: the defaults (metrics on with the extra)
     return dataclasses.replace(
-        Settings(), broker=broker_url, store=f"sqlite:///{tmp_path / 'shop.db'}", **overrides
+        defaults, broker=broker_url, store=f"sqlite:///{tmp_path / 'shop.db'}", **overrides
     )
 
 
@@ -117,6 +118,11 @@ async def test_the_http_api_says_where_to_look(shop: together.Shop) -> None:
     assert r.status_code == 422
     assert (await orders_http.get("/readyz")).status_code == 200
     assert (await orders_http.get("/healthz")).text == "ok"
+    metrics = await orders_http.get("/metrics")  # what Prometheus scrapes (the dashboard's)
+    assert metrics.status_code == 200
+    assert 'eventflow_messages_handled_total{group="saga.order"' in metrics.text
+    stock_metrics = await shop.client._inventory.get("/metrics")
+    assert 'eventflow_messages_handled_total{group="shop-inventory"' in stock_metrics.text
     assert isinstance(orders_http, httpx.AsyncClient)
     await _settle(shop)
     status, trace = await shop.client.trace("o-loc")
