@@ -182,7 +182,7 @@ def report(result: DemoResult) -> str:
     ]
     rows = _rows(result)
     if terminal():
-        lines.append(terminal_table(["", "count"], rows))
+        lines.append(terminal_table(["THE RUN", ""], rows))
     else:
         lines += [f"  {name:<20}{value}" for name, value in rows]
     for letter in result.dead_letters:

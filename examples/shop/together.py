@@ -18,7 +18,7 @@ call (``orders.place_order``, ...) and payments calls the provider's object dire
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -158,12 +158,17 @@ class Shop:
 
 @asynccontextmanager
 async def running(
-    config: Settings = settings, *, http: bool | None = None, **app_options: Any
+    config: Settings = settings,
+    *,
+    http: bool | None = None,
+    wrap_provider: Callable[[payments.ProviderClient], payments.ProviderClient] | None = None,
+    **app_options: Any,
 ) -> AsyncIterator[Shop]:
     """Run the four services (and the provider) in this process for the block.
 
-    ``http`` None: over HTTP when FastAPI and httpx are installed. ``app_options`` go to
-    every ``App`` (``tracing=provider``, say)."""
+    ``http`` None: over HTTP when FastAPI and httpx are installed. ``wrap_provider`` wraps
+    the client payments calls the provider with (a test's outage, say). ``app_options`` go
+    to every ``App`` (``tracing=provider``, say)."""
     over_http = http_available() if http is None else http
     async with AsyncExitStack() as stack:
         if over_http:
@@ -187,7 +192,9 @@ async def running(
         shop = Shop(
             orders=orders.create_app(config, **app_options),
             inventory=inventory.create_app(config, **app_options),
-            payments=payments.create_app(config, provider=to_bank, **app_options),
+            payments=payments.create_app(
+                config, provider=wrap_provider(to_bank) if wrap_provider else to_bank, **app_options
+            ),
             shipping=shipping.create_app(config, **app_options),
             config=config,
             over_http=over_http,

@@ -13,7 +13,7 @@ import pytest
 
 from eventflow import App
 from eventflow.headers import COMPENSATES_HEADER
-from examples.shop import shipping, together
+from examples.shop import payments, shipping, together
 from examples.shop.catalog import CATALOG
 from examples.shop.events import OrderCancelled, ReleaseStock, ReserveStock
 from examples.shop.orders import OrderSaga
@@ -226,6 +226,49 @@ async def test_a_flaky_provider_charges_each_order_once(tmp_path: Path, broker_u
         assert charged == sorted(f"o-flaky-{i}" for i in range(12))  # one key per order
         retried = sum(s.get("retries", 0) for s in shop.payments.stats().values())
         assert retried > 0  # the provider did fail some calls
+
+
+class _Outage:
+    """The provider down for its first ``calls`` calls (connection refused), then back."""
+
+    def __init__(self, inner: payments.ProviderClient, calls: int) -> None:
+        self.inner, self.left, self.refused = inner, calls, 0
+
+    async def charge(self, key: str, order_id: str, amount_cents: int) -> str:
+        if self.left > 0:
+            self.left -= 1
+            self.refused += 1
+            raise payments.ProviderDown("connection refused")
+        return await self.inner.charge(key, order_id, amount_cents)
+
+    async def refund(self, order_id: str, charge_id: str | None) -> None:
+        await self.inner.refund(order_id, charge_id)
+
+
+async def test_a_provider_outage_opens_the_breaker_and_loses_nothing(
+    tmp_path: Path, broker_url: str
+) -> None:
+    """25 refused calls: past 20 in 10 s the breaker opens, the charges wait in the broker
+    (given back without spending attempts), a probe after 1 s finds the provider back, and
+    every order completes; nothing is dead-lettered."""
+    outages: list[_Outage] = []
+
+    def down(inner: payments.ProviderClient) -> payments.ProviderClient:
+        outages.append(_Outage(inner, calls=25))
+        return outages[-1]
+
+    config = _config(tmp_path, broker_url, provider_flaky=0.0)
+    async with together.running(config, http=True, wrap_provider=down) as shop:
+        for i in range(6):
+            await shop.client.place(_order(f"o-outage-{i}", ("sku-5", 1)))
+        await shop.orders.wait_idle(timeout=20)
+        await _settle(shop)
+        _, listed = await shop.client.orders()
+        assert [o["status"] for o in listed["orders"]] == ["completed"] * 6
+        stats = shop.payments.stats()
+        assert outages[0].refused == 25
+        assert sum(s.get("limited", 0) for s in stats.values()) > 0  # the breaker held some back
+        assert await shop.payments.dead_letters.list() == []
 
 
 async def test_the_route_functions_without_http(tmp_path: Path, broker_url: str) -> None:
