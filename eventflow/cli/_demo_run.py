@@ -70,6 +70,7 @@ class DemoResult:
     late_shipments: int = 0
     compensations: Counter[str] = field(default_factory=Counter)  # step -> sent
     compensations_twice: list[str] = field(default_factory=list)
+    aborts_ignored: set[str] = field(default_factory=set)  # cancelled after the pivot
     sagas: int = 0
     dead_letters: list[DeadLetter] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
@@ -253,11 +254,22 @@ async def _read_stores(shop: Any, ids: set[str], result: DemoResult) -> None:
         saga = await shop.orders.sagas.get(OrderSaga, order_id)
         if saga is None:
             continue
+        if any(_late_abort(t.kind, t.detail) for t in saga.history):
+            result.aborts_ignored.add(order_id)  # the cancel came after the pivot
         sent = Counter(t.step for t in saga.history if t.kind == "compensation-sent")
         sent.pop("accept", None)  # the notification of the end, not an undo
         result.compensations.update(sent)
         if any(n > 1 for n in sent.values()):
             result.compensations_twice.append(order_id)
+
+
+def _late_abort(kind: str, detail: str) -> bool:
+    """A transition that says an abort came once the saga was past its pivot."""
+    return (
+        kind == "ignored"
+        and detail.startswith("abort (")
+        and any(f" of a saga that is {status}:" in detail for status in ("running", "completed"))
+    )
 
 
 def _traced(planned: list[Planned], final: dict[str, dict[str, Any]]) -> str | None:
