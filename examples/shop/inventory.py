@@ -267,6 +267,8 @@ async def seed(app: App) -> None:
     """Put the catalog's stock on the shelf, once (a SKU that has a stream is left as it
     is; another instance seeding at the same time makes this one's append conflict, and
     its stock stands)."""
+    async with app.store.transaction() as tx:
+        await tx.execute(_LOCKS)  # before the first reservations (their handlers make it too)
     repo = Repository(Stock, app.store, source=app.name)
     for sku, item in CATALOG.items():
         if await repo.exists(sku):

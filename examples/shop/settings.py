@@ -22,6 +22,10 @@ file per service (``shop-orders.db``, ``shop-inventory.db``, ... in the current 
 | ``SHOP_REFUND_TIMEOUT`` | 30 | how long the saga waits for a refund's confirmation |
 | ``SHOP_METRICS`` | on if ``prometheus-client`` is installed | ``/metrics`` on the HTTP APIs |
 
+The order saga's step timeouts (``SHOP_*_TIMEOUT``) are read when ``orders.py`` is imported
+(they are part of the saga class); the other settings can also be given to each service's
+``create_app(config)``.
+
 One store per service (docs/event-store.md recommends it once services are deployed on
 their own): on PostgreSQL each service uses the schema ``shop_<service>`` of the database
 ``SHOP_STORE`` names, unless the URL names a schema already (then they share that one); on

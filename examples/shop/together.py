@@ -18,8 +18,7 @@ call (``orders.place_order``, ...) and payments calls the provider's object dire
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -37,8 +36,13 @@ Result = tuple[int, Any]
 
 
 def http_available() -> bool:
-    """Whether FastAPI and httpx are installed (the HTTP APIs can run)."""
-    return all(importlib.util.find_spec(m) is not None for m in ("fastapi", "httpx"))
+    """Whether FastAPI and httpx can be imported (the HTTP APIs can run)."""
+    try:
+        import fastapi  # noqa: F401
+        import httpx  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class ShopClient(Protocol):
@@ -154,12 +158,17 @@ class Shop:
 
 @asynccontextmanager
 async def running(
-    config: Settings = settings, *, http: bool | None = None, **app_options: Any
+    config: Settings = settings,
+    *,
+    http: bool | None = None,
+    wrap_provider: Callable[[payments.ProviderClient], payments.ProviderClient] | None = None,
+    **app_options: Any,
 ) -> AsyncIterator[Shop]:
     """Run the four services (and the provider) in this process for the block.
 
-    ``http`` None: over HTTP when FastAPI and httpx are installed. ``app_options`` go to
-    every ``App`` (``tracing=provider``, say)."""
+    ``http`` None: over HTTP when FastAPI and httpx are installed. ``wrap_provider`` wraps
+    the client payments calls the provider with (a test's outage, say). ``app_options`` go
+    to every ``App`` (``tracing=provider``, say)."""
     over_http = http_available() if http is None else http
     async with AsyncExitStack() as stack:
         if over_http:
@@ -183,7 +192,9 @@ async def running(
         shop = Shop(
             orders=orders.create_app(config, **app_options),
             inventory=inventory.create_app(config, **app_options),
-            payments=payments.create_app(config, provider=to_bank, **app_options),
+            payments=payments.create_app(
+                config, provider=wrap_provider(to_bank) if wrap_provider else to_bank, **app_options
+            ),
             shipping=shipping.create_app(config, **app_options),
             config=config,
             over_http=over_http,
@@ -218,3 +229,39 @@ async def running(
             await stack.enter_async_context(shop.orders)
             shop.client = DirectClient(shop, bank)
         yield shop
+
+
+SAMPLE = (
+    ("o-1", [("sku-1", 2), ("sku-5", 3)], "placed"),
+    ("o-2", [("sku-3", 5)], "placed"),  # 600.00: above the payments limit
+    ("o-3", [("sku-4", 21)], "placed"),  # the shelf holds 20
+    ("o-4", [("sku-2", 1)], "cancelled"),  # cancelled right after it was placed
+)
+"""The orders ``python -m examples.shop.together`` places."""
+
+
+async def main(config: Settings = settings) -> None:
+    """Place the ``SAMPLE`` orders and print how each ended (the stores stay behind)."""
+    async with running(config) as shop:
+        for order_id, lines, what in SAMPLE:
+            body = {
+                "order_id": order_id,
+                "customer": "c-1",
+                "lines": [{"sku": sku, "qty": qty} for sku, qty in lines],
+            }
+            if what == "cancelled":
+                await shop.client.place(body)
+                await shop.client.cancel(order_id)
+            else:
+                await shop.client.place(body, wait=10)
+        for app in (*shop.apps, *shop.apps):
+            await app.wait_idle(timeout=30)
+        for order_id, _, _ in SAMPLE:
+            _, order = await shop.client.get(order_id)
+            print(" ".join(filter(None, (order_id, order["status"], order["reason"]))))
+
+
+if __name__ == "__main__":
+    import asyncio
+
+    asyncio.run(main())
