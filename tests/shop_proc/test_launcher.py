@@ -24,7 +24,12 @@ from eventflow.testing.postgres import postgres_url
 from eventflow.testing.services import service_unavailable
 from examples.shop.system import REPO, SERVICES, drop_database, ensure_database
 
-pytestmark = [pytest.mark.service("postgres"), pytest.mark.service("nats"), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.service("postgres"),
+    pytest.mark.service("nats"),
+    pytest.mark.slow,
+    pytest.mark.timeout(180),
+]
 
 READY_LINE = b"Ctrl-C stops everything."
 LISTENING = re.compile(rb"^(\w+)\s+(http://127\.0\.0\.1:\d+)\s+pid (\d+)")

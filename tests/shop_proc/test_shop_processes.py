@@ -43,7 +43,7 @@ from examples.shop.system import (
 
 from .plan import Catalog, Planned, completed_units, plan_orders
 
-pytestmark = [pytest.mark.service("postgres"), pytest.mark.slow]
+pytestmark = [pytest.mark.service("postgres"), pytest.mark.slow, pytest.mark.timeout(180)]
 
 ORDERS = 200
 DECLINED = 25
