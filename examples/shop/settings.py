@@ -16,7 +16,7 @@ file per service (``shop-orders.db``, ``shop-inventory.db``, ... in the current 
 | ``SHOP_PROVIDER_RETRY_AFTER`` | 1 | the provider's ``Retry-After`` (seconds) on a 429 |
 | ``SHOP_SHIP_DELAY`` | 0.05 | seconds a shipment takes |
 | ``SHOP_SHIP_LATE`` | 0.05 | share of shipments slower than the saga's ship timeout |
-| ``SHOP_SHIP_TIMEOUT`` | 1.0 | the saga's ship step timeout (a late shipment takes 1.5 x) |
+| ``SHOP_SHIP_TIMEOUT`` | 1.0 | the saga's ship step timeout (a late shipment takes 2 x) |
 | ``SHOP_RESERVE_TIMEOUT`` | 30 | the saga's reserve step timeout |
 | ``SHOP_CHARGE_TIMEOUT`` | 30 | the saga's charge step timeout |
 | ``SHOP_REFUND_TIMEOUT`` | 30 | how long the saga waits for a refund's confirmation |

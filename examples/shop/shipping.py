@@ -3,7 +3,7 @@
     eventflow run examples.shop.shipping:app [--port 9464]
 
 A shipment takes ``SHOP_SHIP_DELAY`` seconds; a share ``SHOP_SHIP_LATE`` of orders (chosen
-by a hash of the order id, so a run is reproducible) takes one and a half times the saga's
+by a hash of the order id, so a run is reproducible) takes twice the saga's
 ship timeout instead. The saga then times the step out and, the step being past the pivot,
 sends it again (a new command); the late reply still arrives and completes the step. The
 order is shipped once whatever the attempts: a shipment is an event stream per order
@@ -39,7 +39,7 @@ def is_late(order_id: str, share: float) -> bool:
 
 def create_app(config: Settings = settings, **options: Any) -> App:
     """The shipping ``App``: delays and the share of late shipments from ``config``."""
-    delay, late_delay, share = config.ship_delay, config.ship_timeout * 1.5, config.ship_late
+    delay, late_delay, share = config.ship_delay, config.ship_timeout * 2, config.ship_late
 
     @subscribe(
         "shop.shipping.ship",

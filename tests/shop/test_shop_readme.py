@@ -82,3 +82,15 @@ def test_one_orders_trace(tmp_path: Path, env: dict[str, str]) -> None:
                 out
             )
             at = out.index(line, at) + 1
+
+
+def test_prometheus_scrapes_the_ports_the_services_are_started_on() -> None:
+    (scrape,) = _blocks("Seeing it: traces and metrics", "yaml")
+    targets = re.findall(r'"127\.0\.0\.1:(\d+)"', scrape)
+    run = _blocks("Each service on its own (NATS or Kafka, PostgreSQL)", "bash")[0]
+    orders = re.search(r"uvicorn examples\.shop\.orders:http --port (\d+)", run)
+    inventory = re.search(r"uvicorn examples\.shop\.inventory:http --port (\d+)", run)
+    payments = re.search(r"eventflow run examples\.shop\.payments:app --port (\d+)", run)
+    shipping = re.search(r"eventflow run examples\.shop\.shipping:app --port (\d+)", run)
+    assert orders and inventory and payments and shipping
+    assert targets == [m.group(1) for m in (orders, inventory, payments, shipping)]

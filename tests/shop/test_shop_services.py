@@ -190,7 +190,7 @@ async def test_a_release_that_arrives_before_its_reserve_cancels_it(
 
 
 async def test_a_late_shipment_is_retried_and_ships_once(tmp_path: Path, broker_url: str) -> None:
-    # Every shipment late: 1.5 x the saga's ship timeout (SHOP_SHIP_TIMEOUT, 1 s).
+    # Every shipment late: twice the saga's ship timeout (SHOP_SHIP_TIMEOUT, 1 s).
     config = _config(tmp_path, broker_url, ship_late=1.0)
     late_id = "o-late"
     assert shipping.is_late(late_id, config.ship_late)
