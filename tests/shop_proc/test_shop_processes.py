@@ -163,6 +163,12 @@ async def test_shop_survives_inventory_sigkill(
         "SHOP_PROVIDER_FLAKY": "0.1",
         "SHOP_SHIP_DELAY": "0.05",
         "SHOP_SHIP_LATE": "0.05",
+        # Margins for a loaded machine (the suite runs 8 workers on 2 cores): the killed
+        # inventory's commands wait out its restart and the broker's redelivery, far
+        # below these step timeouts, so no order is compensated for being slow.
+        "SHOP_RESERVE_TIMEOUT": "60",
+        "SHOP_CHARGE_TIMEOUT": "60",
+        "SHOP_SHIP_TIMEOUT": "2",
     }
     answers: Counter[str] = Counter()
     logs = tmp_path / "logs"
