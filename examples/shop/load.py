@@ -110,6 +110,7 @@ class LoadResult:
     send_window: float = 0.0
     finish_window: float = 0.0
     behind: float = 0.0
+    peak_in_flight: int = 0
 
     @property
     def accepted_per_s(self) -> float:
@@ -148,6 +149,7 @@ class LoadResult:
             },
             "lost": self.lost,
             "most_behind_schedule_ms": _ms(self.behind),
+            "peak_in_flight": self.peak_in_flight,
         }
 
 
@@ -171,6 +173,7 @@ class _Run:
         self.result = result
         self.wait = wait
         self.slots = asyncio.Semaphore(in_flight)
+        self.in_flight = 0
         self.pending: dict[str, float] = {}  # order id -> when its POST was sent
         self.sending_done = asyncio.Event()
         self.on_change = on_change
@@ -208,6 +211,7 @@ class _Run:
             else:
                 self.pending[order_id] = sent_at
         finally:
+            self.in_flight -= 1
             self.slots.release()
             self.on_change(self.result, len(self.pending))
 
@@ -227,6 +231,8 @@ class _Run:
                         self.slots.release()
                         break
                     self.result.behind = max(self.result.behind, now - due)
+                    self.in_flight += 1
+                    self.result.peak_in_flight = max(self.result.peak_in_flight, self.in_flight)
                     self.result.sent += 1
                     tg.create_task(self.post(body))
                 self.result.send_window = max(time.monotonic() - self.started, 1.0 / rate)
@@ -344,11 +350,12 @@ def _report(result: LoadResult) -> str:
         (
             "sent",
             f"{result.sent} of {result.planned}, at most {data['most_behind_schedule_ms']} ms "
-            "behind schedule"
+            f"behind schedule, at most {result.peak_in_flight} unanswered"
             + (
                 ""
                 if result.sent == result.planned
-                else " (the rest not sent: the service answered too slowly for the rate)"
+                else " (the rest not sent within the time bound: too many POSTs unanswered, or "
+                "this process could not keep the schedule)"
             ),
         ),
         ("accepted", f"{result.accepted}, refused: {refused}"),
