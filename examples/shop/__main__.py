@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import signal
 import sys
 from pathlib import Path
+
+from eventflow.testing.kafka_server import KafkaServerUnavailable
+from eventflow.testing.nats_server import NatsServerUnavailable
 
 from .system import (
     CLEAN_EXITS,
@@ -101,6 +105,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+_NEEDS = {
+    "httpx": "httpx",
+    "uvicorn": "eventflow[fastapi]",
+    "fastapi": "eventflow[fastapi]",
+    "asyncpg": "eventflow[postgres]",
+}
+
+
+def missing_packages(broker: str) -> list[str]:
+    """What to ``pip install`` before the shop can run on ``broker`` (empty: nothing; the
+    broker's server binary is looked for when it starts)."""
+    needs = dict(_NEEDS)
+    if broker.startswith("kafka"):
+        needs["aiokafka"] = "eventflow[kafka]"
+    else:
+        needs["nats"] = "eventflow[nats]"
+    return sorted({pkg for mod, pkg in needs.items() if importlib.util.find_spec(mod) is None})
+
+
 def _settings(pairs: list[str]) -> dict[str, str]:
     env: dict[str, str] = {}
     for pair in pairs:
@@ -135,6 +158,8 @@ async def run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if args.broker not in ("nats", "kafka") and "://" not in args.broker:
+        raise ShopError(f"--broker {args.broker!r}: say nats, kafka, or a nats:// or kafka:// URL")
     await ensure_database(args.store, reset=args.reset)
     print(f"starting the broker ({args.broker}) ...", flush=True)
     async with broker_server(args.broker) as broker:
@@ -188,9 +213,21 @@ def _how(code: int | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     """The command's entry point; returns the exit code."""
     args = parse_args(argv)
+    missing = missing_packages(args.broker)
+    if missing:
+        print(
+            f"error: the shop needs {', '.join(missing)}: pip install "
+            + " ".join(f"'{p}'" for p in missing)
+            + " (or, in a checkout, pip install -e '.[test]')",
+            file=sys.stderr,
+        )
+        return 1
     try:
         return asyncio.run(run(args))
     except ShopError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (NatsServerUnavailable, KafkaServerUnavailable) as exc:  # they say what to install
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # PostgreSQL not answering, a port taken

@@ -34,8 +34,6 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-
 __all__ = [
     "CLEAN_EXITS",
     "PARTICIPANTS",
@@ -205,6 +203,8 @@ class ServiceProcess:
     async def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
         """Wait until ``GET /readyz`` answers 200; :class:`ShopError` if the process exits
         first or ``timeout`` passes."""
+        import httpx
+
         deadline = time.monotonic() + timeout
         last = "no answer yet"
         async with httpx.AsyncClient(timeout=2.0) as client:
