@@ -3,7 +3,7 @@
 ::
 
     eventflow run MODULE:APP [MODULE:APP ...]     serve apps until SIGINT/SIGTERM
-    eventflow demo [--orders N] [--db PATH]       two services, a few hundred orders, checks
+    eventflow demo [--orders N] [--broker URL]    the shop in one process: orders, checks
     eventflow dlq list|show|replay|purge          the dead-letter queue of a store
     eventflow status                              running app instances and DLQ sizes
     eventflow groups declare|list MODULE:APP      an app's consumer groups on its broker
@@ -43,24 +43,37 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that 
 
 
 def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    # The demo defines Event types; import it only when the demo runs.
+    # The demo imports the shop (examples/shop); import it only when the demo runs.
     parser = subparsers.add_parser(
         "demo",
-        help="run the order/inventory demo and check its invariants",
+        help="run the shop (examples/shop) in one process and check its invariants",
         description=(
-            "Run an order service and an inventory service in one process (memory:// broker, "
-            "SQLite store), place orders (some twice, plus one poison message), print a "
-            "summary and verify the invariants. Exits 0 only if every check holds."
+            "Run the shop's four services (orders with its saga, inventory, payments, "
+            "shipping) in one process (memory:// broker, SQLite stores in a temporary "
+            "directory, unless --broker/--store say otherwise), place orders through its "
+            "HTTP API (some twice, some declined, some short of stock, some cancelled, some "
+            "shipped late, plus one poison message), print a summary and one compensated "
+            "order's causal tree, and verify the invariants. Exits 0 only if every check holds."
         ),
     )
     parser.add_argument(
         "--orders", type=int, default=300, metavar="N", help="orders to place (default: 300)"
     )
     parser.add_argument(
-        "--db", metavar="PATH", help="keep the SQLite store in PATH (default: a temporary file)"
+        "--broker",
+        metavar="URL",
+        help="the broker of every service (default: memory://; nats://..., kafka://...)",
     )
     parser.add_argument(
-        "--seed", type=int, default=7, help="random seed for quantities (default: 7)"
+        "--store",
+        metavar="URL",
+        help=(
+            "the shop's store; each service gets its own schema or file "
+            "(default: SQLite files in a temporary directory; postgresql://...)"
+        ),
+    )
+    parser.add_argument(
+        "--seed", type=int, default=7, help="random seed of the orders (default: 7)"
     )
     parser.add_argument(
         "--timeout",

@@ -1,11 +1,14 @@
-"""``eventflow demo``: two services, a few hundred orders, a summary and invariant checks.
+"""``eventflow demo``: the shop (``examples/shop``) in one process, a few hundred orders, a
+summary, one compensated order's causal tree, and the invariant checks.
 
-An order service and an inventory service (two ``App``s) run in one process on the
-``memory://`` broker with a SQLite store. Orders flow ``demo.order.placed`` -> inventory
-reserves stock (``demo.stock.reserved`` or ``demo.stock.rejected``) -> the order service
-confirms or rejects the order. Some orders are published twice (dedup must skip the copy),
-some fail their first attempt (retried with backoff), and one poison message of garbage
-bytes must end in the dead-letter queue. The command exits 0 only if every check holds.
+The four services (orders with its saga, inventory, payments, shipping) and the fake payment
+provider run in this process on the embedded default (``memory://`` broker, one SQLite file
+per service in a temporary directory), or on ``--broker``/``--store``. Orders are placed
+through the HTTP API in-process (``httpx.ASGITransport``); without FastAPI installed, through
+the functions its routes call. Some orders are posted twice, some are declined (above the
+payments limit), some ask more than the stock, some are cancelled right after they were
+placed, some are shipped too late (the saga retries the ship step), and one poison message of
+garbage bytes is published. The command exits 0 only when every check holds.
 """
 
 from __future__ import annotations
@@ -13,40 +16,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
 import tempfile
-import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
 
-from ..app import App
-from ..ports import DeadLetter
 from ._common import EXIT_FAILURE, EXIT_USAGE, CliError, configure_logging
-from ._demo_services import InventoryService, OrderPlaced, OrderService
+from ._demo_run import DemoResult, Planned, run_demo
+from ._draw import terminal, terminal_table
 
-__all__ = ["Check", "DemoResult", "check", "command", "report", "run_demo"]
+__all__ = ["Check", "check", "command", "report"]
 
-SKUS = ("sku-apple", "sku-pear", "sku-plum", "sku-fig", "sku-kiwi")
-DUPLICATE_EVERY = 10
-"""Every 10th order is published a second time with the same envelope id."""
-POISON = b"\x00\xff{this is not an envelope"
-_POLL = 0.02
-
-
-@dataclass
-class DemoResult:
-    """What one demo run did, for the summary and the checks."""
-
-    db_url: str
-    orders: int
-    duplicates_sent: int
-    poison_sent: int
-    inventory: InventoryService
-    order_service: OrderService
-    stats: dict[str, int]
-    dead_letters: list[DeadLetter] = field(default_factory=list)
-    elapsed: float = 0.0
-    timed_out: bool = False
+NO_HTTP = (
+    "FastAPI/httpx are not installed: the demo calls the functions the HTTP routes call "
+    "(pip install 'eventflow[fastapi]' httpx to go through the HTTP API)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,107 +42,99 @@ class Check:
     detail: str
 
 
-def _totals(*apps: App) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for app in apps:
-        for name, counters in app.stats().items():
-            prefix = "orders" if name.startswith("demo-orders") else "inventory"
-            for k, v in counters.items():
-                totals[f"{prefix}.{k}"] = totals.get(f"{prefix}.{k}", 0) + v
-    return totals
-
-
-async def run_demo(
-    orders: int, db_path: str, *, seed: int = 7, timeout: float = 60.0
-) -> DemoResult:
-    """Run both services, place ``orders`` orders and wait until they are all settled.
-
-    ``db_path`` is the SQLite file of both apps' store (an absolute path).
-    """
-    rng = random.Random(seed)
-    per_sku = max(1, round(orders * 0.3))  # about 3 in 4 orders can be served
-    inventory = InventoryService({sku: per_sku for sku in SKUS})
-    order_service = OrderService()
-    url = f"sqlite:///{db_path}"
-    orders_app = App(
-        "demo-orders", broker="memory://", store=url, handlers=order_service.handlers()
-    )
-    inventory_app = App(
-        "demo-inventory", broker="memory://", store=url, handlers=inventory.handlers()
-    )
-    result = DemoResult(url, orders, 0, 0, inventory, order_service, {})
-    started_at = datetime.now(UTC)
-    async with inventory_app, orders_app:
-        start = time.perf_counter()
-        for i in range(1, orders + 1):
-            order_id = f"o-{i:05d}"
-            placed = OrderPlaced(order_id=order_id, sku=rng.choice(SKUS), qty=rng.randint(1, 3))
-            env = await orders_app.publish(placed, key=order_id)
-            if i % DUPLICATE_EVERY == 0:  # a producer retry: same envelope, same id
-                await orders_app.publish(env)
-                result.duplicates_sent += 1
-            if i == (orders + 1) // 2:
-                await orders_app.broker.publish("demo.order.placed", POISON)
-                result.poison_sent += 1
-        expected = orders + result.duplicates_sent + result.poison_sent
-        deadline = start + timeout
-        while True:
-            stats = _totals(orders_app, inventory_app)
-            settled = sum(
-                stats.get(f"inventory.{k}", 0) for k in ("handled", "duplicates", "dead_lettered")
-            )
-            if settled >= expected and stats.get("orders.handled", 0) >= orders:
-                break
-            if time.perf_counter() > deadline:
-                result.timed_out = True
-                break
-            await asyncio.sleep(_POLL)
-        result.elapsed = time.perf_counter() - start
-        result.stats = _totals(orders_app, inventory_app)
-        letters = await inventory_app.dead_letters.list(limit=10_000)
-        result.dead_letters = [d for d in letters if d.failed_at >= started_at]
-    return result
-
-
 def check(result: DemoResult) -> list[Check]:
     """Verify the demo's invariants."""
-    inv, svc, n = result.inventory, result.order_service, result.orders
-    stats = result.stats
-    order_ids = [f"o-{i:05d}" for i in range(1, n + 1)]
-    once = [o for o in order_ids if len(svc.outcomes.get(o, ())) == 1]
-    handled_once = [o for o in order_ids if inv.handled.get(o) == 1]
-    skipped = stats.get("inventory.duplicates", 0)
-    final = sum(inv.stock.values())
-    conserved = sum(inv.initial.values()) - final == inv.reserved_units
+    from examples.shop.catalog import CATALOG
+
+    planned, final = result.planned, result.final
+
+    def expected(p: Planned) -> str:
+        # A cancellation that reached the saga after its pivot is ignored (the saga's
+        # history says so): the order completes, as a cancel after the end would.
+        return "completed" if p.order_id in result.aborts_ignored else p.expected
+
+    wrong = [
+        f"{p.order_id} {final.get(p.order_id, {}).get('status', 'missing')} ({p.kind})"
+        for p in planned
+        if final.get(p.order_id, {}).get("status") != expected(p)
+    ]
+    completed = {
+        p.order_id for p in planned if final.get(p.order_id, {}).get("status") == "completed"
+    }
+    compensated = {p.order_id for p in planned} - completed
+    sold: Counter[str] = Counter()
+    for p in planned:
+        if p.order_id in completed:
+            for line in p.body["lines"]:
+                sold[line["sku"]] += line["qty"]
+    level_errors = []
+    for sku in CATALOG:
+        before = result.stock_before.get(sku, {"on_hand": 0, "reserved": 0})
+        after = result.stock_after.get(sku, {"on_hand": 0, "reserved": 0})
+        if after["on_hand"] != before["on_hand"] - sold[sku] or after["reserved"] != 0:
+            level_errors.append(f"{sku}: {before} -> {after}, {sold[sku]} sold")
+    lowest = min(result.lowest_available.values(), default=0)
+    unrefunded = Counter(c["order_id"] for c in result.charges if not c["refunded"])
+    keys = Counter(c["order_id"] for c in result.charges)
+    charge_errors = [o for o in completed if unrefunded[o] != 1 or keys[o] != 1] + [
+        o for o in compensated if unrefunded[o]
+    ]
+    ship_errors = [o for o in completed if result.shipments[o] != 1] + [
+        o for o in compensated if result.shipments[o]
+    ]
+    twice = [f"{o}/{sku}" for (o, sku), n in result.releases.items() if n > 1]
+    freed_unheld = [f"{o}/{sku}" for (o, sku) in result.releases if (o, sku) not in result.holds]
+    held_left = [
+        o
+        for o in compensated
+        if any(result.holds[(o, s)] != result.releases[(o, s)] for s in CATALOG)
+    ]
     letters = result.dead_letters
-    reasons = ", ".join(d.reason for d in letters) or "none"
+    reasons = ", ".join(f"{d.group}: {d.reason}" for d in letters) or "none"
+    n = len(planned)
     return [
         Check(
-            "all messages processed in time",
-            not result.timed_out,
-            f"{result.elapsed:.2f}s" + (" (timed out)" if result.timed_out else ""),
+            "every order ended in time",
+            not result.timed_out and len(final) == n,
+            f"{len(final)}/{n} orders listed, in {result.elapsed:.2f}s"
+            + (" (timed out)" if result.timed_out else ""),
         ),
         Check(
-            "every order resolved exactly once",
-            len(once) == n and len(svc.outcomes) == n,
-            f"{len(once)}/{n} orders with exactly one outcome, {len(svc.outcomes)} resolved",
+            "every order ended as its input dictates (completed or compensated)",
+            not wrong,
+            f"{n - len(wrong)}/{n} as expected"
+            + (f"; not: {', '.join(wrong[:5])}" if wrong else ""),
         ),
         Check(
-            "duplicates handled once (dedup)",
-            len(handled_once) == n and skipped == result.duplicates_sent,
-            f"{len(handled_once)}/{n} orders reserved once, "
-            f"{skipped}/{result.duplicates_sent} duplicates skipped",
+            "one order and one saga per order id (duplicate posts)",
+            result.sagas == n,
+            f"{result.sagas} sagas for {n} orders, "
+            f"{sum(p.duplicate for p in planned)} posted twice",
         ),
         Check(
-            "reservations match confirmations",
-            inv.reserved == svc.count("confirmed") and inv.rejected == svc.count("rejected"),
-            f"{inv.reserved} reserved / {svc.count('confirmed')} confirmed, "
-            f"{inv.rejected} rejected / {svc.count('rejected')} rejected",
+            "stock never negative; on hand = before - sold, nothing left reserved",
+            lowest >= 0 and not level_errors,
+            f"lowest available {lowest}"
+            + (f"; {'; '.join(level_errors)}" if level_errors else "; levels match"),
         ),
         Check(
-            "stock never negative",
-            inv.lowest >= 0 and min(inv.stock.values(), default=0) >= 0 and conserved,
-            f"lowest level {inv.lowest}, {inv.reserved_units} units reserved, {final} left",
+            "each compensation once (nothing released twice or unheld, nothing left held)",
+            not twice and not freed_unheld and not held_left and not result.compensations_twice,
+            f"{sum(result.releases.values())} SKU lines released, "
+            f"{sum(result.compensations.values())} compensations sent"
+            + (f"; twice: {twice + result.compensations_twice}" if twice else "")
+            + (f"; unheld: {freed_unheld}" if freed_unheld else "")
+            + (f"; still held: {held_left}" if held_left else ""),
+        ),
+        Check(
+            "completed orders charged once and shipped once; compensated ones neither",
+            not charge_errors and not ship_errors,
+            f"{sum(unrefunded.values())} charges kept, {sum(result.shipments.values())} shipments"
+            + (
+                f"; wrong: {(charge_errors + ship_errors)[:5]}"
+                if charge_errors or ship_errors
+                else ""
+            ),
         ),
         Check(
             "exactly one dead letter (the poison message)",
@@ -168,40 +144,73 @@ def check(result: DemoResult) -> list[Check]:
     ]
 
 
-def report(result: DemoResult) -> str:
-    """The summary of a run, as printed by ``eventflow demo``."""
-    inv, svc, stats = result.inventory, result.order_service, result.stats
-    elapsed = max(result.elapsed, 1e-9)
-    retries = stats.get("inventory.retries", 0) + stats.get("orders.retries", 0)
-    messages = sum(stats.get(f"{p}.received", 0) for p in ("orders", "inventory"))
+def _rows(result: DemoResult) -> list[list[str]]:
+    planned, final = result.planned, result.final
+    statuses = Counter(o["status"] for o in final.values())
+    kinds = Counter(p.kind for p in planned)
+    waited = [p for p in planned if p.wait]
+    answered = sum(1 for p in waited if p.placed is not None and p.placed[0] == 200)
+    stats = result.stats
     rows = [
-        ("orders placed", f"{result.orders}"),
-        (
-            "duplicates sent",
-            f"{result.duplicates_sent} (skipped by dedup: {stats.get('inventory.duplicates', 0)})",
-        ),
-        ("poison messages", f"{result.poison_sent} (garbage bytes on demo.order.placed)"),
-        ("stock reserved", f"{inv.reserved} orders, {inv.reserved_units} units"),
-        ("stock rejected", f"{inv.rejected} orders (out of stock)"),
-        ("orders confirmed", f"{svc.count('confirmed')}"),
-        ("orders rejected", f"{svc.count('rejected')}"),
-        ("handler retries", str(retries)),
-        ("dead letters", f"{len(result.dead_letters)}"),
+        ["orders placed", str(len(planned))],
+        ["posted twice", f"{sum(p.duplicate for p in planned)} (one order each)"],
+        ["declined", f"{kinds['declined']} (above the payments limit)"],
+        ["short of stock", f"{kinds['short']} (a line asks more than the shelf)"],
+        ["cancelled", f"{kinds['cancelled']} (right after they were placed)"],
+        ["?wait=10", f"{len(waited)} posts, {answered} answered 200 with the outcome"],
+        ["shipped late", f"{result.late_shipments} (the saga timed ship out and retried)"],
     ]
+    rows += [[f"final: {s}", str(statuses[s])] for s in ("completed", "compensated", "failed")]
+    rows.append(["final: pending", str(statuses["pending"] + len(planned) - len(final))])
+    comp = result.compensations
+    rows.append(
+        [
+            "compensations run",
+            f"{sum(comp.values())} ({comp['reserve']} release, {comp['charge']} refund; "
+            f"{stats.get('cancelled', 0)} commands cancelled before they arrived)",
+        ]
+    )
+    rows.append(["handler retries", f"{stats.get('retries', 0)} (provider 429/503, conflicts)"])
+    rows.append(["dead letters", str(len(result.dead_letters))])
+    rate = len(planned) / max(result.elapsed, 1e-9)
+    rows.append(["elapsed", f"{result.elapsed:.2f} s ({rate:,.0f} orders/s)"])
+    return rows
+
+
+def report(result: DemoResult) -> str:
+    """The summary of a run, as printed by ``eventflow demo``: a table (drawn with rich on a
+    terminal, plain text otherwise), then the causal tree of one compensated order."""
+    how = "the HTTP API in-process" if result.over_http else "the route functions (no FastAPI)"
     lines = [
-        "eventflow demo: order service + inventory service, memory:// broker, "
-        f"store {result.db_url}",
+        "eventflow demo: the shop (orders, inventory, payments, shipping) in one process, "
+        f"broker {result.broker}, store {result.store}, orders placed through {how}",
         "",
     ]
-    lines += [f"  {name:<18}{value}" for name, value in rows]
+    rows = _rows(result)
+    if terminal():
+        lines.append(terminal_table(["THE RUN", ""], rows))
+    else:
+        lines += [f"  {name:<20}{value}" for name, value in rows]
     for letter in result.dead_letters:
         error = letter.error.strip().splitlines()[0] if letter.error.strip() else ""
-        lines.append(f"  {'':<18}[{letter.group}] {letter.reason}: {error}")
-    lines.append(
-        f"  {'elapsed':<18}{result.elapsed:.2f} s ({result.orders / elapsed:,.0f} orders/s, "
-        f"{messages / elapsed:,.0f} messages/s)"
-    )
+        lines.append(f"  {'':<20}[{letter.group}] {letter.reason}: {error}")
+    if result.trace_of:
+        lines += [
+            "",
+            f"the causal tree of compensated order {result.trace_of} (GET /orders/{{id}}/trace):",
+        ]
+        lines += result.trace
     return "\n".join(lines)
+
+
+def _config(args: argparse.Namespace, directory: str) -> Any:
+    from examples.shop.settings import settings
+
+    return replace(
+        settings,
+        broker=args.broker or "memory://",
+        store=args.store or f"sqlite:///{os.path.join(directory, 'shop.db')}",
+    )
 
 
 def command(args: argparse.Namespace) -> int:
@@ -209,16 +218,19 @@ def command(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     if args.orders < 1:
         raise CliError(f"--orders must be at least 1, got {args.orders}", EXIT_USAGE)
-    if args.db:
-        directory = os.path.dirname(os.path.abspath(args.db))
-        if not os.path.isdir(directory):
-            raise CliError(f"--db: directory {directory!r} does not exist", EXIT_USAGE)
-        path = os.path.abspath(args.db)
-        result = asyncio.run(run_demo(args.orders, path, seed=args.seed, timeout=args.timeout))
-    else:
-        with tempfile.TemporaryDirectory(prefix="eventflow-demo-") as tmp:
-            path = os.path.join(tmp, "demo.db")
-            result = asyncio.run(run_demo(args.orders, path, seed=args.seed, timeout=args.timeout))
+    try:
+        from examples.shop import together
+    except ImportError as exc:
+        raise CliError(
+            f"the demo runs examples/shop, which cannot be imported ({exc}): install eventflow "
+            "from its repository (pip install -e .), which packages examples/",
+            EXIT_FAILURE,
+        ) from exc
+    if not together.http_available():
+        print(NO_HTTP)
+    with tempfile.TemporaryDirectory(prefix="eventflow-demo-") as tmp:
+        config = _config(args, tmp)
+        result = asyncio.run(run_demo(config, args.orders, seed=args.seed, timeout=args.timeout))
     print(report(result))
     checks = check(result)
     print("\nchecks")
@@ -229,6 +241,4 @@ def command(args: argparse.Namespace) -> int:
         print(f"\n{len(failed)} check(s) failed: {', '.join(c.name for c in failed)}")
         return EXIT_FAILURE
     print("\nall checks passed")
-    if args.db:
-        print(f"inspect the store: eventflow dlq list --store {result.db_url}")
     return 0

@@ -126,16 +126,18 @@ def test_run_serves_until_sigterm(tmp_path: Path) -> None:
 
 
 def test_run_several_apps_in_one_process(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'shop.db'}"
+    # The shop's services each keep their own store: shop.db -> shop-shipping.db, ...
+    urls = {name: f"sqlite:///{tmp_path / f'shop-{name}.db'}" for name in ("shipping", "inventory")}
     proc = _start(
-        ["examples.shop.orders:app", "examples.shop.inventory:app", "--app-dir", str(REPO)],
+        ["examples.shop.shipping:app", "examples.shop.inventory:app", "--app-dir", str(REPO)],
         cwd=tmp_path,
-        env={"SHOP_STORE": url},
+        env={"SHOP_STORE": f"sqlite:///{tmp_path / 'shop.db'}"},
     )
     try:
         _wait_for(
-            lambda: (
-                os.path.exists(tmp_path / "shop.db") and _instances(url) == ["inventory", "orders"]
+            lambda: all(
+                os.path.exists(tmp_path / f"shop-{name}.db") and _instances(url) == [f"shop-{name}"]
+                for name, url in urls.items()
             )
         )
         proc.send_signal(signal.SIGINT)
@@ -143,8 +145,8 @@ def test_run_several_apps_in_one_process(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    assert "stopped orders, inventory" in err
-    assert _instances(url) == []
+    assert "stopped shop-shipping, shop-inventory" in err
+    assert all(_instances(url) == [] for url in urls.values())
 
 
 @contextlib.contextmanager

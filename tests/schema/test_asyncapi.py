@@ -115,8 +115,12 @@ def test_cli_writes_the_shop_document(tmp_path: Path, monkeypatch: pytest.Monkey
     assert result.code == 0, result.err
     doc = json.loads(out.read_text())
     assert errors(doc) == []
-    assert [c["address"] for c in doc["channels"].values()] == ["shop.order.placed"]
-    assert "shop.stock.reserved.v1" in doc["components"]["messages"]
+    assert sorted(c["address"] for c in doc["channels"].values()) == [
+        "shop.shipping.shipped",
+        "shop.stock.release",
+        "shop.stock.reserve",
+    ]
+    assert "shop.stock.reserved.v2" in doc["components"]["messages"]
 
 
 class ApiTripRequested(Event, type="schema.asyncapi.trip.requested"):

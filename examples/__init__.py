@@ -1,0 +1,1 @@
+"""eventflow's examples, importable as ``examples.*``: ``eventflow demo`` runs ``examples.shop``."""
