@@ -18,7 +18,6 @@ from aiokafka.errors import KafkaError
 
 from ...errors import (
     BrokerError,
-    ConfigurationError,
     MessageRefusedError,
 )
 from ...groups import check_group, log_new_group
@@ -33,14 +32,11 @@ from .logs import expect_idempotence_refusal, throttle_client_logs
 from .partition import attempts_group
 from .publishing import publish_failure
 from .subscription import KafkaSubscription
-from .topics import create_topics
+from .topics import TopicNames, create_topics
 
 __all__ = ["KafkaBroker"]
 
 _log = logging.getLogger("eventflow.kafka")
-_MAX_NAMES = 4096
-"""Topics whose Kafka name (and existence) the broker remembers: a bound, as topics may be
-made per tenant or per id."""
 
 
 def _ms(seconds: float) -> int:
@@ -63,7 +59,7 @@ class KafkaBroker:
         self._offsets: AIOKafkaConsumer | None = None  # group-less: offsets, lag()
         self._peeking = asyncio.Lock()  # the assignment of _offsets, while lag() fetches
         self._subs: set[KafkaSubscription] = set()
-        self._names: dict[str, str] = {}  # eventflow topic -> Kafka topic known to exist
+        self._names = TopicNames(self.config, self._live_admin)  # Kafka names known to exist
         self._lock = asyncio.Lock()
         self._supervisor: Supervisor | None = None
         self._own_supervisor: Supervisor | None = None  # when start() was given none
@@ -216,26 +212,10 @@ class KafkaBroker:
 
     async def ensure_topics(self, names: Sequence[str]) -> None:
         """Create the Kafka topics ``names`` (with ``partitions``) unless they exist."""
-        await self._create_topics(names, BrokerError)
-
-    async def _create_topics(self, names: Sequence[str], refused: type[BrokerError]) -> None:
-        await create_topics(self._live_admin(), self.config, names, refused)
+        await create_topics(self._live_admin(), self.config, names, BrokerError)
 
     async def _kafka_name(self, topic: str, refused: type[BrokerError] = BrokerError) -> str:
-        try:
-            name = kafka_topic(topic, self.config.topic_prefix)
-        except ConfigurationError as exc:
-            if refused is not MessageRefusedError:
-                raise  # subscribing to it: a configuration mistake
-            # A topic eventflow accepts but Kafka cannot name: every send of it would fail.
-            raise MessageRefusedError(f"kafka cannot carry a message for {topic!r}: {exc}") from exc
-        if self.config.create_topics:
-            await self._create_topics([name], refused)
-        names = self._names
-        if len(names) >= _MAX_NAMES:
-            names.clear()  # one creation request per topic again: bounded memory instead
-        names[topic] = name
-        return name
+        return await self._names.resolve(topic, refused)
 
     # -- publishing --------------------------------------------------------------------------
 

@@ -3,11 +3,12 @@
 ``start`` connects (reconnecting forever after a server restart), then creates or checks the
 stream and the two KV buckets it uses (partition leases, release counts). ``subscribe``
 creates or checks the group's durable pull consumers, one per partition, then joins the
-group (see :mod:`.subscription`). ``publish`` waits for the stream's ack; a failure that may
-pass (a timeout, no responders while the server restarts) is retried with the same
-``Nats-Msg-Id`` (the send id, else the envelope id), so the server's duplicate window drops
-a copy that did get stored. Past ``publish_timeout`` the error says whether the message is
-maybe sent (``PublishUnconfirmedError``: a request timed out) or not sent (``BrokerError``).
+group (see :mod:`.subscription`). ``publish`` waits for the stream's ack (many publishes
+wait at once: :mod:`.acks`); a failure that may pass (a timeout, no responders while the
+server restarts) is retried with the same ``Nats-Msg-Id`` (the send id, else the envelope
+id), so the server's duplicate window drops a copy that did get stored. Past
+``publish_timeout`` the error says whether the message is maybe sent
+(``PublishUnconfirmedError``: a request timed out) or not sent (``BrokerError``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise MissingDependencyError("nats-py", "nats") from exc
 
+from .acks import PubAcks
 from .admin import (
     consumer_exists,
     delete_consumers,
@@ -83,6 +85,7 @@ class NatsBroker:
         self.config = config or NatsBrokerConfig()
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
+        self._acks: PubAcks | None = None
         self._leases: Leases | None = None
         self._releases: ReleaseLedger | None = None
         self._subs: set[NatsSubscription] = set()
@@ -136,10 +139,16 @@ class NatsBroker:
                 on_disconnected=self._on_disconnected,
                 on_error=self._on_error,
             )
+            acks = PubAcks(nc)
+            try:
+                await acks.start()
+            except BaseException:  # leave nothing open
+                await discard(nc)
+                raise
             if supervisor is None:
                 supervisor = self._own_supervisor = Supervisor(f"nats broker {self.url}")
             self._supervisor = supervisor
-            self._nc, self._js = nc, js
+            self._nc, self._js, self._acks = nc, js, acks
 
     async def _setup(self, js: JetStreamContext) -> None:
         cfg = self.config
@@ -154,6 +163,7 @@ class NatsBroker:
         async with self._lock:
             self._closed = True
             nc, self._nc = self._nc, None
+            acks, self._acks = self._acks, None
             own, self._own_supervisor = self._own_supervisor, None
             if nc is None:
                 return
@@ -164,6 +174,8 @@ class NatsBroker:
             finally:
                 if own is not None:
                     await own.close()
+                if acks is not None:
+                    await acks.close()
                 await discard(nc)
 
     def problems(self) -> tuple[str, ...]:
@@ -233,8 +245,8 @@ class NatsBroker:
         may have been stored (a request timed out) raises ``PublishUnconfirmedError``, one
         that was not (no JetStream, the broker closed before sending) a ``BrokerError``.
         """
-        nc = self._nc
-        if nc is None:
+        nc, acks = self._nc, self._acks
+        if nc is None or acks is None:
             self._connection()
             raise AssertionError  # unreachable: _connection raised
         cfg = self.config
@@ -271,11 +283,8 @@ class NatsBroker:
         while True:
             remaining = deadline - loop.time()
             try:
-                reply = await nc.request(
-                    subject,
-                    payload,
-                    timeout=max(0.05, min(cfg.request_timeout, remaining)),
-                    headers=hdrs,
+                data = await acks.publish(
+                    subject, payload, hdrs, max(0.05, min(cfg.request_timeout, remaining))
                 )
             except ConnectionClosedError as exc:
                 raise unsent(self.config, topic, "the NATS broker is closed", hdrs, maybe) from exc
@@ -287,7 +296,6 @@ class NatsBroker:
                 maybe = maybe or isinstance(exc, TimeoutError)
                 problem: str = f"{type(exc).__name__}: {exc}"
             else:
-                data = reply.data
                 if b'"error"' not in data:
                     return
                 # JetStream checks the message id before anything else: had an earlier
