@@ -17,6 +17,7 @@ written through the store's own transactions, in the ``$1`` style both run) and
 from __future__ import annotations
 
 import builtins
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -156,7 +157,8 @@ class SqlSagaTables:
         *,
         index: bool = True,
     ) -> None:
-        """One statement for the index row (when ``index``), one per timer changed."""
+        """One statement for the index row (when ``index``), one per timer changed (a store
+        adapter may send them in fewer round trips: :func:`tables_for`)."""
         if index:
             await tx.execute(
                 f"INSERT INTO ef_sagas ({_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) "
@@ -325,8 +327,14 @@ class _Shared:
 _memory_shared: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
 
 
+@functools.singledispatch
 def tables_for(store: Store) -> SagaTables:
-    """The saga tables of ``store``: SQL where its transactions run SQL, else in memory."""
+    """The saga tables of ``store``: SQL where its transactions run SQL, else in memory.
+
+    A store adapter that can write them in fewer round trips registers its own for its
+    store class (``tables_for.register(PostgresStore, PostgresSagaTables)``, in the
+    adapter's package): the same tables, the same rows, the one contract
+    (``tests/sagas/test_saga_tables.py`` runs on every store)."""
     if store.supports_sql:
         return SqlSagaTables(store)
     return MemorySagaTables(store)
