@@ -13,19 +13,13 @@ the memory store's Python):
 and the same with ``--orders 100``: (instructions of 300 - of 100) / 200 per order.
 
     python benchmarks/bench_saga_handling.py [--store memory|sqlite|postgres] [--orders 300]
-        [--concurrency 8] [--rounds 1] [--compare-in-tx] [--postgres-url URL]
-
-``--compare-in-tx`` alternates rounds that apply each input to the guessed saga before its
-transaction opens (as the runtime's handler does) with rounds that apply it inside the
-transaction (as before): the transaction then holds its connection, or SQLite's writer,
-while the saga code runs.
+        [--concurrency 8] [--postgres-url URL]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import tempfile
 import time
 import uuid
@@ -44,7 +38,7 @@ from eventflow.stores import open_store
 WARM_UP = 50
 
 
-async def _order(sagas: Sagas, store: Store, order_id: str, in_tx: bool = False) -> None:
+async def _order(sagas: Sagas, store: Store, order_id: str) -> None:
     """The four inputs of one order, each as the saga handler applies it."""
     inputs: list[Event] = [
         bench.OrderPlaced(order_id=order_id, sku="s", qty=1, amount=5),
@@ -58,17 +52,9 @@ async def _order(sagas: Sagas, store: Store, order_id: str, in_tx: bool = False)
         env = envelope_for(event, source="bench", key=order_id, causation_id=cause)
         env = Envelope.from_bytes(env.to_bytes())  # as the consumer decodes it
         committed: list[Callable[[], None]] = []
-        # As the runtime's handler: the input applied to the guessed saga before the
-        # transaction opens (``--in-tx``: inside it, as before that change).
-        prepared = None if in_tx else await handling.prepare(bench.BenchOrderSaga, event, env)
         async with store.transaction() as tx:
             machine = await handling.message(
-                tx,
-                bench.BenchOrderSaga,
-                event,
-                env,
-                after_commit=committed.append,
-                prepared=prepared,
+                tx, bench.BenchOrderSaga, event, env, after_commit=committed.append
             )
             assert machine is not None
             sends = handling.sends(definition, machine, env)
@@ -78,44 +64,29 @@ async def _order(sagas: Sagas, store: Store, order_id: str, in_tx: bool = False)
         cause = sends[0][1].id if sends else None
 
 
-async def run(url: str, orders: int, concurrency: int, rounds: int, compare: bool) -> None:
-    """Warm up, then handle ``orders`` orders, ``concurrency`` at once, ``rounds`` times;
-    print the figures. ``compare``: rounds alternate with ones that apply each input inside
-    its transaction (``in-tx``), and the medians of both are printed."""
+async def run(url: str, orders: int, concurrency: int) -> None:
+    """Warm up, then handle ``orders`` orders, ``concurrency`` at once; print the figures."""
     bench._probe = bench.Probe(asyncio.Semaphore(10**9), 10**9)  # BenchOrderSaga reports here
     async with open_store(url) as store:
         sagas = Sagas(store, EventRegistry(), "bench")
         await sagas.persistence.setup()
         tag = uuid.uuid4().hex[:8]
         limit = asyncio.Semaphore(concurrency)
-        figures: dict[str, list[tuple[float, float]]] = {"prepared": [], "in-tx": []}
 
-        async def one(i: int, in_tx: bool) -> None:
+        async def one(i: int) -> None:
             async with limit:
-                await _order(sagas, store, f"{tag}-{i}", in_tx)
+                await _order(sagas, store, f"{tag}-{i}")
 
-        await asyncio.gather(*(one(i, False) for i in range(WARM_UP)))
-        start = WARM_UP
-        modes = ["prepared", "in-tx"] if compare else ["prepared"]
-        for _ in range(rounds):
-            for mode in modes:
-                wall, cpu = time.perf_counter(), time.process_time()
-                await asyncio.gather(
-                    *(one(i, mode == "in-tx") for i in range(start, start + orders))
-                )
-                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-                start += orders
-                figures[mode].append((orders / max(wall, 1e-9), cpu / max(orders, 1) * 1e3))
-    for mode in modes:
-        rates = [r for r, _ in figures[mode]]
-        cpus = [c for _, c in figures[mode]]
-        print(
-            f"{url.split(':')[0]} {mode}: {orders} orders at concurrency {concurrency}, "
-            f"{rounds} rounds: {statistics.median(rates):,.0f} orders/s, "
-            f"CPU {statistics.median(cpus):.2f} ms/order "
-            f"(rounds: {', '.join(f'{r:,.0f}' for r in rates)})",
-            flush=True,
-        )
+        await asyncio.gather(*(one(i) for i in range(WARM_UP)))
+        wall, cpu = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(one(i) for i in range(WARM_UP, WARM_UP + orders)))
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    n = max(orders, 1)
+    print(
+        f"{url.split(':')[0]}: {orders} orders at concurrency {concurrency}: "
+        f"{orders / max(wall, 1e-9):,.0f} orders/s, CPU {cpu / n * 1e3:.2f} ms/order",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -125,25 +96,18 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--postgres-url", default=bench.DEFAULT_POSTGRES_URL)
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument(
-        "--compare-in-tx",
-        action="store_true",
-        help="alternate rounds with inputs applied inside their transaction",
-    )
     args = parser.parse_args()
-    runs = (args.orders, args.concurrency, args.rounds, args.compare_in_tx)
     if args.store == "memory":
-        asyncio.run(run("memory://", *runs))
+        asyncio.run(run("memory://", args.orders, args.concurrency))
     elif args.store == "sqlite":
         with tempfile.TemporaryDirectory(prefix="bench-saga-handling-") as tmp:
             url = f"sqlite:///{Path(tmp) / 'bench.db'}"
-            asyncio.run(run(url, *runs))
+            asyncio.run(run(url, args.orders, args.concurrency))
     else:
         schema = fresh_schema("bench_saga_handling")
         try:
             url = with_schema(args.postgres_url, schema)
-            asyncio.run(run(url, *runs))
+            asyncio.run(run(url, args.orders, args.concurrency))
         finally:
             asyncio.run(drop_schema(args.postgres_url, schema))
 

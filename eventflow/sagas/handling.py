@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import orjson
@@ -43,7 +42,7 @@ from .persistence import Loaded, SagaStore, TimerRow
 if TYPE_CHECKING:
     from ..telemetry.tracing import Tracing
 
-__all__ = ["Handling", "Prepared", "Run", "Try", "build", "key_of", "timer_message_id"]
+__all__ = ["Handling", "Run", "build", "key_of", "timer_message_id"]
 
 _log = logging.getLogger("eventflow.sagas")
 _S = TypeVar("_S", bound=Saga)
@@ -57,29 +56,6 @@ Fence = Callable[[Transaction], Awaitable[None]]
 AfterCommit = Callable[[Callable[[], None]], None]
 """Registers a call to make once the transaction of the input committed (never on a
 rollback): ``ctx._after_commit`` for a handling."""
-
-
-@dataclass(frozen=True)
-class Try:
-    """One try of an input: the saga it was applied to (None: none stored), its status
-    before (``was``, for the index), the time and the machine to save (None: save
-    nothing)."""
-
-    loaded: Loaded | None
-    was: Status | None
-    now: float
-    machine: Machine | None
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A message made ready before its transaction (:meth:`Handling.prepare`): its saga
-    key (None: it names none), how it applies, and its first try when the saga could be
-    guessed (None: the store is read inside the transaction)."""
-
-    key: str | None
-    run: Run | None
-    first: Try | None = None
 
 
 class Handling:
@@ -119,19 +95,17 @@ class Handling:
         cause: Envelope | None,
         new: bool = False,
         after_commit: AfterCommit | None = None,
-        first: Try | None = None,
     ) -> Machine | None:
         """Load the saga of ``key``, let ``run`` apply one input and save the outcome in
         ``tx``, again while the stream moved meanwhile. The first try guesses instead of
         reading when it can: the saga as this process last committed it, else, when
-        ``new`` (a start event), no saga; ``first``: that try, made already (before ``tx``
-        began: :meth:`prepare`). Returns the machine saved, or None when ``run`` declined.
-        ``after_commit``: how to learn that ``tx`` committed (the saga then joins the
-        recent ones)."""
+        ``new`` (a start event), no saga. Returns the machine saved, or None when ``run``
+        declined. ``after_commit``: how to learn that ``tx`` committed (the saga then joins
+        the recent ones)."""
         if self.tracing is None:
-            return await self._apply(tx, cls, key, run, cause, new, after_commit, first)
+            return await self._apply(tx, cls, key, run, cause, new, after_commit)
         with self.tracing.saga(cls.definition.name, key) as span:
-            machine = await self._apply(tx, cls, key, run, cause, new, after_commit, first)
+            machine = await self._apply(tx, cls, key, run, cause, new, after_commit)
             if machine is not None:
                 control = machine.control
                 self.tracing.saga_state(span, control.at, control.status.value)
@@ -146,23 +120,17 @@ class Handling:
         cause: Envelope | None,
         new: bool,
         after_commit: AfterCommit | None,
-        first: Try | None,
     ) -> Machine | None:
         definition = cls.definition
         persistence = self.persistence
-        if first is None:
-            first = await self._guess(definition, key, run, new)
-        guessed = first is not None
+        loaded = persistence.recent(definition, key)
+        guessed = loaded is not None or new
         for _ in range(_MAX_CONFLICTS):
-            if first is not None:
-                loaded, was, now, machine = first.loaded, first.was, first.now, first.machine
-                first = None
-            else:
-                if not guessed:
-                    loaded = await persistence.load(definition, key)
-                was = loaded.control.status if loaded is not None else None
-                now = self.clock()
-                machine = await run(loaded, now)
+            if not guessed:
+                loaded = await persistence.load(definition, key)
+            was = loaded.control.status if loaded is not None else None
+            now = self.clock()
+            machine = await run(loaded, now)
             if machine is None:
                 return None
             if self.check is not None:
@@ -190,31 +158,6 @@ class Handling:
             return machine
         raise ConcurrencyError(definition.stream_prefix + key, -1, -1)
 
-    async def _guess(self, definition: SagaDefinition, key: str, run: Run, new: bool) -> Try | None:
-        """``run`` applied to the saga as this process last committed it, else, when
-        ``new``, to no saga; None (nothing run) when there is no guess: the store tells."""
-        loaded = self.persistence.recent(definition, key)
-        if loaded is None and not new:
-            return None
-        was = loaded.control.status if loaded is not None else None  # before run changes it
-        now = self.clock()
-        return Try(loaded, was, now, await run(loaded, now))
-
-    async def prepare(self, cls: type[Saga], event: Event, env: Envelope) -> Prepared:
-        """What :meth:`message` needs before its transaction: the saga key, and the input
-        applied to the guessed saga (no store I/O: the machine runs while no transaction is
-        open, which then holds its connection, or SQLite's one writer, for the writes only).
-        The save's version check confirms the guess; a wrong one is applied again, inside
-        the transaction, to the saga read from the store. Saga code that raises here raises
-        before any transaction began: the handling fails as if it had raised inside one."""
-        definition = cls.definition
-        key = key_of(definition, event, env.key)
-        if key is None:
-            return Prepared(None, None, None)
-        run = self._message_run(cls, event, env, key)
-        is_start = event.event_type == definition.start.event_type
-        return Prepared(key, run, await self._guess(definition, key, run, is_start))
-
     def sends(
         self, definition: SagaDefinition, machine: Machine, cause: Envelope | None
     ) -> list[tuple[str, Envelope]]:
@@ -238,17 +181,12 @@ class Handling:
         env: Envelope,
         *,
         after_commit: AfterCommit | None = None,
-        prepared: Prepared | None = None,
     ) -> Machine | None:
         """Apply the message ``env`` (decoded: ``event``) to its saga in ``tx``; None when
-        it names no saga key (counted in ``stray``). ``prepared``: :meth:`prepare` of this
-        message, made before ``tx`` began (else it is made here). ``after_commit``: see
-        :meth:`apply`."""
+        it names no saga key (counted in ``stray``). ``after_commit``: see :meth:`apply`."""
         definition = cls.definition
-        if prepared is None:
-            prepared = await self.prepare(cls, event, env)
-        key, run = prepared.key, prepared.run
-        if key is None or run is None:
+        key = key_of(definition, event, env.key)
+        if key is None:
             self.stray += 1
             _log.warning(
                 "saga %s: %s %s names no saga key (%s field or message key); acked",
@@ -259,22 +197,6 @@ class Handling:
             )
             return None
         is_start = event.event_type == definition.start.event_type
-        return await self.apply(
-            tx,
-            cls,
-            key,
-            run,
-            cause=env,
-            new=is_start,
-            after_commit=after_commit,
-            first=prepared.first,
-        )
-
-    def _message_run(self, cls: type[Saga], event: Event, env: Envelope, key: str) -> Run:
-        """How the message ``env`` applies to the saga of ``key`` (DESIGN 5): a start event
-        starts it (then the inputs kept before it), a second start starts nothing, any
-        other input for a saga not started is kept."""
-        is_start = event.event_type == cls.definition.start.event_type
 
         async def run(loaded: Loaded | None, now: float) -> Machine:
             if loaded is None or loaded.control.status is Status.PENDING:
@@ -293,7 +215,9 @@ class Handling:
                 await machine.message(event, env.id, env.causation_id)
             return machine
 
-        return run
+        return await self.apply(
+            tx, cls, key, run, cause=env, new=is_start, after_commit=after_commit
+        )
 
     def _early(self, cls: type[Saga], raw: dict[str, object]) -> Early:
         """A kept input, decoded as the class the saga takes for its type."""

@@ -250,13 +250,8 @@ class SagaRuntime:
 
     async def _handle(self, cls: type[Saga], event: Event, env: Envelope, ctx: Context) -> None:
         handling = self.sagas.handling
-        # The machine runs before the transaction opens (on the guessed saga), so the
-        # transaction holds its connection (SQLite: the one writer) for the writes only.
-        prepared = await handling.prepare(cls, event, env)
         async with ctx.transaction() as tx:
-            machine = await handling.message(
-                tx, cls, event, env, after_commit=ctx._after_commit, prepared=prepared
-            )
+            machine = await handling.message(tx, cls, event, env, after_commit=ctx._after_commit)
         if machine is None:
             self.timers.after_handling(ctx, cls.definition, {}, 0.0)
             return

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from eventflow import Saga, step
 from eventflow.envelope import Envelope
 from eventflow.events import Event, EventRegistry, envelope_for
 from eventflow.ports import Store
@@ -120,61 +119,3 @@ async def test_a_start_after_kept_inputs_applies_them(store: Store) -> None:
     assert saga is not None and saga.status == "compensated"
     row = await one.find(OrderSaga.definition.stream_prefix + "o-1")
     assert row is not None and row.status == "compensated"  # the index follows the status
-
-
-async def test_a_try_prepared_before_the_transaction_loses_to_a_commit_made_meanwhile(
-    store: Store,
-) -> None:
-    """The runtime's handler applies a message to the guessed saga before its transaction
-    opens (``Handling.prepare``). Another process that commits the saga in between makes
-    that try stale: the save conflicts and the input is applied, inside the transaction,
-    to the saga read from the store; the stale try's state is never saved."""
-    one, two = _process(store), _process(store)
-    await _apply(one, OrderPlaced(order_id="o-1"))
-    await _apply(one, StockReserved(order_id="o-1"))  # one remembers the saga at charge
-    charged = PaymentCharged(order_id="o-1", charge_id="ch-1")
-    env = Envelope.from_bytes(envelope_for(charged, source="test", key="o-1").to_bytes())
-    prepared = await one.handling.prepare(OrderSaga, charged, env)
-    assert prepared.first is not None  # applied to one's guess, no transaction open
-    assert prepared.first.machine is not None
-    assert prepared.first.machine.saga.charge_id == "ch-1"
-    await _apply(two, OrderCancelled(order_id="o-1"))  # two aborts it meanwhile
-    async with store.transaction() as tx:
-        machine = await one.handling.message(tx, OrderSaga, charged, env, prepared=prepared)
-    assert machine is not None
-    assert one.conflicts == 1  # the prepared try conflicted, then the store was read
-    saga = await one.get(OrderSaga, "o-1")
-    assert saga is not None
-    # The abort is kept (the stale try knew nothing of it) and the charge, whose command
-    # was out, is the step's outcome: recorded once, its data kept, then compensated.
-    assert saga.status in ("compensating", "compensated"), saga.status
-    assert saga.charge_id == "ch-1"
-    assert [t.kind for t in saga.history].count("replied") == 2
-
-
-async def test_saga_code_that_raises_in_a_prepared_try_writes_nothing(store: Store) -> None:
-    """A start whose ``started`` raises fails in ``prepare``, before any transaction: the
-    handling fails as it would inside one (retried, then dead-lettered), nothing is stored."""
-    sagas = _process(store)
-    await sagas.persistence.setup()
-    placed = OrderPlaced(order_id="o-1")
-    env = Envelope.from_bytes(envelope_for(placed, source="test", key="o-1").to_bytes())
-    with pytest.raises(ValueError, match="no stock today"):
-        await sagas.handling.prepare(_Raising, placed, env)
-    assert await sagas.get(_Raising, "o-1") is None
-    assert await sagas.find(_Raising.definition.stream_prefix + "o-1") is None
-
-
-class _Raising(Saga, name="sagatest.guesses.raising", start=OrderPlaced, key="order_id"):
-    """A saga whose ``started`` raises."""
-
-    order_id: str = ""
-
-    def started(self, e: OrderPlaced) -> None:
-        """Refuse every order."""
-        raise ValueError("no stock today")
-
-    @step(reply=StockReserved, timeout=30.0)
-    def reserve(self) -> Event:
-        """Never reached."""
-        return StockReserved(order_id=self.order_id)
