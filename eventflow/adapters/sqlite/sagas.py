@@ -14,25 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ...ports import Transaction
-from ...sagas.tables import IndexRow, NewTimer, SqlSagaTables, TimerRow, tables_for
-from .clock import CLOCK_SQL
+from ...sagas.tables import DROP_TIMER, IndexRow, NewTimer, SqlSagaTables, TimerRow, tables_for
+from .params import to_sqlite
 from .store import SqliteStore
 from .transaction import changed
 
 __all__ = ["SqliteSagaTables"]
-
-_INDEX = (
-    "INSERT INTO ef_sagas (id, name, key, status, started, updated) "
-    "VALUES (?1, ?2, ?3, ?4, ?5, ?6) "
-    "ON CONFLICT (id) DO UPDATE SET status = excluded.status, updated = excluded.updated"
-)
-_CANCEL = "DELETE FROM ef_saga_timers WHERE saga_id = ?1 AND timer = ?2"
-_SET = (
-    "INSERT INTO ef_saga_timers (saga_id, timer, name, key, due, token) "
-    f"VALUES (?1, ?2, ?3, ?4, {CLOCK_SQL} + ?5, ?6) ON CONFLICT (saga_id, timer) "
-    "DO UPDATE SET due = excluded.due, token = excluded.token"
-)
-_DROP = "DELETE FROM ef_saga_timers WHERE saga_id = ?1 AND timer = ?2 AND token = ?3"
 
 
 class SqliteSagaTables(SqlSagaTables):
@@ -51,27 +38,16 @@ class SqliteSagaTables(SqlSagaTables):
         *,
         index: bool = True,
     ) -> None:
-        """The index row (when ``index``), the deletes, then the upserts, queued in ``tx``
-        in that order."""
+        """The statements of :meth:`~eventflow.sagas.tables.SqlSagaTables.writes`,
+        queued in ``tx`` in that order."""
         queue = self._db.queue
-        if index:
-            args = (
-                row.id,
-                row.name,
-                row.key,
-                row.status,
-                row.started.timestamp(),
-                row.updated.timestamp(),
-            )
-            await queue(tx, changed, _INDEX, args)
-        for timer in cancelled:
-            await queue(tx, changed, _CANCEL, (row.id, timer))
-        for t in timers:
-            await queue(tx, changed, _SET, (row.id, t.timer, row.name, row.key, t.delay, t.token))
+        for sql, args in self.writes(row, timers, cancelled, index=index):
+            await queue(tx, changed, to_sqlite(sql), args)
 
     async def drop_timer(self, tx: Transaction, row: TimerRow) -> None:
         """Only the setting that fired (its token); queued in ``tx``."""
-        await self._db.queue(tx, changed, _DROP, (row.saga_id, row.timer, row.token))
+        args = (row.saga_id, row.timer, row.token)
+        await self._db.queue(tx, changed, to_sqlite(DROP_TIMER), args)
 
 
 tables_for.register(SqliteStore, SqliteSagaTables)
