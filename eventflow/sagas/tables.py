@@ -17,6 +17,7 @@ written through the store's own transactions, in the ``$1`` style both run) and
 from __future__ import annotations
 
 import builtins
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 from ..ports import Store, Transaction
 
 __all__ = [
+    "DROP_TIMER",
     "IndexRow",
     "MemorySagaTables",
     "NewTimer",
@@ -120,6 +122,13 @@ _SCHEMA = (
 )
 _COLUMNS = "id, name, key, status, started, updated"
 _TIMER_COLUMNS = "saga_id, timer, name, key, due, token"
+_INDEX = (
+    f"INSERT INTO ef_sagas ({_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) "
+    "ON CONFLICT (id) DO UPDATE SET status = excluded.status, updated = excluded.updated"
+)
+_CANCEL = "DELETE FROM ef_saga_timers WHERE saga_id = $1 AND timer = $2"
+DROP_TIMER = "DELETE FROM ef_saga_timers WHERE saga_id = $1 AND timer = $2 AND token = $3"
+"""Deletes the timer row that fired, only if it is still that setting (its token)."""
 
 
 class SqlSagaTables:
@@ -130,6 +139,11 @@ class SqlSagaTables:
         clock = store.clock.sql
         assert clock is not None, "a SQL store's clock has an SQL expression"
         self._clock = clock
+        self._set_sql = (
+            f"INSERT INTO ef_saga_timers ({_TIMER_COLUMNS}) "
+            f"VALUES ($1, $2, $3, $4, {clock} + $5, $6) ON CONFLICT (saga_id, timer) "
+            "DO UPDATE SET due = excluded.due, token = excluded.token"
+        )
         self._ready = False
 
     async def setup(self) -> None:
@@ -156,35 +170,31 @@ class SqlSagaTables:
         *,
         index: bool = True,
     ) -> None:
-        """One statement for the index row (when ``index``), one per timer changed."""
+        """One statement for the index row (when ``index``), one per timer changed (a store
+        adapter may send them in fewer round trips: :func:`tables_for`)."""
+        for sql, args in self.writes(row, timers, cancelled, index=index):
+            await tx.execute(sql, *args)
+
+    def writes(
+        self,
+        row: IndexRow,
+        timers: Sequence[NewTimer],
+        cancelled: Iterable[str],
+        *,
+        index: bool = True,
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        """The statements of :meth:`save`, in order, with their arguments (``$1``
+        style): the index row, the deletes, then the upserts."""
+        out: list[tuple[str, tuple[Any, ...]]] = []
         if index:
-            await tx.execute(
-                f"INSERT INTO ef_sagas ({_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) "
-                "ON CONFLICT (id) DO UPDATE SET status = excluded.status, "
-                "updated = excluded.updated",
-                row.id,
-                row.name,
-                row.key,
-                row.status,
-                row.started.timestamp(),
-                row.updated.timestamp(),
-            )
-        for timer in cancelled:
-            await tx.execute(
-                "DELETE FROM ef_saga_timers WHERE saga_id = $1 AND timer = $2", row.id, timer
-            )
-        for t in timers:
-            await tx.execute(
-                f"INSERT INTO ef_saga_timers ({_TIMER_COLUMNS}) "
-                f"VALUES ($1, $2, $3, $4, {self._clock} + $5, $6) ON CONFLICT (saga_id, timer) "
-                "DO UPDATE SET due = excluded.due, token = excluded.token",
-                row.id,
-                t.timer,
-                row.name,
-                row.key,
-                t.delay,
-                t.token,
-            )
+            started, updated = row.started.timestamp(), row.updated.timestamp()
+            out.append((_INDEX, (row.id, row.name, row.key, row.status, started, updated)))
+        out.extend((_CANCEL, (row.id, timer)) for timer in cancelled)
+        set_sql = self._set_sql
+        out.extend(
+            (set_sql, (row.id, t.timer, row.name, row.key, t.delay, t.token)) for t in timers
+        )
+        return out
 
     async def list(
         self, *, name: str | None = None, status: str | None = None, limit: int = 1000
@@ -228,12 +238,7 @@ class SqlSagaTables:
 
     async def drop_timer(self, tx: Transaction, row: TimerRow) -> None:
         """Only the setting that fired (its token)."""
-        await tx.execute(
-            "DELETE FROM ef_saga_timers WHERE saga_id = $1 AND timer = $2 AND token = $3",
-            row.saga_id,
-            row.timer,
-            row.token,
-        )
+        await tx.execute(DROP_TIMER, row.saga_id, row.timer, row.token)
 
 
 class MemorySagaTables:
@@ -325,8 +330,14 @@ class _Shared:
 _memory_shared: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
 
 
+@functools.singledispatch
 def tables_for(store: Store) -> SagaTables:
-    """The saga tables of ``store``: SQL where its transactions run SQL, else in memory."""
+    """The saga tables of ``store``: SQL where its transactions run SQL, else in memory.
+
+    A store adapter that can write them in fewer round trips registers its own for its
+    store class (``tables_for.register(PostgresStore, PostgresSagaTables)``, in the
+    adapter's package): the same tables, the same rows, the one contract
+    (``tests/sagas/test_saga_tables.py`` runs on every store)."""
     if store.supports_sql:
         return SqlSagaTables(store)
     return MemorySagaTables(store)

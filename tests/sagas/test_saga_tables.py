@@ -154,3 +154,46 @@ async def test_counts_per_saga_name_and_status(store: Store) -> None:
         await tables.save(tx, _row("saga-order-b", "completed", at=2.0), [], ())
     assert (await tables.counts())[("order", "completed")] == 1
     assert ("order", "failed") not in await tables.counts()
+
+
+async def test_one_save_cancels_sets_and_skips_the_index_as_asked(store: Store) -> None:
+    """What one transition writes, however the store sends it (one statement on
+    PostgreSQL, queued writes on SQLite): a timer both cancelled and set is set (the later
+    write wins), the other cancels go, and ``index=False`` leaves the index as it was."""
+    tables = await _tables(store)
+    async with store.transaction() as tx:
+        await tables.save(
+            tx,
+            _row("saga-order-a"),
+            [NewTimer("step:", 30.0, "1:s"), NewTimer("t", 9.0, "1:t")],
+            (),
+        )
+    async with store.transaction() as tx:
+        await tables.save(
+            tx,
+            _row("saga-order-a", "compensating", at=5.0),
+            [NewTimer("step:", 20.0, "2:s")],
+            ["step:", "t"],
+            index=False,
+        )
+    rows, _ = await tables.earliest("order", 10)
+    assert [(r.timer, r.token) for r in rows] == [("step:", "2:s")]
+    found = await tables.find("saga-order-a")
+    assert found is not None and found.status == "running"
+    async with store.transaction() as tx:  # nothing to write: nothing written
+        await tables.save(tx, _row("saga-order-a", "failed"), [], (), index=False)
+    found = await tables.find("saga-order-a")
+    assert found is not None and found.status == "running"
+
+
+def test_each_store_gets_its_adapters_saga_tables(tmp_path: Path) -> None:
+    """``tables_for`` takes the implementation a store adapter registered for its class:
+    one statement per transition on PostgreSQL, queued writes on SQLite, dicts in memory."""
+    from eventflow.adapters.postgres import PostgresSagaTables, PostgresStore
+    from eventflow.adapters.sqlite import SqliteSagaTables, SqliteStore
+    from eventflow.sagas.tables import MemorySagaTables
+
+    assert type(tables_for(SqliteStore(str(tmp_path / "t.db")))) is SqliteSagaTables
+    pg = PostgresStore.from_url("postgresql://postgres@127.0.0.1:5432/test")
+    assert type(tables_for(pg)) is PostgresSagaTables
+    assert type(tables_for(MemoryStore())) is MemorySagaTables
