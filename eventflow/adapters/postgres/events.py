@@ -10,13 +10,13 @@ and an open unrelated transaction delays nothing. See docs/event-store.md.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import asyncpg
 import orjson
 
-from ...envelope import Envelope
+from ...envelope import Envelope, stored_envelopes
 from ...errors import ConcurrencyError, StoreError
 from ...events import Event
 from ...ports import RecordedEvent, Snapshot
@@ -100,8 +100,12 @@ _READ_ALL = (
 _SLOW_APPEND = "SELECT ef_append_v3($1, $2, $3, $4)"
 
 
-def _record(row: Any) -> RecordedEvent:
-    return RecordedEvent(row[1], row[2], row[0] or 0, Envelope.from_bytes(row[3]))
+def _records(rows: Sequence[Any]) -> Iterator[RecordedEvent]:
+    """A page of rows (position, stream_id, stream_version, envelope) as records, made as
+    they are read."""
+    envelopes = stored_envelopes(r[3] for r in rows)
+    for r, env in zip(rows, envelopes, strict=True):
+        yield RecordedEvent(r[1], r[2], r[0] or 0, env)
 
 
 class PostgresEventLog:
@@ -269,14 +273,14 @@ class PostgresEventLog:
                     rows = await conn.fetch(sql, stream_id, after, size)
             return rows
 
-        return paged(fetch, cursor, limit, _record, lambda row: row[2])
+        return paged(fetch, cursor, limit, _records, lambda row: row[2])
 
     async def correlated(self, correlation_id: str, *, limit: int = 100_000) -> list[RecordedEvent]:
         """The events of one correlation in commit order, through ``ef_events_correlation``."""
         await self._sync()  # so that committed events have their positions
         async with self.db.connection() as conn:
             rows = await conn.fetch(_CORRELATED, correlation_id, limit)
-        return [_record(r) for r in rows]
+        return list(_records(rows))
 
     async def read_all(
         self, *, after: int = 0, limit: int | None = None
@@ -289,7 +293,12 @@ class PostgresEventLog:
                 rows: list[Any] = await conn.fetch(_READ_ALL, cursor, size)
             return rows
 
-        async for rec in paged(fetch, after, limit, _record, lambda row: row[0]):
+        def ahead() -> bool:
+            # Outside a transaction only: a page read ahead inside one would hold its
+            # connection, and could run beside the reader's own statements on it.
+            return self.db.current is None
+
+        async for rec in paged(fetch, after, limit, _records, lambda row: row[0], ahead=ahead):
             yield rec
 
     async def subscribe(self, *, after: int = 0) -> AsyncIterator[RecordedEvent]:
