@@ -24,7 +24,6 @@ from ...sourcing.append import prepare_append
 from ...sourcing.paging import paged, stream_range
 from ...supervision import Supervisor
 from .db import PostgresDatabase
-from .grouping import AppendGroups
 from .sequencer import Sequencer, number_committed
 
 __all__ = ["PostgresEventLog"]
@@ -128,7 +127,6 @@ class PostgresEventLog:
         payload; ``reconnected``: called when the listener connected again (notifications
         sent while it was away are lost)."""
         self._sequencer = Sequencer(self.db, channels, reconnected)
-        self._groups = AppendGroups(self.db, self._fast_append)
 
     async def _start_events(self, supervisor: Supervisor | None) -> None:
         await self._sequencer.start(supervisor)
@@ -155,9 +153,7 @@ class PostgresEventLog:
         corrs = [e.correlation_id for e in envelopes]
         ambient = self.db.current is not None
         version: int | None = None
-        if envelopes and expected_version is not None and not ambient:
-            version = await self._groups.append(stream_id, expected_version, ids, blobs, corrs)
-        elif envelopes:
+        if envelopes:
             version = await self._fast_append(stream_id, expected_version, ids, blobs, corrs)
         if version is None:
             version = await self._slow_append(stream_id, expected_version, ids, blobs, corrs)
