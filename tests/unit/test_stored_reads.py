@@ -46,6 +46,7 @@ def test_other_forms_are_checked_and_filled_like_from_bytes() -> None:
         orjson.dumps({**orjson.loads(_envelope(1).to_bytes()), "time": "yesterday"}),
         orjson.dumps({"type": "test.stored"}),
     ],
+    ids=["not-json", "not-an-object", "bad-time", "no-id"],
 )
 def test_a_bad_stored_form_raises_what_from_bytes_raises(payload: bytes) -> None:
     with pytest.raises(MalformedMessageError) as expected:
@@ -82,7 +83,7 @@ def _records(rows: Sequence[Any]) -> list[RecordedEvent]:
     return [RecordedEvent("s", pos, pos, env) for pos, env in rows]
 
 
-@pytest.mark.parametrize("ahead", [None, lambda: True])
+@pytest.mark.parametrize("ahead", [None, lambda: True], ids=["page-by-page", "read-ahead"])
 @pytest.mark.parametrize(("n", "limit"), [(0, None), (25, None), (30, None), (25, 7), (25, 20)])
 async def test_pages_read_ahead_or_not_give_every_row_once_in_order(
     ahead: Any, n: int, limit: int | None
