@@ -3,13 +3,15 @@
 Fills a throwaway schema with N events (default 1,000,000; COPY in chunks, 5 events per
 correlation over 1,000 streams, as a busy shop's log would hold), lets the sequencer number
 them, then times what ``trace`` does for a few correlation ids picked at random: the lookup
-through the ``ef_events_correlation`` index plus the dead-letter and outbox reads
+through the ``ef_events_correlation_id`` index (with ``--old-rows``, rows stored without the
+correlation_id column, as an earlier version did: through ``ef_events_correlation_stored``,
+the partial index over the id in the envelope) plus the dead-letter and outbox reads
 (``eventflow.cli.trace.collect``) and drawing the tree. With ``--scan`` it also times the
 way trace worked before the index (a ``read_all`` over the whole log, filtered in Python),
 once. The schema is dropped at the end.
 
     python benchmarks/bench_trace.py [--events 1000000] [--postgres-url URL] [--lookups 20]
-        [--scan]
+        [--scan] [--old-rows]
     python benchmarks/bench_trace.py --append-cost [--rounds 6]
 
 Prints the figures; it asserts nothing about time (the target is under 1 s per trace).
@@ -39,9 +41,12 @@ STREAMS = 1000
 CHUNK = 50_000
 
 
-def _rows(n: int, start: int, template: dict[str, Any]) -> list[tuple[str, str, int, bytes]]:
+def _rows(
+    n: int, start: int, template: dict[str, Any], old: bool
+) -> list[tuple[str, str, int, bytes, str | None]]:
     """Events ``start`` .. ``start + n - 1``: ids and correlation ids derived from the
-    number, so the picked correlations can be named again."""
+    number, so the picked correlations can be named again; with ``old``, without the
+    correlation_id column (as rows an earlier version stored)."""
     rows = []
     for i in range(start, start + n):
         doc = dict(template)
@@ -50,11 +55,12 @@ def _rows(n: int, start: int, template: dict[str, Any]) -> list[tuple[str, str, 
         doc["causation_id"] = f"ev-{i - 1:09d}" if i % PER_CORRELATION else None
         doc["data"] = {"n": i}
         stream = i % STREAMS
-        rows.append((doc["id"], f"bench-{stream}", i // STREAMS + 1, orjson.dumps(doc)))
+        corr = None if old else doc["correlation_id"]
+        rows.append((doc["id"], f"bench-{stream}", i // STREAMS + 1, orjson.dumps(doc), corr))
     return rows
 
 
-async def _fill(url: str, n: int) -> None:
+async def _fill(url: str, n: int, old: bool) -> None:
     import asyncpg  # the postgres extra
 
     from eventflow.testing.postgres import _admin_dsn
@@ -64,11 +70,11 @@ async def _fill(url: str, n: int) -> None:
     conn = await asyncpg.connect(_admin_dsn(url), server_settings={"search_path": schema})
     try:
         for start in range(0, n, CHUNK):
-            rows = _rows(min(CHUNK, n - start), start, template)
+            rows = _rows(min(CHUNK, n - start), start, template, old)
             await conn.copy_records_to_table(
                 "ef_events",
                 records=rows,
-                columns=["event_id", "stream_id", "stream_version", "envelope"],
+                columns=["event_id", "stream_id", "stream_version", "envelope", "correlation_id"],
             )
         await conn.execute("ANALYZE ef_events")
     finally:
@@ -96,15 +102,16 @@ async def main(args: argparse.Namespace) -> None:
     await store.open()  # creates the tables and the index
     try:
         began = time.perf_counter()
-        await _fill(url, args.events)
+        await _fill(url, args.events, args.old_rows)
         filled = time.perf_counter() - began
         began = time.perf_counter()
         async for _ in store.read_all(limit=1):  # sequencing: every event gets its position
             break
         numbered = time.perf_counter() - began
         last = await store.last_position()
+        form = " (stored as by an earlier version)" if args.old_rows else ""
         print(
-            f"filled {args.events:,} events in {filled:.1f} s (COPY), numbered in "
+            f"filled {args.events:,} events{form} in {filled:.1f} s (COPY), numbered in "
             f"{numbered:.1f} s; last position {last:,}"
         )
         correlations = args.events // PER_CORRELATION
@@ -151,8 +158,8 @@ async def append_cost(args: argparse.Namespace) -> None:
         try:
             for r in range(args.rounds):
                 indexed = r % 2 == 0
-                sql = _CREATE[kind] if indexed else "DROP INDEX IF EXISTS ef_events_correlation"
-                await _execute(store, kind, sql)
+                for sql in _CREATE[kind] if indexed else _DROP[kind]:
+                    await _execute(store, kind, sql)
                 began = time.perf_counter()
                 for i in range(n):
                     env = Envelope.create("bench.trace.cost", {"n": i}, correlation_id=f"c-{r}-{i}")
@@ -171,10 +178,23 @@ async def append_cost(args: argparse.Namespace) -> None:
 
 
 _CREATE = {
-    "sqlite": "CREATE INDEX IF NOT EXISTS ef_events_correlation ON ef_events "
-    "(json_extract(CAST(envelope AS TEXT), '$.correlation_id'))",
-    "postgresql": "CREATE INDEX IF NOT EXISTS ef_events_correlation ON ef_events "
-    "(ef_correlation_v1(envelope))",
+    "sqlite": [
+        "CREATE INDEX IF NOT EXISTS ef_events_correlation ON ef_events "
+        "(json_extract(CAST(envelope AS TEXT), '$.correlation_id'))"
+    ],
+    "postgresql": [  # as schema.py makes them
+        "CREATE INDEX IF NOT EXISTS ef_events_correlation_id ON ef_events (correlation_id) "
+        "WHERE correlation_id IS NOT NULL",
+        "CREATE INDEX IF NOT EXISTS ef_events_correlation_stored ON ef_events "
+        "(ef_correlation_v1(envelope)) WHERE correlation_id IS NULL",
+    ],
+}
+_DROP = {
+    "sqlite": ["DROP INDEX IF EXISTS ef_events_correlation"],
+    "postgresql": [
+        "DROP INDEX IF EXISTS ef_events_correlation_id",
+        "DROP INDEX IF EXISTS ef_events_correlation_stored",
+    ],
 }
 
 
@@ -189,6 +209,11 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
     parser.add_argument("--lookups", type=int, default=20)
     parser.add_argument("--scan", action="store_true", help="also time a whole-log scan")
+    parser.add_argument(
+        "--old-rows",
+        action="store_true",
+        help="fill without the correlation_id column (rows an earlier version stored)",
+    )
     parser.add_argument("--append-cost", action="store_true", help="the index's cost on appends")
     parser.add_argument("--rounds", type=int, default=6)
     return parser.parse_args()

@@ -174,7 +174,15 @@ class EventRegistry:
 
         Raises a :class:`~eventflow.errors.DecodeError` subclass naming the problem.
         """
-        return self.decode_data(envelope.type, envelope.version, envelope.data, cls)
+        if envelope.version != cls.event_version:
+            return self.decode_data(envelope.type, envelope.version, envelope.data, cls)
+        # The common case (stored at the code's version: nothing to upcast) in this frame:
+        # replays and projections decode every event here, and a call less is a tenth of
+        # the decoding.
+        try:
+            return cls.__pydantic_validator__.validate_python(envelope.data)  # type: ignore[no-any-return]
+        except ValidationError as exc:
+            raise _invalid(envelope.type, envelope.version, cls, exc) from exc
 
     def decode_data(self, event_type: str, version: int, data: dict[str, Any], cls: type[E]) -> E:
         """:meth:`decode_as` for an envelope's type, version and data: upcast ``data`` from
@@ -190,10 +198,7 @@ class EventRegistry:
         try:
             return cls.__pydantic_validator__.validate_python(data)  # type: ignore[no-any-return]
         except ValidationError as exc:
-            raise EventValidationError(
-                f"{event_type!r} v{version} data does not validate as "
-                f"{cls.__qualname__}: {_summarise(exc)}"
-            ) from exc
+            raise _invalid(event_type, version, cls, exc) from exc
 
     def decode(self, envelope: Envelope) -> Event:
         """Decode an envelope into the latest class registered for its type."""
@@ -204,6 +209,15 @@ class EventRegistry:
                 "class defines it"
             )
         return self.decode_as(envelope, versions[max(versions)])
+
+
+def _invalid(
+    event_type: str, version: int, cls: type[Event], exc: ValidationError
+) -> EventValidationError:
+    """The error for ``event_type`` v``version`` data that ``cls`` does not validate."""
+    return EventValidationError(
+        f"{event_type!r} v{version} data does not validate as {cls.__qualname__}: {_summarise(exc)}"
+    )
 
 
 def _summarise(exc: ValidationError) -> str:

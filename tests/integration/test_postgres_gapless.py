@@ -278,9 +278,9 @@ async def test_appends_take_a_transaction_id_before_drawing_event_ids(
     on the very plan node that draws the ids, so no row (and no id) comes before it."""
     cfg = postgres_store.config
     sql = getattr(pg_events, name)
-    at_version = "$4" in sql
-    types = "text, text[], bytea[]" + (", bigint" if at_version else "")
-    args = "'s', '{a}', '{\\\\x00}'" + (", 1" if at_version else "")
+    at_version = "$5" in sql
+    types = "text, text[], bytea[], text[]" + (", bigint" if at_version else "")
+    args = "'s', '{a}', '{\\\\x00}', '{c}'" + (", 1" if at_version else "")
     conn = await asyncpg.connect(cfg.dsn, server_settings={"search_path": cfg.schema})
     try:
         await conn.execute("SET plan_cache_mode = force_generic_plan")

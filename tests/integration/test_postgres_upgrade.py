@@ -15,6 +15,7 @@ import pytest
 
 from eventflow import Event
 from eventflow.adapters.postgres import PostgresStore
+from eventflow.adapters.postgres import events as pg_events
 from eventflow.errors import StoreError
 from eventflow.events import to_envelope
 from eventflow.stores import store_for
@@ -272,6 +273,75 @@ async def test_a_dedup_table_of_an_earlier_version_gets_its_cancellation_column(
                 assert await store.dedup.cancelled_by("g", "old") is None
                 assert await store.dedup.mark_new("g", "new", cancelled_by="undo")
                 assert await store.dedup.cancelled_by("g", "new") == "undo"
+            finally:
+                await store.close()
+        finally:
+            await conn.close()
+
+
+async def test_correlations_stored_before_the_column_are_still_traced() -> None:
+    """A schema of the version before (no correlation_id column, a full index over the id in
+    each envelope): the first open adds the column and swaps the full index for partial
+    ones; events stored before, and those a process of that version appends meanwhile (with
+    its ef_append_v3, or a plain insert), are found by `correlated` with the new ones, in
+    order, through the indexes."""
+    async with isolated_schema(postgres_url()) as url:
+        store = await _current_schema(url)
+        conn = await _connect(store)
+        old_insert = (
+            "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope) "
+            "VALUES ($1, $2, $3, $4)"
+        )
+        first, second, third, other = (
+            to_envelope(Upgraded(n=n), source="old", correlation_id="corr-1" if n < 4 else "x")
+            for n in range(1, 5)
+        )
+        try:
+            await conn.execute(
+                "DROP INDEX ef_events_correlation_id, ef_events_correlation_stored; "
+                "ALTER TABLE ef_events DROP COLUMN correlation_id; "
+                "CREATE INDEX ef_events_correlation ON ef_events (ef_correlation_v1(envelope))"
+            )
+            await conn.execute(old_insert, first.id, "s", 1, first.to_bytes())
+            await conn.execute(old_insert, other.id, "t", 1, other.to_bytes())
+            await store.open()
+            try:
+                # A process of the version before, still running: its slow-path append.
+                await conn.fetchval(
+                    "SELECT ef_append_v3('s', 1, $1, $2)", [second.id], [second.to_bytes()]
+                )
+                await store.append("s", [third], expected_version=2)
+                found = await store.correlated("corr-1")
+                assert [r.envelope.id for r in found] == [first.id, second.id, third.id]
+                assert [r.position for r in found] == [1, 3, 4]
+                assert [r.envelope.id for r in await store.correlated("x")] == [other.id]
+                columns = await conn.fetchval(
+                    "SELECT array_agg(correlation_id ORDER BY id) FROM ef_events"
+                )
+                assert columns == [None, None, None, "corr-1"]
+                indexes = {
+                    r[0]
+                    for r in await conn.fetch(
+                        "SELECT indexname FROM pg_indexes WHERE tablename = 'ef_events' "
+                        "AND schemaname = current_schema()"
+                    )
+                }
+                assert "ef_events_correlation" not in indexes
+                assert {"ef_events_correlation_id", "ef_events_correlation_stored"} <= indexes
+                # The lookup's condition, alone (on a table this small the planner would
+                # rather walk the primary key for the ORDER BY ... LIMIT).
+                where = pg_events._CORRELATED.split("FROM ef_events e WHERE ")[1]
+                where = where.split(" ORDER BY e.id")[0]
+                await conn.execute("SET enable_seqscan = off")
+                plan = "\n".join(
+                    r[0]
+                    for r in await conn.fetch(
+                        "EXPLAIN SELECT count(*) FROM ef_events e WHERE "
+                        + where.replace("$1", "'corr-1'")
+                    )
+                )
+                assert "ef_events_correlation_id" in plan, plan
+                assert "ef_events_correlation_stored" in plan, plan
             finally:
                 await store.close()
         finally:

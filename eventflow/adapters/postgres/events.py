@@ -10,13 +10,13 @@ and an open unrelated transaction delays nothing. See docs/event-store.md.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import asyncpg
 import orjson
 
-from ...envelope import Envelope
+from ...envelope import Envelope, stored_envelopes
 from ...errors import ConcurrencyError, StoreError
 from ...events import Event
 from ...ports import RecordedEvent, Snapshot
@@ -42,9 +42,12 @@ _POSITION = (
 )
 
 
+# The correlation_id column, or for rows stored without it (by an earlier version), the id
+# in the envelope: one partial index each (see schema.py).
 _CORRELATED = (
-    f"SELECT {_POSITION}, {_COLUMNS} FROM ef_events e "
-    "WHERE ef_correlation_v1(e.envelope) = $1 ORDER BY e.id LIMIT $2"
+    f"SELECT {_POSITION}, {_COLUMNS} FROM ef_events e WHERE e.correlation_id = $1 "
+    "OR (e.correlation_id IS NULL AND ef_correlation_v1(e.envelope) = $1) "
+    "ORDER BY e.id LIMIT $2"
 )
 _STREAM_VERSION = "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = $1"
 
@@ -52,20 +55,21 @@ _STREAM_VERSION = "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE 
 def _append_sql(base: str, guard: str = "") -> str:
     # The one-time filter gives the transaction its id before the first event id is drawn:
     # ef_sequence_v3 relies on that (see schema.py). `guard` is checked once, before any row.
+    # $4: the events' correlation ids (trace's index reads the column, not the envelope).
     return (
-        "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope) "
-        f"SELECT i, $1, {base} + o, e FROM unnest($2::text[], $3::bytea[]) "
-        f"WITH ORDINALITY AS u(i, e, o) WHERE pg_current_xact_id() IS NOT NULL{guard}"
+        "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope, correlation_id) "
+        f"SELECT i, $1, {base} + o, e, c FROM unnest($2::text[], $3::bytea[], $4::text[]) "
+        f"WITH ORDINALITY AS u(i, e, c, o) WHERE pg_current_xact_id() IS NOT NULL{guard}"
     )
 
 
-# The fast-path appends. A new stream, or one at version $4 (which must exist): the caller
+# The fast-path appends. A new stream, or one at version $5 (which must exist): the caller
 # knows the new version, and reads the rows inserted from the command status (none when the
 # guard fails). Any version: the new version comes back from the statement.
 _APPEND_NEW = _append_sql("0")
 _APPEND_AT = _append_sql(
-    "$4::bigint",
-    " AND EXISTS (SELECT 1 FROM ef_events WHERE stream_id = $1 AND stream_version = $4)",
+    "$5::bigint",
+    " AND EXISTS (SELECT 1 FROM ef_events WHERE stream_id = $1 AND stream_version = $5)",
 )
 _APPEND_ANY = (
     f"WITH ins AS ({_append_sql(f'({_STREAM_VERSION})')} RETURNING stream_version) "
@@ -97,11 +101,15 @@ _READ_ALL = (
     "WHERE position <= $1::bigint + 1), 0) ORDER BY r.position, e.id LIMIT $2"
 )
 
-_SLOW_APPEND = "SELECT ef_append_v3($1, $2, $3, $4)"
+_SLOW_APPEND = "SELECT ef_append_v4($1, $2, $3, $4, $5)"
 
 
-def _record(row: Any) -> RecordedEvent:
-    return RecordedEvent(row[1], row[2], row[0] or 0, Envelope.from_bytes(row[3]))
+def _records(rows: Sequence[Any]) -> Iterator[RecordedEvent]:
+    """A page of rows (position, stream_id, stream_version, envelope) as records, made as
+    they are read."""
+    envelopes = stored_envelopes(r[3] for r in rows)
+    for r, env in zip(rows, envelopes, strict=True):
+        yield RecordedEvent(r[1], r[2], r[0] or 0, env)
 
 
 class PostgresEventLog:
@@ -137,17 +145,18 @@ class PostgresEventLog:
 
         The fast path inserts with the versions the caller expects and lets the unique
         indexes reject conflicts; anything unusual (a conflict, ids already stored, a
-        version the stream has not reached) goes through ``ef_append_v3``, which sorts it out.
+        version the stream has not reached) goes through ``ef_append_v4``, which sorts it out.
         """
         envelopes = prepare_append(stream_id, events)
         ids = [e.id for e in envelopes]
         blobs = [e.to_bytes() for e in envelopes]
+        corrs = [e.correlation_id for e in envelopes]
         ambient = self.db.current is not None
         version: int | None = None
         if envelopes:
-            version = await self._fast_append(stream_id, expected_version, ids, blobs)
+            version = await self._fast_append(stream_id, expected_version, ids, blobs, corrs)
         if version is None:
-            version = await self._slow_append(stream_id, expected_version, ids, blobs)
+            version = await self._slow_append(stream_id, expected_version, ids, blobs, corrs)
         if ambient:
             self.db.after_commit(self._sequencer.appended)
         else:
@@ -160,6 +169,7 @@ class PostgresEventLog:
         expected: int | None,
         ids: list[str],
         blobs: list[bytes],
+        corrs: list[str],
     ) -> int | None:
         # Constant statements (the expected version is a parameter), so asyncpg's prepared
         # statement cache serves every append after the first on a connection.
@@ -167,11 +177,11 @@ class PostgresEventLog:
         # caller knows it, and the command status says whether every row went in (execute).
         args: tuple[Any, ...]
         if expected is None:
-            sql, kind, args = _APPEND_ANY, "any", (stream_id, ids, blobs)
+            sql, kind, args = _APPEND_ANY, "any", (stream_id, ids, blobs, corrs)
         elif expected == 0:
-            sql, kind, args = _APPEND_NEW, "new", (stream_id, ids, blobs)
+            sql, kind, args = _APPEND_NEW, "new", (stream_id, ids, blobs, corrs)
         else:
-            sql, kind, args = _APPEND_AT, "at", (stream_id, ids, blobs, int(expected))
+            sql, kind, args = _APPEND_AT, "at", (stream_id, ids, blobs, corrs, int(expected))
         if self.db.current is not None:
             return await self._fast_append_in_tx(_IN_TX[kind], args)
         try:
@@ -205,6 +215,7 @@ class PostgresEventLog:
         expected: int | None,
         ids: list[str],
         blobs: list[bytes],
+        corrs: list[str],
     ) -> int:
         ambient = self.db.current is not None
         retries = 0
@@ -214,10 +225,12 @@ class PostgresEventLog:
                     if ambient:
                         async with conn.transaction():  # a savepoint: errors keep the tx usable
                             version: int = await conn.fetchval(
-                                _SLOW_APPEND, stream_id, expected, ids, blobs
+                                _SLOW_APPEND, stream_id, expected, ids, blobs, corrs
                             )
                     else:
-                        version = await conn.fetchval(_SLOW_APPEND, stream_id, expected, ids, blobs)
+                        version = await conn.fetchval(
+                            _SLOW_APPEND, stream_id, expected, ids, blobs, corrs
+                        )
                 return version
             except asyncpg.UniqueViolationError as exc:
                 # A concurrent append took the same version (or stored the same ids).
@@ -269,14 +282,14 @@ class PostgresEventLog:
                     rows = await conn.fetch(sql, stream_id, after, size)
             return rows
 
-        return paged(fetch, cursor, limit, _record, lambda row: row[2])
+        return paged(fetch, cursor, limit, _records, lambda row: row[2])
 
     async def correlated(self, correlation_id: str, *, limit: int = 100_000) -> list[RecordedEvent]:
         """The events of one correlation in commit order, through ``ef_events_correlation``."""
         await self._sync()  # so that committed events have their positions
         async with self.db.connection() as conn:
             rows = await conn.fetch(_CORRELATED, correlation_id, limit)
-        return [_record(r) for r in rows]
+        return list(_records(rows))
 
     async def read_all(
         self, *, after: int = 0, limit: int | None = None
@@ -289,7 +302,12 @@ class PostgresEventLog:
                 rows: list[Any] = await conn.fetch(_READ_ALL, cursor, size)
             return rows
 
-        async for rec in paged(fetch, after, limit, _record, lambda row: row[0]):
+        def ahead() -> bool:
+            # Outside a transaction only: a page read ahead inside one would hold its
+            # connection, and could run beside the reader's own statements on it.
+            return self.db.current is None
+
+        async for rec in paged(fetch, after, limit, _records, lambda row: row[0], ahead=ahead):
             yield rec
 
     async def subscribe(self, *, after: int = 0) -> AsyncIterator[RecordedEvent]:

@@ -2,7 +2,7 @@
 schemas made by earlier versions (``ef_dedup`` is in ``dedup.py``, ``ef_attempts`` in
 ``attempts.py``).
 
-``ef_append_v3`` appends a batch to a stream: it checks the expected version, skips event
+``ef_append_v4`` appends a batch to a stream: it checks the expected version, skips event
 ids already stored and inserts the rest. ``ef_sequence_v3`` gives the next positions to the
 events committed since its last pass, as runs in ``ef_runs`` (see ``docs/event-store.md`` for
 why positions are assigned after commit, and how the sequencer knows it has missed nothing).
@@ -10,54 +10,69 @@ why positions are assigned after commit, and how the sequencer knows it has miss
 
 from __future__ import annotations
 
+from .upgrades import UPGRADES_SQL
+
 __all__ = ["SCHEMA_SQL", "SEQUENCER_LOCK"]
 
 SEQUENCER_LOCK = 1701147505  # the advisory lock key ef_sequence_v3() takes (keep in sync)
 
 # Identifier columns use the "C" collation: byte-order comparisons keep their unique indexes
 # cheap to maintain (a locale collation compares through strcoll), and ids need no locale.
-SCHEMA_SQL = """
+SCHEMA_SQL = (
+    """
 CREATE TABLE IF NOT EXISTS ef_events (
     id bigserial PRIMARY KEY,
     event_id text COLLATE "C" NOT NULL UNIQUE,
     stream_id text COLLATE "C" NOT NULL,
     stream_version bigint NOT NULL,
     envelope bytea NOT NULL,
+    correlation_id text COLLATE "C",
     UNIQUE (stream_id, stream_version)
 );
 -- Earlier versions also wrote each event's type into a `type` column that nothing reads:
 -- appends no longer fill it (the type is in the envelope:
--- convert_from(envelope, 'UTF8')::jsonb ->> 'type').
--- Making it nullable locks ef_events for a moment, once; a transaction that keeps the table
--- open (a long report, say) would make every append queue behind that lock, so it waits at
--- most 2 s and then fails the open with what to do.
+-- convert_from(envelope, 'UTF8')::jsonb ->> 'type'); and they had no correlation_id column.
+-- Making the one nullable and adding the other locks ef_events for a moment, once; a
+-- transaction that keeps the table open (a long report, say) would make every append queue
+-- behind that lock, so it waits at most 2 s and then fails the open with what to do.
 DO $$
 DECLARE
     prev text := current_setting('lock_timeout');
 BEGIN
+    PERFORM set_config('lock_timeout', '2s', true);
     IF EXISTS (SELECT 1 FROM pg_attribute
                 WHERE attrelid = 'ef_events'::regclass AND attname = 'type'
                   AND attnotnull AND NOT attisdropped) THEN
-        PERFORM set_config('lock_timeout', '2s', true);
         ALTER TABLE ef_events ALTER COLUMN type DROP NOT NULL;
-        PERFORM set_config('lock_timeout', prev, true);
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                    WHERE attrelid = 'ef_events'::regclass AND attname = 'correlation_id'
+                      AND NOT attisdropped) THEN
+        ALTER TABLE ef_events ADD COLUMN correlation_id text COLLATE "C";
+    END IF;
+    PERFORM set_config('lock_timeout', prev, true);
 EXCEPTION WHEN lock_not_available THEN
     RAISE EXCEPTION 'eventflow could not upgrade ef_events (make its old type column '
-        'nullable) within 2 s: another transaction holds the table'
+        'nullable, add correlation_id) within 2 s: another transaction holds the table'
         USING HINT = 'open the store again once long transactions on ef_events have ended '
                      '(see pg_stat_activity)';
 END
 $$;
--- The correlation id in an envelope, for `eventflow trace` (an index over it, not a scan).
--- IMMUTABLE (convert_from is only STABLE, for its encoding name: here always UTF8), so it
--- can index; json, not jsonb, parses without building the binary form. Stores made by
--- earlier versions get the index when they are next opened (`eventflow store init`):
--- building it reads ef_events once.
+-- `eventflow trace` finds a correlation's events through an index, not a scan. Appends fill
+-- correlation_id from the envelope. Rows without it (stored by earlier versions, or appended
+-- by one during an upgrade) are found by a partial index over the id inside their envelope;
+-- the earlier full one (ef_events_correlation) read every appended envelope, which made an
+-- append cost the server about twice as much. Building the partial index reads ef_events
+-- once, on the first open by this version. ef_correlation_v1 is IMMUTABLE (convert_from is
+-- only STABLE, for its encoding name: here always UTF8), so it can index.
 CREATE OR REPLACE FUNCTION ef_correlation_v1(envelope bytea) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     AS $$ SELECT convert_from(envelope, 'UTF8')::json ->> 'correlation_id' $$;
-CREATE INDEX IF NOT EXISTS ef_events_correlation ON ef_events (ef_correlation_v1(envelope));
+CREATE INDEX IF NOT EXISTS ef_events_correlation_id ON ef_events (correlation_id)
+    WHERE correlation_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS ef_events_correlation_stored ON ef_events
+    (ef_correlation_v1(envelope)) WHERE correlation_id IS NULL;
+DROP INDEX IF EXISTS ef_events_correlation;
 -- the global order, written by the sequencer and never updated: one row per run of events
 -- with consecutive ids numbered together (ids id .. id + n - 1 have positions position ..
 -- position + n - 1), so a pass writes a row or a few, not one per event
@@ -142,8 +157,8 @@ ALTER TABLE ef_heartbeats
 
 -- (ef_append_v2, of earlier versions, took the types too: schemas they made keep it for
 -- them; it writes the `type` column, which only such schemas have.)
-CREATE OR REPLACE FUNCTION ef_append_v3(
-    p_stream text, p_expected bigint, p_ids text[], p_envelopes bytea[]
+CREATE OR REPLACE FUNCTION ef_append_v4(
+    p_stream text, p_expected bigint, p_ids text[], p_envelopes bytea[], p_correlations text[]
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     cur bigint;
@@ -165,13 +180,17 @@ BEGIN
     IF fresh IS NULL THEN
         RETURN cur;
     END IF;
-    INSERT INTO ef_events (event_id, stream_id, stream_version, envelope)
-    SELECT p_ids[i], p_stream, cur + ord, p_envelopes[i]
+    INSERT INTO ef_events (event_id, stream_id, stream_version, envelope, correlation_id)
+    SELECT p_ids[i], p_stream, cur + ord, p_envelopes[i], p_correlations[i]
       FROM unnest(fresh) WITH ORDINALITY AS f(i, ord)
      ORDER BY ord;
     RETURN cur + cardinality(fresh);
 END
 $$;
+-- Processes of the version before, during an upgrade: their rows go without correlation_id.
+CREATE OR REPLACE FUNCTION ef_append_v3(
+    p_stream text, p_expected bigint, p_ids text[], p_envelopes bytea[]
+) RETURNS bigint LANGUAGE sql AS $$ SELECT ef_append_v4($1, $2, $3, $4, NULL) $$;
 
 -- Number the events committed since the last pass, in id order. Every writer takes its
 -- transaction id before it draws an event id; the sequencer reads the highest id drawn
@@ -317,119 +336,6 @@ BEGIN
     END IF;
 END
 $$;
-
--- Upgrade from the queue-based sequencer of earlier versions (an ef_unsequenced table that
--- every append wrote to): number what the queue holds, start scanning after the newest
--- event, and replace the queue and the old functions. The table lock waits for the old
--- appends and sequencer passes under way, and keeps new ones out (every old append and
--- pass touches the queue first), so no old code runs while this block does.
-DO $$
-DECLARE
-    base bigint;
-    n bigint;
-BEGIN
-    IF (SELECT relkind FROM pg_class WHERE oid = to_regclass('ef_unsequenced'))
-       IS DISTINCT FROM 'r' THEN
-        RETURN;  -- no queue (a new schema), or already replaced by the view below
-    END IF;
-    LOCK TABLE ef_unsequenced IN ACCESS EXCLUSIVE MODE;
-    ALTER TABLE ef_sequence
-        ADD COLUMN IF NOT EXISTS scanned bigint NOT NULL DEFAULT 0,
-        ADD COLUMN IF NOT EXISTS gaps bigint[] NOT NULL DEFAULT '{}',
-        ADD COLUMN IF NOT EXISTS horizons xid8[] NOT NULL DEFAULT '{}',
-        ADD COLUMN IF NOT EXISTS missed timestamptz[] NOT NULL DEFAULT '{}',
-        ADD COLUMN IF NOT EXISTS watch xid8[] NOT NULL DEFAULT '{}';
-    SELECT last INTO base FROM ef_sequence;
-    WITH taken AS (DELETE FROM ef_unsequenced RETURNING id)
-    INSERT INTO ef_positions (position, id)
-    SELECT base + row_number() OVER (ORDER BY id), id FROM taken;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    UPDATE ef_sequence
-       SET last = base + n, scanned = (SELECT COALESCE(MAX(id), 0) FROM ef_events);
-    DROP TABLE ef_unsequenced;
-    DROP FUNCTION IF EXISTS ef_sequence(integer);
-    DROP FUNCTION IF EXISTS ef_append(text, bigint, text[], text[], bytea[]);
-END
-$$;
-
--- Upgrade from one row per position (an ef_positions table, written by ef_sequence_v2 of
--- earlier versions) to runs: each stretch of consecutive positions with consecutive ids
--- becomes one ef_runs row. The table lock waits for the old passes and reads under way and
--- keeps new ones out, then the table is replaced by the trap below.
-DO $$
-BEGIN
-    IF (SELECT relkind FROM pg_class WHERE oid = to_regclass('ef_positions'))
-       IS DISTINCT FROM 'r' THEN
-        RETURN;  -- a new schema, or already upgraded
-    END IF;
-    LOCK TABLE ef_positions IN ACCESS EXCLUSIVE MODE;
-    INSERT INTO ef_runs (position, id, n)
-    SELECT min(position), min(id), count(*)
-      FROM (SELECT position, id,
-                   sum(CASE WHEN id = prev + 1 THEN 0 ELSE 1 END)
-                       OVER (ORDER BY position) AS run
-              FROM (SELECT position, id, lag(id) OVER (ORDER BY position) AS prev
-                      FROM ef_positions) AS p) AS r
-     GROUP BY run;
-    DROP TABLE ef_positions;
-END
-$$;
-
--- A trap for earlier versions that numbered events into ef_positions: their schema setup
--- skips the existing name, and their sequencer passes and reads fail on it (with the hint
--- below), instead of numbering events that this version's readers would never see.
-CREATE OR REPLACE FUNCTION ef_positions_moved() RETURNS TABLE ("position" bigint, id bigint)
-LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'eventflow: positions moved from ef_positions to ef_runs; this process '
-        'runs an earlier eventflow version'
-        USING HINT = 'stop it and upgrade it to the version that opened this schema';
-END
-$$;
-CREATE OR REPLACE FUNCTION ef_positions_moved_write() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM ef_positions_moved();
-    RETURN NULL;
-END
-$$;
-DO $$
-BEGIN
-    IF to_regclass('ef_positions') IS NULL THEN
-        CREATE VIEW ef_positions AS SELECT * FROM ef_positions_moved();
-        COMMENT ON VIEW ef_positions IS
-            'eventflow: an earlier version tried to read or number positions here';
-    END IF;
-    IF (SELECT relkind FROM pg_class WHERE oid = to_regclass('ef_positions')) = 'v'
-       AND NOT EXISTS (SELECT 1 FROM pg_trigger
-                        WHERE tgrelid = to_regclass('ef_positions')
-                          AND tgname = 'ef_positions_moved') THEN
-        CREATE TRIGGER ef_positions_moved INSTEAD OF INSERT ON ef_positions
-            FOR EACH ROW EXECUTE FUNCTION ef_positions_moved_write();
-    END IF;
-END
-$$;
--- Processes of that version started before the upgrade call their sequencer by name: this
--- stand-in tells them why it fails (one started later replaces it with its own, which then
--- fails on the view above with the same message).
-CREATE OR REPLACE FUNCTION ef_sequence_v2(p_batch integer) RETURNS bigint
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM ef_positions_moved();
-    RETURN 0;
-END
-$$;
-
--- A trap for earlier versions: their schema setup skips an existing ef_unsequenced, and
--- their appends then fail on it (a view nothing can be inserted into), instead of writing
--- events that only their own sequencer would number.
-DO $$
-BEGIN
-    IF to_regclass('ef_unsequenced') IS NULL THEN
-        CREATE VIEW ef_unsequenced AS SELECT NULL::bigint AS id WHERE false;
-        COMMENT ON VIEW ef_unsequenced IS
-            'eventflow: an earlier version tried to append here; stop it and upgrade it';
-    END IF;
-END
-$$;
 """
+    + UPGRADES_SQL
+)

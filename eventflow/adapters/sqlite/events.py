@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
 import orjson
 
-from ...envelope import Envelope
+from ...envelope import Envelope, stored_envelopes
 from ...errors import ConcurrencyError, ConfigurationError, LeaseLostError
 from ...events import Event
 from ...leases import DEFAULT_LEASE_TTL, FENCE_NEEDS_TX, Lease, Wakeups, hold_lease, new_owner
@@ -98,14 +98,12 @@ def _add_lease_epoch(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE ef_leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
 
 
-def _record(row: tuple[object, ...]) -> RecordedEvent:
-    position, stream_id, version, blob = row
-    return RecordedEvent(
-        str(stream_id),
-        int(version),  # type: ignore[call-overload]
-        int(position),  # type: ignore[call-overload]
-        Envelope.from_bytes(blob),  # type: ignore[arg-type]
-    )
+def _records(rows: Sequence[Any]) -> Iterator[RecordedEvent]:
+    """A page of rows (position, stream_id, stream_version, envelope) as records, made as
+    they are read."""
+    envelopes = stored_envelopes(r[3] for r in rows)
+    for r, env in zip(rows, envelopes, strict=True):
+        yield RecordedEvent(str(r[1]), int(r[2]), int(r[0]), env)
 
 
 class SqliteEventLog:
@@ -187,7 +185,7 @@ class SqliteEventLog:
         async def fetch(after: int, size: int) -> list[tuple[Any, ...]]:
             return await self.db.query(sql, (stream_id, after, size))
 
-        return paged(fetch, cursor, limit, _record, lambda row: int(row[2]))
+        return paged(fetch, cursor, limit, _records, lambda row: int(row[2]))
 
     def read_all(self, *, after: int = 0, limit: int | None = None) -> AsyncIterator[RecordedEvent]:
         """Events after ``after`` in global order, read in pages."""
@@ -199,7 +197,7 @@ class SqliteEventLog:
         async def fetch(cursor: int, size: int) -> list[tuple[Any, ...]]:
             return await self.db.query(sql, (cursor, size))
 
-        return paged(fetch, after, limit, _record, lambda row: int(row[0]))
+        return paged(fetch, after, limit, _records, lambda row: int(row[0]))
 
     async def correlated(self, correlation_id: str, *, limit: int = 100_000) -> list[RecordedEvent]:
         """The events of one correlation in global order, through ``ef_events_correlation``."""
@@ -209,7 +207,7 @@ class SqliteEventLog:
             "ORDER BY position LIMIT ?",
             (correlation_id, limit),
         )
-        return [_record(r) for r in rows]
+        return list(_records(rows))
 
     async def subscribe(self, *, after: int = 0) -> AsyncIterator[RecordedEvent]:
         """Catch up, then follow appends: woken at once by this store's appends, and by a
