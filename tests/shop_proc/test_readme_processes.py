@@ -9,7 +9,8 @@ group) and both blocks run again on the same broker and database: a second run f
 order already placed (one order, one charge) and the stock seeded once.
 
 Two things differ from a terminal, so that tests running side by side do not meet: the
-broker is a nats-server of the test's own and the store a database of the test's own (the
+broker is a nats-server of the test's own and the store a database of the test's own with
+small pools (``?pool=4``: five processes share the server with the rest of the suite; the
 URLs of the ``export`` lines are replaced), and every port the blocks name is replaced by
 a free one (``SHOP_*_PORT`` say where the provider is, as they would for a user who moves
 it).
@@ -60,7 +61,7 @@ def _blocks() -> list[str]:
 async def own_servers() -> AsyncIterator[tuple[str, str]]:
     """(a nats-server's URL, a PostgreSQL database URL) of the test's own."""
     server = postgres_url().partition("?")[0].rsplit("/", 1)[0]
-    store = f"{server}/ef_shop_{uuid.uuid4().hex[:12]}"
+    store = f"{server}/ef_shop_{uuid.uuid4().hex[:12]}?pool=4"  # 5 processes beside the suite
     await ensure_database(store)
     try:
         try:
