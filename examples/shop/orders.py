@@ -146,14 +146,23 @@ def _status(saga_status: str | None) -> str:
 
 
 _FORWARD = ("command-sent", "replied", "rejected", "timed-out", "step-done", "retry-scheduled")
+# The saga's local steps that only announce its end: not where an order is.
+_ANNOUNCE = ("accept", "close")
 
 
 def _step(saga: Saga | None) -> str | None:
-    """The step the saga is at, or the one it ended at (the one that failed, for a
-    compensated order)."""
+    """The step the saga is at, or the one it ended at (``ship`` for a completed order,
+    the one that failed for a compensated one)."""
     if saga is None:
         return None
-    return next((t.step for t in reversed(saga.history) if t.kind in _FORWARD and t.step), None)
+    return next(
+        (
+            t.step
+            for t in reversed(saga.history)
+            if t.kind in _FORWARD and t.step and t.step not in _ANNOUNCE
+        ),
+        None,
+    )
 
 
 def _body(order: Order, saga: OrderSaga | None) -> dict[str, Any]:
