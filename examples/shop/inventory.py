@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -74,10 +75,27 @@ __all__ = [
 log = logging.getLogger("shop.inventory")
 
 GROUP = "shop-inventory"
-SNAPSHOT_EVERY = 100
+SNAPSHOT_EVERY = 20
 _LOCKS = (
     "CREATE TABLE IF NOT EXISTS shop_stock_locks (sku TEXT PRIMARY KEY, turns INTEGER NOT NULL)"
 )
+# One statement takes a SKU's lock: it makes the row or bumps it, and either way holds the
+# row's lock until the handling's transaction ends.
+_TAKE_TURN = (
+    "INSERT INTO shop_stock_locks (sku, turns) VALUES ($1, 1) "
+    "ON CONFLICT (sku) DO UPDATE SET turns = shop_stock_locks.turns + 1"
+)
+_with_locks: weakref.WeakSet[Any] = weakref.WeakSet()  # the apps that made it
+
+
+async def _lock_table(app: Any) -> None:
+    """Create ``shop_stock_locks`` once per app, in a transaction of its own before the
+    first handling uses it (not inside every handling's transaction). Handlings that
+    start together before it exists each create it, as idempotently as before."""
+    if app not in _with_locks:
+        async with app.store.transaction() as tx:
+            await tx.execute(_LOCKS)
+        _with_locks.add(app)
 
 
 class Stock(Aggregate, stream="stock"):
@@ -173,16 +191,12 @@ def _repository(ctx: Context) -> Repository[Stock]:
 
 async def _stocks(ctx: Context, tx: Transaction, lines: list[Line]) -> dict[str, Stock]:
     """The aggregates of the lines' SKUs, each locked for this transaction (in SKU order,
-    so two handlings never wait for each other in a circle), seeded on first use."""
-    await tx.execute(_LOCKS)
+    so two handlings never wait for each other in a circle), seeded on first use. The
+    caller made the lock table (``_lock_table``) before opening ``tx``."""
     repo = _repository(ctx)
     stocks: dict[str, Stock] = {}
     for sku in sorted({line.sku for line in lines}):
-        await tx.execute(
-            "INSERT INTO shop_stock_locks (sku, turns) VALUES ($1, 0) ON CONFLICT (sku) DO NOTHING",
-            sku,
-        )
-        await tx.execute("UPDATE shop_stock_locks SET turns = turns + 1 WHERE sku = $1", sku)
+        await tx.execute(_TAKE_TURN, sku)
         stocks[sku] = await _load_or_seed(repo, sku)
     return stocks
 
@@ -206,6 +220,7 @@ async def _save(ctx: Context, stocks: dict[str, Stock]) -> None:
 @subscribe("shop.stock.reserve", group=GROUP, concurrency=8, retry=10, timeout=10.0)
 async def reserve(cmd: ReserveStock, ctx: Context) -> None:
     """Set every line aside, or none: a line asking more than is available rejects all."""
+    await _lock_table(ctx.app)
     async with ctx.transaction() as tx:
         stocks = await _stocks(ctx, tx, cmd.lines)
         wanted: dict[str, int] = {}
@@ -232,6 +247,7 @@ async def release(cmd: ReleaseStock, ctx: Context) -> None:
     """Undo a reservation (the saga's compensation); nothing held: nothing to do. When
     this group has not handled the reserve yet, eventflow cancels it instead and this
     handler is not called."""
+    await _lock_table(ctx.app)
     async with ctx.transaction() as tx:
         stocks = await _stocks(ctx, tx, cmd.lines)
         for stock in stocks.values():
@@ -243,6 +259,7 @@ async def release(cmd: ReleaseStock, ctx: Context) -> None:
 async def deduct(event: OrderShipped, ctx: Context) -> None:
     """The order left the warehouse: its reserved units leave on hand (once per order,
     however many times shipping said so)."""
+    await _lock_table(ctx.app)
     async with ctx.transaction() as tx:
         stocks = await _stocks(ctx, tx, event.lines)
         for stock in stocks.values():
@@ -267,8 +284,7 @@ async def seed(app: App) -> None:
     """Put the catalog's stock on the shelf, once (a SKU that has a stream is left as it
     is; another instance seeding at the same time makes this one's append conflict, and
     its stock stands)."""
-    async with app.store.transaction() as tx:
-        await tx.execute(_LOCKS)  # before the first reservations (their handlers make it too)
+    await _lock_table(app)  # before the first reservations (their handlers make it too)
     repo = Repository(Stock, app.store, source=app.name)
     for sku, item in CATALOG.items():
         if await repo.exists(sku):

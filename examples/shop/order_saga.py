@@ -8,6 +8,8 @@ that runs on messages (``orders.py`` has the API and wires both into the app).
 from __future__ import annotations
 
 import uuid
+import weakref
+from typing import Any
 
 from eventflow import Context, Envelope, Event, Saga, step, subscribe
 
@@ -42,6 +44,16 @@ _WATCHES = (
     "(watch_id TEXT PRIMARY KEY, order_id TEXT NOT NULL, correlation_id TEXT NOT NULL)"
 )
 _SETTLED = uuid.UUID("0c6f4f55-5b3e-4a57-9d0e-4b1f2c3d4e5f")
+_with_watches: weakref.WeakSet[Any] = weakref.WeakSet()  # the apps that made the table
+
+
+async def _watch_table(app: Any) -> None:
+    """Create ``shop_order_watches`` once per app, in a transaction of its own (not in
+    every handling's transaction)."""
+    if app not in _with_watches:
+        async with app.store.transaction() as tx:
+            await tx.execute(_WATCHES)
+        _with_watches.add(app)
 
 
 # -- the saga ---------------------------------------------------------------------------
@@ -117,8 +129,8 @@ async def track(msg: WatchOrder | OrderEnded, ctx: Context) -> None:
     it has, else when its ``OrderEnded`` comes. Both travel on ``OUTCOME_TOPIC`` with the
     order id as key, so they are handled in the order they were sent: an order that has
     not ended when its watch is handled sends its ``OrderEnded`` after the watch."""
+    await _watch_table(ctx.app)
     async with ctx.transaction() as tx:
-        await tx.execute(_WATCHES)
         if isinstance(msg, WatchOrder):
             saga = await ctx.app.sagas.get(OrderSaga, msg.order_id)  # type: ignore[attr-defined]
             if saga is not None and saga.status in FINAL:
@@ -132,8 +144,8 @@ async def track(msg: WatchOrder | OrderEnded, ctx: Context) -> None:
                 ctx.envelope.correlation_id,
             )
             return
-        rows = await tx.fetch(
-            "SELECT watch_id, correlation_id FROM shop_order_watches WHERE order_id = $1",
+        rows = await tx.fetch(  # the watches of this order, taken: one statement
+            "DELETE FROM shop_order_watches WHERE order_id = $1 RETURNING watch_id, correlation_id",
             msg.order_id,
         )
         for watch_id, correlation_id in rows:
@@ -150,4 +162,3 @@ async def track(msg: WatchOrder | OrderEnded, ctx: Context) -> None:
                     key=msg.order_id,
                 )
             )
-        await tx.execute("DELETE FROM shop_order_watches WHERE order_id = $1", msg.order_id)

@@ -22,7 +22,6 @@ and returns ``(status, body)``, which is also what ``eventflow demo`` calls with
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from typing import Any
 
@@ -147,14 +146,23 @@ def _status(saga_status: str | None) -> str:
 
 
 _FORWARD = ("command-sent", "replied", "rejected", "timed-out", "step-done", "retry-scheduled")
+# The saga's local steps that only announce its end: not where an order is.
+_ANNOUNCE = ("accept", "close")
 
 
 def _step(saga: Saga | None) -> str | None:
-    """The step the saga is at, or the one it ended at (the one that failed, for a
-    compensated order)."""
+    """The step the saga is at, or the one it ended at (``ship`` for a completed order,
+    the one that failed for a compensated one)."""
     if saga is None:
         return None
-    return next((t.step for t in reversed(saga.history) if t.kind in _FORWARD and t.step), None)
+    return next(
+        (
+            t.step
+            for t in reversed(saga.history)
+            if t.kind in _FORWARD and t.step and t.step not in _ANNOUNCE
+        ),
+        None,
+    )
 
 
 def _body(order: Order, saga: OrderSaga | None) -> dict[str, Any]:
@@ -235,8 +243,12 @@ async def place_order(app: App, payload: Any, *, wait: float = 0.0) -> Result:
     order_id = order_in.order_id or f"o-{uuid.uuid4().hex[:12]}"
     order = Order(id=order_id)
     order.place(order_in.customer, [Line(sku=x.sku, qty=x.qty) for x in order_in.lines])
-    with contextlib.suppress(ConcurrencyError):  # placed before: one order, one saga
+    try:
         await _repo(app).create(order)
+    except ConcurrencyError:  # placed before: one order, one saga
+        fresh = None
+    else:
+        fresh = order  # what the order's stream now holds: no need to read it back
     wait = min(max(wait, 0.0), MAX_WAIT)
     if wait > 0:
         try:
@@ -251,6 +263,8 @@ async def place_order(app: App, payload: Any, *, wait: float = 0.0) -> Result:
         except RequestTimeoutError:
             pass  # still running: the caller looks later (Location)
         else:
+            if fresh is not None:
+                return 200, _body(fresh, await app.sagas.get(OrderSaga, order_id))
             return await get_order(app, order_id)
     saga = await app.sagas.get(OrderSaga, order_id)
     return 202, {"order_id": order_id, "status": _status(saga.status if saga else None)}

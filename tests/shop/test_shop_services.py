@@ -55,6 +55,7 @@ async def test_orders_end_as_their_input_dictates(shop: together.Shop) -> None:
 
     status, body = await client.place(_order("o-ok", ("sku-1", 2), ("sku-5", 3)), wait=10)
     assert status == 200 and body["status"] == "completed" and body["amount"] == 40.0
+    assert body["step"] == "ship"  # the last real step, not the local one announcing the end
     declined = _order("o-declined", ("sku-3", 5))  # 600.00 > SHOP_DECLINE_ABOVE (500.00)
     status, body = await client.place(declined, wait=10)
     assert (status, body["status"], body["step"]) == (200, "compensated", "charge")
