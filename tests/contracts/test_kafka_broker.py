@@ -169,9 +169,35 @@ def test_max_message_bytes_and_connect_timeout_options() -> None:
     assert (cfg.max_message_bytes, cfg.connect_timeout) == (1024 * 1024, 10.0)
     cfg = KafkaBrokerConfig.from_url("kafka://k:9092?max_message_bytes=1000&connect_timeout=2.5")
     assert (cfg.max_message_bytes, cfg.connect_timeout) == (1000, 2.5)
-    for bad in ("max_message_bytes=0", "connect_timeout=0"):
+    for bad in ("max_message_bytes=0", "connect_timeout=0", "batch_bytes=0"):
         with pytest.raises(ConfigurationError):
             KafkaBrokerConfig.from_url(f"kafka://k:9092?{bad}")
+
+
+def test_batch_bytes_option() -> None:
+    """The producer's batch per partition defaults to 64 KiB and is a URL option."""
+    assert KafkaBrokerConfig().batch_bytes == 64 * 1024
+    assert KafkaBrokerConfig.from_url("kafka://k:9092?batch_bytes=4096").batch_bytes == 4096
+
+
+async def test_records_larger_than_a_batch_go_in_key_order(kafka_url: str) -> None:
+    """A record over ``batch_bytes`` (within ``max_message_bytes``) makes a batch of its own,
+    and publishes that overflow the batches (keys sent at the same time, each key's in turn)
+    still arrive, each key's in order."""
+    async with KafkaBroker.from_url(kafka_url + "&batch_bytes=1000") as broker:
+        topic = f"{unique_name()}.batches"
+        sub = await broker.subscribe(topic, group=unique_name("g"))
+        sent = {k: [f"{k}{i:03d}".encode() * (i % 3 * 150 + 1) for i in range(20)] for k in "abc"}
+
+        async def publish_in_turn(key: str) -> None:
+            for payload in sent[key]:
+                await broker.publish(topic, payload, key=key)
+
+        await asyncio.gather(*(publish_in_turn(k) for k in sent))
+        got: dict[str, list[bytes]] = {k: [] for k in sent}
+        for d in await collect(sub, 60, timeout=30):
+            got[d.key or ""].append(d.payload)
+        assert got == sent
 
 
 async def test_a_record_over_max_message_bytes_is_refused(kafka_url: str) -> None:

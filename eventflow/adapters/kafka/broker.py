@@ -130,6 +130,7 @@ class KafkaBroker:
             linger_ms=_ms(cfg.linger) if cfg.linger > 0 else 0,
             request_timeout_ms=_ms(cfg.publish_timeout),
             max_request_size=cfg.max_message_bytes,
+            max_batch_size=cfg.batch_bytes,
         )
 
     async def _start_producer(

@@ -21,6 +21,7 @@ from ...errors import ConfigurationError
 from ...patterns import is_wildcard, validate_pattern, validate_topic
 
 __all__ = [
+    "DEFAULT_BATCH_BYTES",
     "DEFAULT_COMMIT_INTERVAL",
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_HEARTBEAT_INTERVAL",
@@ -52,6 +53,7 @@ EXACT_METADATA_MAX_AGE = 30.0
 DEFAULT_MAX_BUFFER = 2000
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+DEFAULT_BATCH_BYTES = 64 * 1024
 _IDEMPOTENCE = ("auto", "on", "off")
 _LEGAL = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -92,6 +94,11 @@ class KafkaBrokerConfig:
     - ``max_message_bytes``: the producer refuses a record larger than this (key, value and
       headers, as encoded) with ``MessageRefusedError``, before sending it. Kafka's own
       default limit (``message.max.bytes``) is about 1 MB too; raise both together.
+    - ``batch_bytes``: the producer's batch per partition (aiokafka's ``max_batch_size``),
+      also the most it buffers per partition while a request is in flight. aiokafka sends
+      one request per broker at a time, one batch per partition in it; a publish that finds
+      its partition's batch full waits for it to go. 64 KiB (aiokafka's default is 16 KiB)
+      lets a window of concurrent publishes join the next request instead of waiting.
     """
 
     bootstrap_servers: tuple[str, ...] = ("127.0.0.1:9092",)
@@ -113,6 +120,7 @@ class KafkaBrokerConfig:
     max_buffer: int = DEFAULT_MAX_BUFFER
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    batch_bytes: int = DEFAULT_BATCH_BYTES
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers or not all(self.bootstrap_servers):
@@ -126,9 +134,9 @@ class KafkaBrokerConfig:
             raise ConfigurationError(
                 "kafka: partitions, replication_factor and max_buffer must be >= 1"
             )
-        if self.connect_timeout <= 0 or self.max_message_bytes < 1:
+        if self.connect_timeout <= 0 or self.max_message_bytes < 1 or self.batch_bytes < 1:
             raise ConfigurationError(
-                "kafka: connect_timeout must be > 0 seconds and max_message_bytes >= 1"
+                "kafka: connect_timeout must be > 0 seconds, max_message_bytes and batch_bytes >= 1"
             )
         if self.heartbeat_interval >= self.session_timeout:
             raise ConfigurationError(
