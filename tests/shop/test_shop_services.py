@@ -1,6 +1,6 @@
 """The shop's four services in one process (memory broker + SQLite, examples/shop/together.py),
-called through their HTTP APIs in-process (httpx.ASGITransport): the outcomes SHOP-SPEC
-promises, and the saga guarantees the shop relies on."""
+called through their HTTP APIs in-process (httpx.ASGITransport): the outcomes the shop's
+README promises, and the saga guarantees the shop relies on."""
 
 from __future__ import annotations
 
