@@ -32,7 +32,6 @@ from eventflow import (
     App,
     ConcurrencyError,
     Context,
-    MissingDependencyError,
     Projection,
     ProjectionContext,
     Repository,
@@ -55,10 +54,11 @@ from .events import (
     StockSeeded,
 )
 from .settings import Settings, settings
+from .web import service_http
 
 try:  # the HTTP API (pip install 'eventflow[fastapi]'); the rest works without it
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response
+    from fastapi.responses import JSONResponse, Response
 except ImportError:  # pragma: no cover - eventflow demo on the core dependencies
     FastAPI = None  # type: ignore[assignment,misc]
 
@@ -306,34 +306,18 @@ async def stock_levels(app: App) -> tuple[int, dict[str, Any]]:
 def create_http(app: App) -> FastAPI:
     """The inventory's FastAPI app: its lifespan runs ``app`` (and seeds the stock);
     ``GET /stock``, ``/healthz``, ``/readyz`` and ``/metrics``."""
-    if FastAPI is None:
-        raise MissingDependencyError("fastapi", "fastapi")
-
-    from eventflow.asgi import lifespan, readyz
 
     @asynccontextmanager
     async def seeded(_: object) -> Any:
         await seed(app)
         yield
 
-    http = FastAPI(title="shop inventory", lifespan=lifespan(app, inner=seeded))
-    http.add_api_route("/readyz", readyz)
+    http = service_http(app, "shop inventory", inner=seeded)
 
     @http.get("/stock")
     async def get_stock() -> Response:
         status, body = await stock_levels(app)
         return JSONResponse(body, status_code=status)
-
-    @http.get("/healthz")
-    async def healthz() -> Response:
-        return PlainTextResponse("ok")
-
-    @http.get("/metrics")
-    async def metrics() -> Response:
-        if app.metrics is None:
-            return PlainTextResponse("metrics are off (SHOP_METRICS=0)", status_code=503)
-        body, content_type = await app.metrics.exposition()
-        return Response(body, media_type=content_type)
 
     return http
 

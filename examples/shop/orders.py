@@ -34,7 +34,6 @@ from eventflow import (
     App,
     ConcurrencyError,
     Envelope,
-    MissingDependencyError,
     Projection,
     ProjectionContext,
     RequestTimeoutError,
@@ -54,10 +53,11 @@ from .events import (
 )
 from .order_saga import WATCH_GROUP, OrderSaga, track
 from .settings import Settings, settings
+from .web import service_http
 
 try:  # the HTTP API (pip install 'eventflow[fastapi]'); the rest works without it
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response
+    from fastapi.responses import JSONResponse, Response
 except ImportError:  # pragma: no cover - eventflow demo on the core dependencies
     FastAPI = None  # type: ignore[assignment,misc]
 
@@ -367,13 +367,7 @@ def create_app(config: Settings = settings, **options: Any) -> App:
 
 def create_http(app: App) -> FastAPI:
     """The orders' FastAPI app; its lifespan runs ``app`` (eventflow.asgi)."""
-    if FastAPI is None:
-        raise MissingDependencyError("fastapi", "fastapi")
-
-    from eventflow.asgi import lifespan, readyz
-
-    http = FastAPI(title="shop orders", lifespan=lifespan(app))
-    http.add_api_route("/readyz", readyz)
+    http = service_http(app, "shop orders")
 
     def answer(result: Result, headers: dict[str, str] | None = None) -> Response:
         status, body = result
@@ -404,17 +398,6 @@ def create_http(app: App) -> FastAPI:
     @http.get("/orders/{order_id}/trace")
     async def get_trace(order_id: str) -> Response:
         return answer(await order_trace(app, order_id))
-
-    @http.get("/healthz")
-    async def healthz() -> Response:
-        return PlainTextResponse("ok")
-
-    @http.get("/metrics")
-    async def metrics() -> Response:
-        if app.metrics is None:
-            return PlainTextResponse("metrics are off (SHOP_METRICS=0)", status_code=503)
-        body, content_type = await app.metrics.exposition()
-        return Response(body, media_type=content_type)
 
     return http
 
