@@ -76,6 +76,43 @@ async def test_unanswered_publishes_fail_at_their_own_deadlines(nats_url: str) -
         await nc.close()
 
 
+async def test_a_deadline_between_two_waiting_ones_fails_at_its_own(nats_url: str) -> None:
+    """A publish due after the oldest waiting one but before the newest (a retry with less
+    time left than a first try sent just before it) fails at its own deadline, not at the
+    newest one's."""
+    nc = await nats.connect(nats_url)
+    subject = f"silent.{uuid.uuid4().hex[:8]}"
+    await nc.subscribe(subject, cb=_never_answer)
+    acks = PubAcks(nc)
+    await acks.start()
+    loop = asyncio.get_running_loop()
+    ended: dict[str, float] = {}
+
+    async def timed(name: str, timeout: float) -> None:
+        began = loop.time()
+        with pytest.raises(TimeoutError):
+            await acks.publish(subject, b"x", {}, timeout)
+        ended[name] = loop.time() - began
+
+    try:
+        oldest = asyncio.create_task(timed("oldest", 0.2))
+        newest = asyncio.create_task(timed("newest", 20.0))
+        await asyncio.sleep(0.05)
+        await timed("between", 0.5)
+        await oldest  # the positive control: the oldest failed at its deadline
+        assert "newest" not in ended and ended["between"] < 10.0
+        newest.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await newest
+    finally:
+        await acks.close()
+        await nc.close()
+
+
+async def _never_answer(msg: nats.aio.msg.Msg) -> None:
+    """A subscriber that receives and never answers."""
+
+
 async def test_no_stream_is_no_responders_and_close_fails_the_waiting(nats_url: str) -> None:
     nc = await nats.connect(nats_url)
     acks = PubAcks(nc)

@@ -3,8 +3,8 @@
 nats-py's ``request`` makes a token, a future with a done-callback, a timeout task
 (``asyncio.wait_for``) and a subscription callback per call. A publish only needs its
 PubAck: :class:`PubAcks` gives each publish a reply subject ``<inbox>.<n>`` on one
-wildcard subscription, keeps the unanswered ones in a dict (insertion order is deadline
-order for one timeout) and fails the overdue ones from one timer for all, so a publish
+wildcard subscription, keeps the unanswered ones in a dict in deadline order (insertion order
+when they share one timeout) and fails the overdue ones from one timer for all, so a publish
 costs a dict entry and a future, and many publishes (``app.publish`` called concurrently,
 the outbox relay's batches) wait for their PubAcks at once. Each caller still awaits its
 own PubAck and gets its own error; order on the connection is the order of the calls.
@@ -74,15 +74,18 @@ class PubAcks:
         future: asyncio.Future[bytes] = loop.create_future()
         deadline = loop.time() + timeout
         pending = self._pending
-        if pending and deadline < next(iter(pending.values()))[0]:
-            # A shorter timeout than the oldest's (a retry near its end): first in line.
-            self._pending = {token: (deadline, future), **pending}
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+        if pending and deadline < next(reversed(pending.values()))[0]:
+            # Due before a publish already waiting (a retry with less time left than a
+            # first try): put in its place, so that the entries stay in deadline order.
+            entries = [*pending.items(), (token, (deadline, future))]
+            entries.sort(key=lambda entry: entry[1][0])
+            self._pending = dict(entries)
         else:
             pending[token] = (deadline, future)
-        if self._timer is None:
+        timer = self._timer
+        if timer is None or deadline < timer.when():
+            if timer is not None:
+                timer.cancel()
             self._timer = loop.call_at(deadline, self._expire)
         try:
             await self._nc.publish(
