@@ -7,10 +7,9 @@ naming the extra to install.
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 from .errors import ConfigurationError
 from .ports import Broker
+from .urls import redact_url, url_scheme
 
 __all__ = ["open_broker"]
 
@@ -40,10 +39,10 @@ def open_broker(url: str | Broker) -> Broker:
     """Return an (unstarted) broker for ``url``; an adapter instance is returned as is."""
     if not isinstance(url, str):
         return url
-    scheme = urlsplit(url).scheme
+    scheme = url_scheme(url)
     factory = _SCHEMES.get(scheme)
     if factory is None:
         raise ConfigurationError(
-            f"unsupported broker URL {url!r}: use memory://, nats://host:4222 or kafka://host:9092"
+            f"unsupported broker URL {redact_url(url)!r}: use memory://, nats://host:4222 or kafka://host:9092"
         )
     return factory(url)

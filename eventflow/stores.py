@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from typing import Any
-from urllib.parse import urlsplit
 
 from .errors import ConfigurationError
 from .ports import DedupStore, Store
-from .urls import redact_url
+from .urls import redact_url, url_scheme
 
 __all__ = ["dedup_for", "open_store", "store_for"]
 
@@ -50,7 +49,7 @@ def store_for(url: str | Store) -> Store:
     """Return an unopened store for ``url``; an adapter instance is returned as is."""
     if not isinstance(url, str):
         return url
-    factory = _SCHEMES.get(urlsplit(url).scheme)
+    factory = _SCHEMES.get(url_scheme(url))
     if factory is None:
         raise ConfigurationError(
             f"unsupported store URL {redact_url(url)!r}: use memory://, sqlite:///path.db or "
@@ -88,12 +87,12 @@ def dedup_for(url: str | DedupStore) -> DedupStore:
     """A dedup store for ``url`` (``redis://host:6379/0``); an instance is returned as is."""
     if not isinstance(url, str):
         return url
-    scheme = urlsplit(url).scheme
+    scheme = url_scheme(url)
     if scheme in ("redis", "rediss"):
         from .adapters.redis import RedisDedupStore
 
         return RedisDedupStore.from_url(url)
     raise ConfigurationError(
-        f"unsupported dedup URL {url!r}: use redis://host:6379/0, or leave dedup unset to use "
-        "the store's own dedup table"
+        f"unsupported dedup URL {redact_url(url)!r}: use redis://host:6379/0, or leave dedup "
+        "unset to use the store's own dedup table"
     )

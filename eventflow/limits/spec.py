@@ -11,10 +11,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
-from ..urls import redact_url
+from ..urls import redact_url, url_scheme
 
 __all__ = [
     "DEFAULT_LIMIT_TIMEOUT",
@@ -154,7 +153,7 @@ class Limit:
                     f"{owner}: backend= shares a limit across instances; add scope='cluster' "
                     "(a process-scope limit needs no backend)"
                 )
-            if not isinstance(self.backend, str) or urlsplit(self.backend).scheme not in (
+            if not isinstance(self.backend, str) or url_scheme(self.backend) not in (
                 "redis",
                 "rediss",
             ):

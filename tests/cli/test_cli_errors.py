@@ -164,3 +164,26 @@ def test_sagas_retry_of_an_unknown_id_names_the_store(
     assert main(["sagas", "retry", "saga-trip-nope", "--by", "ann", "--store", store_url]) == 1
     err = capsys.readouterr().err
     assert f"no saga 'saga-trip-nope' in store {store_url}" in err
+
+
+@pytest.mark.parametrize(
+    ("option", "url", "words"),
+    [
+        ("--store", "postgresql://h:abc/db", "port 'abc'"),
+        ("--store", "postgresql://[::1/db", "cannot be read"),
+        ("--broker", "nats://127.0.0.1:abc", "port 'abc'"),
+        ("--broker", "kafka://[::1", "cannot be read"),
+    ],
+)
+def test_a_bad_port_or_an_unreadable_url_is_one_line(
+    option: str, url: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A port that is not a number, or a URL urllib cannot split, was a ValueError traceback
+    (or, for a broker, accepted until the first connection)."""
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    fill(store)
+    argv = ["status", "--store", store, option, url]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eventflow: error: ") and words in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

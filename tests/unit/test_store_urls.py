@@ -250,3 +250,63 @@ def test_postgres_messages_never_show_the_password() -> None:
 )
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+# -- host and port: a URL that cannot be read is a ConfigurationError with the right form ------
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("postgresql://h:abc/db", ["port 'abc'", "postgresql://user@host:5432/db"]),
+        ("postgresql://u:secret@h:99999/db", ["port '99999'", "0 to 65535"]),
+        ("postgresql://h1:5432,h2:x/db", ["port 'x'"]),
+        ("postgresql://[::1/db", ["cannot be read", "[::1]:5432"]),
+        ("sqlite://[x/a.db", ["cannot be read"]),
+        ("memory://[x", ["cannot be read"]),
+    ],
+)
+def test_a_bad_port_or_an_unreadable_store_url_is_a_configuration_error(
+    url: str, words: list[str]
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        store_for(url)
+    text = str(info.value)
+    assert all(word in text for word in words), text
+    assert "secret" not in text
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("nats://h:abc", ["port 'abc'", "nats://host:4222"]),
+        ("nats://h1:4222,h2:abc", ["port 'abc'"]),
+        ("nats://u:secret@h:-1", ["port '-1'"]),
+        ("kafka://h:abc", ["port 'abc'", "kafka://host:9092"]),
+        ("kafka://h1:9092,h2:70000", ["port '70000'"]),
+        ("nats://[::1", ["cannot be read"]),
+        ("kafka://[::1", ["cannot be read"]),
+    ],
+)
+def test_a_bad_port_or_an_unreadable_broker_url_is_a_configuration_error(
+    url: str, words: list[str]
+) -> None:
+    from eventflow.brokers import open_broker
+
+    with pytest.raises(ConfigurationError) as info:
+        open_broker(url)
+    text = str(info.value)
+    assert all(word in text for word in words), text
+    assert "secret" not in text
+
+
+def test_good_hosts_and_ports_are_accepted() -> None:
+    from eventflow.brokers import open_broker
+    from eventflow.urls import split_url
+
+    assert split_url("postgresql://u:p@[::1]:5432,h2/db", kind="PostgreSQL store").path == "/db"
+    assert PostgresStore.from_url("postgresql://h1:5432,h2:5433/db").config.dsn.startswith(
+        "postgresql://h1:5432,h2:5433/db"
+    )
+    open_broker("nats://h1:4222,h2")
+    open_broker("kafka://h1:9092,h2:9093")

@@ -15,10 +15,11 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 from ...errors import ConfigurationError
 from ...patterns import is_wildcard, validate_pattern, validate_topic
+from ...urls import split_url
 
 __all__ = [
     "DEFAULT_BATCH_BYTES",
@@ -162,7 +163,7 @@ class KafkaBrokerConfig:
         Options are the field names of this class (``?partitions=3&session_timeout=10``);
         booleans take ``true``/``false``.
         """
-        parts = urlsplit(url)
+        parts = split_url(url, kind="Kafka broker", form="kafka://host:9092", port=9092)
         if parts.scheme != "kafka":
             raise ConfigurationError(f"not a kafka:// URL: {url!r}")
         if "@" in parts.netloc:

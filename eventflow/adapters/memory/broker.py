@@ -23,13 +23,12 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from ...errors import BackpressureError, BrokerError, ConfigurationError, MessageRefusedError
 from ...groups import check_group, log_new_group
 from ...patterns import matches, validate_pattern, validate_topic
 from ...ports import Lag, StartPosition
-from ...urls import count_option, seconds_option, url_options
+from ...urls import count_option, seconds_option, split_url, url_options
 from .config import MemoryBrokerConfig
 from .groups import Group, MemorySubscription
 from .hub import Hub, hubs
@@ -74,7 +73,7 @@ class MemoryBroker:
         ``publish_timeout``, ``max_message_bytes``, ``retain`` and ``retain_bytes`` (as in
         :class:`MemoryBrokerConfig`): brokers opened with one hub name share its groups; an
         unknown option is refused."""
-        parts = urlsplit(url)
+        parts = split_url(url, kind="memory broker", form="memory://NAME")
         options = url_options(url, _URL_OPTIONS, kind="memory broker")
         defaults = MemoryBrokerConfig()
         return cls(

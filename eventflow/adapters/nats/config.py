@@ -15,9 +15,10 @@ import re
 import zlib
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 from ...errors import ConfigurationError
+from ...urls import redact_url, split_url
 
 __all__ = [
     "DEFAULT_ACK_WAIT",
@@ -215,14 +216,16 @@ class NatsBrokerConfig:
         Options are the field names of this class (``stream``, ``partitions``,
         ``ack_wait``, ...); ``token`` may also be given as a user without password.
         """
-        parts = urlsplit(url)
+        parts = split_url(url, kind="NATS broker", form="nats://host:4222", port=4222)
         if parts.scheme not in ("nats", "tls"):
-            raise ConfigurationError(f"not a NATS URL: {url!r} (use nats://host:4222)")
+            raise ConfigurationError(f"not a NATS URL: {redact_url(url)!r} (use nats://host:4222)")
         netloc = parts.netloc
         userinfo, _, hosts_part = netloc.rpartition("@")
         hosts = [h.strip() for h in hosts_part.split(",") if h.strip()]
         if not hosts:
-            raise ConfigurationError(f"NATS URL {url!r} names no host: use nats://host:4222")
+            raise ConfigurationError(
+                f"NATS URL {redact_url(url)!r} names no host: use nats://host:4222"
+            )
         values: dict[str, Any] = {
             "servers": tuple(f"{parts.scheme}://{h if ':' in h else h + ':4222'}" for h in hosts)
         }

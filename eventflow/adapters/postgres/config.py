@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlunsplit
 
 from ...errors import ConfigurationError
 from ...leases import DEFAULT_LEASE_TTL
-from ...urls import count_option, redact_url, seconds_option, url_options
+from ...urls import count_option, redact_url, seconds_option, split_url, url_options
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -90,7 +90,9 @@ class PostgresConfig:
         ``application_name``, ... see ``DRIVER_OPTIONS``) go to the driver unchanged; any
         other option is refused with a ``ConfigurationError`` listing the known ones.
         """
-        parts = urlsplit(url)
+        parts = split_url(
+            url, kind="PostgreSQL store", form="postgresql://user@host:5432/db", port=5432
+        )
         if parts.scheme not in ("postgresql", "postgres"):
             raise ConfigurationError(
                 f"not a PostgreSQL URL: {redact_url(url)!r} (use postgresql://user@host/db)"

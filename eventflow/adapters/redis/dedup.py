@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlunsplit
 
 import orjson
 
 from ...errors import ConfigurationError, MissingDependencyError, StoreError
-from ...urls import count_option, redact_url, seconds_option, url_options
+from ...urls import count_option, redact_url, seconds_option, split_url, url_options
 
 try:
     from redis import asyncio as aioredis
@@ -65,7 +65,7 @@ class RedisDedupStore:
     def from_url(cls, url: str) -> RedisDedupStore:
         """``redis://host:6379/0?retention=SECONDS&prefix=NAME&connect_timeout=S&timeout=S``;
         an unknown option is refused."""
-        parts = urlsplit(url)
+        parts = split_url(url, kind="Redis dedup", form="redis://host:6379/0", port=6379)
         if parts.scheme not in ("redis", "rediss"):
             raise ConfigurationError(
                 f"not a Redis URL: {redact_url(url)!r} (use redis://host:6379/0)"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlunsplit
 
 import orjson
 
@@ -21,7 +21,7 @@ from ...errors import ConfigurationError, MissingDependencyError, StoreError
 from ...limits.breaker import BreakerState
 from ...limits.shared import Acquired
 from ...limits.spec import Limit
-from ...urls import redact_url, seconds_option, url_options
+from ...urls import redact_url, seconds_option, split_url, url_options
 
 try:
     from redis import asyncio as aioredis
@@ -102,7 +102,7 @@ class RedisLimitBackend:
     def from_url(cls, url: str) -> RedisLimitBackend:
         """``redis://host:6379/0?prefix=NAME&connect_timeout=S&timeout=S``; an unknown
         option is refused."""
-        parts = urlsplit(url)
+        parts = split_url(url, kind="Redis limit", form="redis://host:6379/0", port=6379)
         if parts.scheme not in ("redis", "rediss"):
             raise ConfigurationError(
                 f"not a Redis URL: {redact_url(url)!r} (use redis://host:6379/0)"

@@ -9,14 +9,14 @@ from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import orjson
 
 from ...errors import AlreadyHandled, ConfigurationError
 from ...leases import DEFAULT_LEASE_TTL
 from ...ports import DeadLetter, Heartbeat, Transaction
-from ...urls import seconds_option, url_options
+from ...urls import seconds_option, split_url, url_options
 from .attempts import ATTEMPTS_SCHEMA, SqliteAttempts
 from .clock import SqliteClock
 from .db import DEFAULT_BUSY_TIMEOUT, SqliteDatabase, SqliteTransaction
@@ -333,7 +333,7 @@ def _url_path(url: str) -> str:
     # urlsplit reads sqlite:/x.db and sqlite:///x.db alike, so look at the text itself: the
     # path starts after exactly "sqlite:///" (a fourth slash makes it absolute).
     rest = url.partition(":")[2]
-    parts = urlsplit(url)
+    parts = split_url(url, kind="SQLite store", form="sqlite:///path/app.db")
     if not rest.split("?")[0].strip("/"):
         raise ConfigurationError(
             f"SQLite URL {url!r} names no file: use sqlite:///app.db (relative to the working "
