@@ -32,6 +32,7 @@ __all__ = [
     "Target",
     "add_log_level",
     "add_target_options",
+    "check_limit",
     "configure_logging",
     "format_age",
     "format_time",
@@ -63,6 +64,13 @@ class CliError(Exception):
 
 
 # -- logging ---------------------------------------------------------------------------------
+
+
+def check_limit(command: str, limit: int | None, default: str) -> None:
+    """Refuse a ``--limit`` below 1 (``CliError``, exit 2): ``--limit 0`` would answer that
+    there is nothing, which is not true. ``default`` says what no ``--limit`` gives."""
+    if limit is not None and limit < 1:
+        raise CliError(f"{command}: --limit must be 1 or more, got {limit} ({default})", EXIT_USAGE)
 
 
 def add_log_level(parser: argparse.ArgumentParser, default: str) -> None:

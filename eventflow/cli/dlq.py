@@ -23,6 +23,7 @@ from ._common import (
     Target,
     add_log_level,
     add_target_options,
+    check_limit,
     configure_logging,
     format_time,
     indent,
@@ -81,11 +82,8 @@ def command(args: argparse.Namespace) -> int:
             f"--all ({what})",
             EXIT_USAGE,
         )
-    if args.action == "list" and args.limit < 1:
-        raise CliError(
-            f"dlq list: --limit must be 1 or more, got {args.limit} (the default is 100)",
-            EXIT_USAGE,
-        )
+    if args.action == "list":
+        check_limit("dlq list", args.limit, "the default is 100")
     target = resolve_target(args)
     if args.action == "replay" and is_memory_broker(target.broker):
         raise CliError(_MEMORY_REPLAY, EXIT_USAGE)

@@ -34,6 +34,7 @@ from ._common import (
     Target,
     add_log_level,
     add_target_options,
+    check_limit,
     configure_logging,
     format_time,
     load_object,
@@ -146,6 +147,8 @@ def command(args: argparse.Namespace) -> int:
         return 0
     if args.action in ("retry", "skip", "abort") and not args.by.strip():
         raise CliError(f"sagas {args.action}: --by needs a name (who acts)", EXIT_USAGE)
+    if args.action == "list":
+        check_limit("sagas list", args.limit, "the default is 100")
     target = resolve_target(args)
     saga_cls = load_saga(args.saga, args.app_dir) if getattr(args, "saga", None) else None
     return asyncio.run(_run(args, target, saga_cls))

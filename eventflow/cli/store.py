@@ -26,6 +26,7 @@ from ._common import (
     CliError,
     add_log_level,
     add_target_options,
+    check_limit,
     configure_logging,
     format_time,
     resolve_target,
@@ -161,6 +162,7 @@ def _read(args: argparse.Namespace) -> int:
         raise CliError("give a stream id or --all, not both", EXIT_USAGE)
     if not args.stream and not args.all:
         raise CliError("say what to read: a stream id (e.g. order-o-1) or --all", EXIT_USAGE)
+    check_limit("store read", args.limit, "the default: every event")
     store = _store(args)
     records = (
         store.read_all(after=args.after, limit=args.limit)

@@ -187,3 +187,26 @@ def test_a_bad_port_or_an_unreadable_url_is_one_line(
     err = capsys.readouterr().err
     assert err.startswith("eventflow: error: ") and words in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "default"),
+    [
+        (["sagas", "list"], "the default is 100"),
+        (["dlq", "list"], "the default is 100"),
+        (["store", "read", "--all"], "the default: every event"),
+        (["store", "read", "order-1"], "the default: every event"),
+    ],
+)
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_a_limit_below_one_is_refused_not_reported_empty(
+    argv: list[str], default: str, limit: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--limit 0`` said there were no sagas / no events, as ``dlq list`` did."""
+    store = f"sqlite:///{tmp_path / 'l.db'}"
+    fill(store)
+    command = " ".join(argv[:2])
+    assert main([*argv, "--limit", limit, "--store", store]) == 2
+    captured = capsys.readouterr()
+    assert f"{command}: --limit must be 1 or more, got {limit}" in captured.err
+    assert default in captured.err and captured.out == ""
