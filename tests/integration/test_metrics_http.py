@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from eventflow import (
     App,
+    Context,
     Event,
     Projection,
     ProjectionContext,
@@ -25,7 +27,9 @@ from eventflow import (
 )
 from eventflow.adapters.memory import MemoryBroker
 from eventflow.adapters.memory.broker import MemoryBrokerConfig
+from eventflow.adapters.sqlite import SqliteStore
 from eventflow.ports import Delivery, StartPosition, Subscription
+from eventflow.runtime.relay import OUTBOX_RELAY_LEASE
 from eventflow.supervision import RestartPolicy
 
 Wait = Callable[..., Awaitable[None]]
@@ -299,3 +303,65 @@ async def test_sagas_by_status_and_their_timers(broker_url: str, waiter: Wait) -
         assert value(found, "eventflow_saga_timers_pending", **saga) == 3
         assert value(found, "eventflow_saga_timers_overdue_seconds", **saga) == 0
         assert value(found, "eventflow_store_append_conflicts_total") == 0
+
+
+async def test_outbox_pending_and_its_oldest_age(
+    broker_url: str, tmp_path: Path, waiter: Wait
+) -> None:
+    """Rows committed to the outbox while another instance holds the relay's lease (so
+    nothing relays them) are counted, their oldest's age grows, and both fall to 0 once
+    the lease is free and this app's relay sends them."""
+    store_url = f"sqlite:///{tmp_path / 'outbox.db'}?lease_ttl=1"
+    received: list[int] = []
+
+    @subscribe("it.metrics.order", group="stock")
+    async def reserve(event: Order, ctx: Context) -> None:
+        async with ctx.transaction():
+            for n in range(3):
+                await ctx.publish(Stocked(n=n))
+
+    @subscribe("it.metrics.stocked", group="count")
+    async def count(event: Stocked) -> None:
+        received.append(event.n)
+
+    other = SqliteStore.from_url(store_url)
+    await other.open()
+    app = App(
+        "it-metrics-outbox",
+        broker=broker_url,
+        store=store_url,
+        handlers=[reserve, count],
+        http_port=0,
+        http_host="127.0.0.1",
+    )
+    try:
+        # Taken before the app starts, so its relay waits for it.
+        holding = other.leases.hold(OUTBOX_RELAY_LEASE)
+        await holding.__aenter__()
+        async with app:
+            try:
+                await app.publish(Order(n=1), key="k")
+                await waiter(lambda: app.consumers[0].stats.handled == 1, what="reserve ran")
+                found = await scrape(app)
+                assert value(found, "eventflow_outbox_pending_messages") == 3
+                first = value(found, "eventflow_outbox_oldest_seconds")
+                assert first > 0
+
+                async def older() -> bool:
+                    later = await scrape(app)
+                    return value(later, "eventflow_outbox_oldest_seconds") >= first + 1.0
+
+                await waiter(older, what="the oldest row's age growing")
+                assert received == []
+            finally:
+                await holding.__aexit__(None, None, None)
+            await waiter(lambda: len(received) == 3, timeout=20, what="the relay sent them")
+
+            async def empty() -> bool:
+                now = await scrape(app)
+                pending = value(now, "eventflow_outbox_pending_messages")
+                return pending == 0 and value(now, "eventflow_outbox_oldest_seconds") == 0
+
+            await waiter(empty, what="pending and oldest back to 0")
+    finally:
+        await other.close()

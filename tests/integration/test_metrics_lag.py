@@ -1,7 +1,8 @@
 """Consumer lag on ``/metrics``, on NATS and Kafka servers the tests start: in messages it
 is what the broker itself reports (NATS: each partition consumer's ``num_pending`` plus
 ``num_ack_pending``; Kafka: end offsets minus the group's committed offsets), in seconds it
-grows while the consumer holds its oldest message and is zero once it caught up."""
+grows while the consumer holds its oldest message and is zero once it caught up, for the
+group and for each partition."""
 
 from __future__ import annotations
 
@@ -99,14 +100,15 @@ async def _native_partitions(app: App, topic: str, group: str) -> dict[str, int]
 
 async def _lag(app: App, group: str, topic: str) -> tuple[float, float]:
     """(messages, seconds) as ``/metrics`` says, scraped over HTTP."""
-    found, _ = await _scrape_lag(app, group, topic)
+    found, _, _ = await _scrape_lag(app, group, topic)
     return found["eventflow_consumer_lag_messages"], found["eventflow_consumer_lag_seconds"]
 
 
 async def _scrape_lag(
     app: App, group: str, topic: str
-) -> tuple[dict[str, float], dict[str, float]]:
-    """The group's lag samples by name, and its lag in messages per partition label."""
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """The group's lag samples by name, and its lag in messages and in seconds per
+    partition label."""
     assert app.metrics is not None and app.http_address is not None
     app.metrics.sampler.min_interval = 0.0  # read afresh on each scrape
     async with httpx.AsyncClient() as client:
@@ -114,15 +116,18 @@ async def _scrape_lag(
     assert response.status_code == 200, response.text
     found: dict[str, float] = {}
     partitions: dict[str, float] = {}
+    ages: dict[str, float] = {}
     for family in text_string_to_metric_families(response.text):
         for s in family.samples:
             if s.labels.get("group") != group or s.labels.get("topic") != topic:
                 continue
             if s.name == "eventflow_consumer_partition_lag_messages":
                 partitions[s.labels["partition"]] = s.value
+            elif s.name == "eventflow_consumer_partition_lag_seconds":
+                ages[s.labels["partition"]] = s.value
             else:
                 found[s.name] = s.value
-    return found, partitions
+    return found, partitions, ages
 
 
 async def test_lag_matches_the_broker_grows_while_held_and_falls_after(
@@ -159,12 +164,22 @@ async def test_lag_matches_the_broker_grows_while_held_and_falls_after(
         assert messages == HELD == await _native_lag(app, topic, group)  # the handler holds
         # Per partition too: every partition the group reads, one key's all in one.
         native = await _native_partitions(app, topic, group)
-        _, partitions = await _scrape_lag(app, group, topic)
+        _, partitions, ages = await _scrape_lag(app, group, topic)
         assert partitions == {p: float(n) for p, n in native.items()}
         assert sorted(partitions.values())[-1] == HELD
+        # In seconds per partition: the held key's partition is as old as the group's
+        # oldest, the others (nothing pending) are 0.
+        [busy] = [p for p, n in partitions.items() if n == HELD]
+        assert ages.keys() == partitions.keys()
+        assert ages[busy] > 0 and all(a == 0 for p, a in ages.items() if p != busy)
+        first_partition_age = ages[busy]
 
         async def older() -> bool:
-            return (await _lag(app, group, topic))[1] >= first_age + 1.0
+            found, _, ages = await _scrape_lag(app, group, topic)
+            return (
+                found["eventflow_consumer_lag_seconds"] >= first_age + 1.0
+                and ages[busy] >= first_partition_age + 1.0
+            )
 
         await waiter(older, timeout=30, what="lag in seconds growing while held")
         release.set()
@@ -175,3 +190,5 @@ async def test_lag_matches_the_broker_grows_while_held_and_falls_after(
 
         await waiter(caught_up, timeout=30, what="the broker counting nothing left")
         assert await _lag(app, group, topic) == (0.0, 0.0)
+        _, partitions, ages = await _scrape_lag(app, group, topic)
+        assert set(partitions.values()) == {0.0} and set(ages.values()) == {0.0}
