@@ -6,12 +6,15 @@ them, then times what ``trace`` does for a few correlation ids picked at random:
 through the ``ef_events_correlation_id`` index (with ``--old-rows``, rows stored without the
 correlation_id column, as an earlier version did: through ``ef_events_correlation_stored``,
 the partial index over the id in the envelope) plus the dead-letter and outbox reads
-(``eventflow.cli.trace.collect``) and drawing the tree. With ``--scan`` it also times the
-way trace worked before the index (a ``read_all`` over the whole log, filtered in Python),
-once. The schema is dropped at the end.
+(``eventflow.cli.trace.collect``) and drawing the tree; then runs the command itself,
+``eventflow trace CORRELATION_ID --store URL``, as a new process (``--cli`` times, what a
+person waits for: the interpreter's start, the imports, opening the store, the lookup, the
+output), beside ``eventflow --version`` (the start and imports alone). With ``--scan`` it
+also times the way trace worked before the index (a ``read_all`` over the whole log,
+filtered in Python), once. The schema is dropped at the end.
 
     python benchmarks/bench_trace.py [--events 1000000] [--postgres-url URL] [--lookups 20]
-        [--scan] [--old-rows]
+        [--cli 5] [--scan] [--old-rows]
     python benchmarks/bench_trace.py --append-cost [--rounds 6]
 
 Prints the figures; it asserts nothing about time (the target is under 1 s per trace).
@@ -25,6 +28,8 @@ import argparse
 import asyncio
 import random
 import statistics
+import subprocess
+import sys
 import time
 import uuid
 from typing import Any
@@ -129,6 +134,8 @@ async def main(args: argparse.Namespace) -> None:
             f"median {statistics.median(times) * 1000:.1f} ms, max {max(times) * 1000:.1f} ms"
         )
         print("one of them:\n" + text)
+        if args.cli:
+            _time_cli(url, [f"corr-{rng.randrange(correlations):09d}" for _ in range(args.cli)])
         if args.scan:
             corr = f"corr-{rng.randrange(correlations):09d}"
             began = time.perf_counter()
@@ -139,6 +146,35 @@ async def main(args: argparse.Namespace) -> None:
     finally:
         await store.close()
         await _drop(url)
+
+
+def _time_cli(url: str, correlations: list[str]) -> None:
+    """Run ``eventflow trace`` as a new process for each correlation; print the wall times."""
+    cli_url = f"{url}&pool=2"  # a command line needs few connections (the server is shared)
+    started = []
+    for _ in range(3):
+        began = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "eventflow.cli", "--version"], check=True, capture_output=True
+        )
+        started.append(time.perf_counter() - began)
+    times = []
+    for corr in correlations:
+        began = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "eventflow.cli", "trace", corr, "--store", cli_url],
+            capture_output=True,
+            text=True,
+        )
+        times.append(time.perf_counter() - began)
+        assert done.returncode == 0 and corr in done.stdout, (done.returncode, done.stderr)
+        assert done.stdout.count("bench.trace.happened") == PER_CORRELATION, done.stdout
+    print(
+        f"eventflow trace CORRELATION_ID --store postgresql://... as a new process, "
+        f"{len(times)} correlations: median {statistics.median(times):.3f} s, max "
+        f"{max(times):.3f} s (eventflow --version alone: median "
+        f"{statistics.median(started):.3f} s)"
+    )
 
 
 async def append_cost(args: argparse.Namespace) -> None:
@@ -208,6 +244,9 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
     parser.add_argument("--lookups", type=int, default=20)
+    parser.add_argument(
+        "--cli", type=int, default=5, metavar="N", help="run `eventflow trace` N times (0: not)"
+    )
     parser.add_argument("--scan", action="store_true", help="also time a whole-log scan")
     parser.add_argument(
         "--old-rows",
