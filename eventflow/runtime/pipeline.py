@@ -1,14 +1,15 @@
 """The message pipeline: one delivery from its bytes to its ack.
 
 Handling one delivery: skip a replay meant for another group -> decode the envelope ->
-skip if the dedup store has its id -> decode the typed event (upcast, validate) -> a
-compensation whose command the group has not handled cancels it instead (``compensation``)
--> call the handler with a soft timeout, retrying with backoff -> settle its transaction,
-if it opened one -> send what it published -> mark the id handled -> ack. Bad input and
-exhausted retries go to the dead-letter store before the ack, so nothing is lost. What a
-failed attempt leads to is ``outcomes.decide``'s: a rejection (``Reject``, ``give_up_on``)
-is dead-lettered at once, a ``RetryLater`` is given back to the broker with its delay (the
-worker goes on), anything else is retried in place after the policy's backoff.
+skip if the dedup store has its id (``HandlerSpec.dedup_at_commit``: found at the commit)
+-> decode the typed event (upcast, validate) -> a compensation whose command the group has
+not handled cancels it instead (``compensation``) -> call the handler with a soft timeout,
+retrying with backoff -> settle its transaction, if it opened one -> send what it published
+-> mark the id handled -> ack. Bad input and exhausted retries go to the dead-letter store
+before the ack, so nothing is lost. What a failed attempt leads to is ``outcomes.decide``'s:
+a rejection (``Reject``, ``give_up_on``) is dead-lettered at once, a ``RetryLater`` is given
+back to the broker with its delay (the worker goes on), anything else is retried in place
+after the policy's backoff.
 
 Attempts count handler failures only. A failure is recorded in the store's ``attempts``
 before the next attempt, so a redelivery (after a crash) goes on from the right attempt;
@@ -118,6 +119,10 @@ class Pipeline:
         # waits on. Only with several workers: one worker never runs two handlings at once.
         self._handling: dict[str, asyncio.Future[None] | None] = {}
         self._guard_ids = spec.idempotent and spec.concurrency > 1
+        # No dedup check before the handler where its transaction finds a copy (a rollback
+        # at its dedup entry, settlement.py), but for redeliveries, likely copies.
+        in_tx = spec.dedup_at_commit and self.dedup is host.store.dedup
+        self._check_first = spec.idempotent and not in_tx
         # Metrics (eventflow.metrics) observe each attempt's seconds and each handled
         # message's seconds since its publish; None (the default) costs nothing.
         self.observe_attempt: Callable[[float], None] | None = None
@@ -175,7 +180,8 @@ class Pipeline:
         spec, group, stats = self.spec, self.group, self.stats
         # True once the message has (or may have) an attempt record to forget at the end.
         tracked = delivery.delivery_count > 1 or env_id in self._recorded
-        if spec.idempotent and await self.dedup.seen(group, env_id):
+        check = self._check_first or (tracked and spec.idempotent)
+        if check and await self.dedup.seen(group, env_id):
             await self._compensations.skipped(self.dedup, env_id, stats)
             await delivery.ack()
             if tracked:
