@@ -52,6 +52,11 @@ class MemoryDedupStore:
         """True if ``message_id`` was marked for ``group`` and not yet evicted."""
         return self.has(group, message_id)
 
+    async def seen_many(self, group: str, message_ids: Sequence[str]) -> set[str]:
+        """The ids of ``message_ids`` marked for ``group`` and not yet evicted."""
+        state = self._groups.get(group)
+        return set() if state is None else state[0].intersection(message_ids)
+
     def has(self, group: str, message_id: str) -> bool:
         """``seen`` as a plain call (a memory transaction's own check)."""
         state = self._groups.get(group)
