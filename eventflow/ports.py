@@ -325,6 +325,12 @@ class DedupStore(Protocol):
     async def seen(self, group: str, message_id: str) -> bool:
         """Return True if ``message_id`` was marked handled (or cancelled) for ``group``."""
 
+    async def seen_many(self, group: str, message_ids: Sequence[str]) -> set[str]:
+        """The ids of ``message_ids`` that ``seen`` would say were marked for ``group``, in
+        one round trip where the backend allows (the consumer asks this for each fetched
+        batch). An adapter that subclasses ``DedupStore`` inherits this loop over ``seen``."""
+        return {m for m in message_ids if await self.seen(group, m)}
+
     async def mark(self, group: str, message_id: str) -> None:
         """Record ``message_id`` as handled for ``group``. Idempotent."""
 

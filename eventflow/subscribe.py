@@ -51,6 +51,13 @@ class HandlerSpec:
     start: StartPosition = DEFAULT_START
     give_up_on: tuple[type[BaseException], ...] = ()
     hard_timeout: float | None = None
+    dedup_at_commit: bool = False
+    """The handling always opens ``ctx.transaction()`` and has no effect outside it (what it
+    sends goes through the outbox), so a copy of a handled message is found where its dedup
+    entry is written in that transaction (``AlreadyHandled``: rolled back, acked as a
+    duplicate) and the dedup check before the handler is skipped, a statement less per
+    message. The saga runtime's handlers; not offered by ``@subscribe``, whose handlers may
+    do anything."""
 
     @property
     def name(self) -> str:

@@ -163,6 +163,7 @@ class Consumer:
             name=self.name,
             watchdog=self._watchdog(),
             gate=self._pause,
+            prepare=pipeline.fetched if pipeline.looks_up_batches else None,
         )
         if self._stop_requested:  # asked while subscribing
             dispatcher.stop()

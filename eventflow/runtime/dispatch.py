@@ -1,7 +1,8 @@
 """The keyed dispatcher: one scheduler for every ``concurrency``.
 
 One fetch task pulls deliveries while fewer than ``max_inflight`` are unsettled and files
-them into lanes; ``concurrency`` worker tasks each take a ready lane and handle its
+them into lanes (after ``prepare``, if given, saw the batch: the pipeline's dedup lookup of
+it); ``concurrency`` worker tasks each take a ready lane and handle its
 deliveries one after the other, so one lane is handled in fetch order while different
 lanes run in parallel. With several workers a lane is a key (keyless deliveries each get a
 lane of their own): one key is handled in publish order, different keys concurrently.
@@ -36,7 +37,7 @@ from typing import Protocol
 from ..ports import Delivery, Subscription
 from .watchdog import Watch, Watchdog, unwatched
 
-__all__ = ["Dispatcher", "GiveBack", "Handle"]
+__all__ = ["Dispatcher", "GiveBack", "Handle", "Prepare"]
 
 Handle = Callable[[Delivery, Watch], Awaitable[bool]]
 """Handles one delivery to its outcome, acking it, or gives it back to the broker for later
@@ -44,6 +45,9 @@ Handle = Callable[[Delivery, Watch], Awaitable[bool]]
 the handler."""
 GiveBack = Callable[[Sequence[Delivery], Exception], Awaitable[None]]
 """Gives deliveries back after a failure around the handler (release them, pause)."""
+Prepare = Callable[[Sequence[Delivery]], Awaitable[None]]
+"""Called with each fetched batch of two or more before it is filed (the pipeline's dedup
+lookup of the whole batch); it handles its own errors."""
 
 
 class Gate(Protocol):
@@ -79,6 +83,7 @@ class Dispatcher:
         name: str,
         watchdog: Watchdog | None = None,
         gate: Gate | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         self._sub = subscription
         self._handle = handle
@@ -89,6 +94,7 @@ class Dispatcher:
         self._name = name
         self._watchdog = watchdog
         self._gate = gate
+        self._prepare = prepare
         # A lane is a list, not a deque: most hold a message or two (a deque allocates a
         # 64-slot block for each), and none holds more than the fetch window.
         self._lanes: dict[object, list[Delivery]] = {}
@@ -178,16 +184,21 @@ class Dispatcher:
                 self.stop()
                 return
             self._inflight += len(batch)
-            for delivery in batch:
-                key: object = _ONE_LANE
-                if keyed:
-                    key = delivery.key if delivery.key is not None else delivery
-                lane = lanes.get(key)
-                if lane is None:
-                    lanes[key] = [delivery]
-                    ready.append(key)
-                else:
-                    lane.append(delivery)
+            prepare = self._prepare
+            try:
+                if prepare is not None and len(batch) > 1:
+                    await prepare(batch)
+            finally:  # filed even if cancelled meanwhile: released then as unstarted
+                for delivery in batch:
+                    key: object = _ONE_LANE
+                    if keyed:
+                        key = delivery.key if delivery.key is not None else delivery
+                    lane = lanes.get(key)
+                    if lane is None:
+                        lanes[key] = [delivery]
+                        ready.append(key)
+                    else:
+                        lane.append(delivery)
             if ready and self._waiters:
                 self._wake_worker()
 

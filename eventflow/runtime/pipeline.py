@@ -1,14 +1,15 @@
 """The message pipeline: one delivery from its bytes to its ack.
 
 Handling one delivery: skip a replay meant for another group -> decode the envelope ->
-skip if the dedup store has its id -> decode the typed event (upcast, validate) -> a
-compensation whose command the group has not handled cancels it instead (``compensation``)
--> call the handler with a soft timeout, retrying with backoff -> settle its transaction,
-if it opened one -> send what it published -> mark the id handled -> ack. Bad input and
-exhausted retries go to the dead-letter store before the ack, so nothing is lost. What a
-failed attempt leads to is ``outcomes.decide``'s: a rejection (``Reject``, ``give_up_on``)
-is dead-lettered at once, a ``RetryLater`` is given back to the broker with its delay (the
-worker goes on), anything else is retried in place after the policy's backoff.
+skip if the dedup store has its id (``HandlerSpec.dedup_at_commit``: found at the commit)
+-> decode the typed event (upcast, validate) -> a compensation whose command the group has
+not handled cancels it instead (``compensation``) -> call the handler with a soft timeout,
+retrying with backoff -> settle its transaction, if it opened one -> send what it published
+-> mark the id handled -> ack. Bad input and exhausted retries go to the dead-letter store
+before the ack, so nothing is lost. What a failed attempt leads to is ``outcomes.decide``'s:
+a rejection (``Reject``, ``give_up_on``) is dead-lettered at once, a ``RetryLater`` is given
+back to the broker with its delay (the worker goes on), anything else is retried in place
+after the policy's backoff.
 
 Attempts count handler failures only. A failure is recorded in the store's ``attempts``
 before the next attempt, so a redelivery (after a crash) goes on from the right attempt;
@@ -31,21 +32,22 @@ from typing import TYPE_CHECKING, Any
 
 from .._logging import Throttled
 from ..context import Context
-from ..envelope import Envelope, _wire_fields
+from ..envelope import _wire_fields
 from ..errors import (
     AlreadyHandled,
     DecodeError,
     HandlerTimeoutError,
     MessageRefusedError,
-    UnknownEventTypeError,
 )
 from ..headers import TARGET_GROUP_HEADER
 from ..limits.errors import GivenBack
 from ..ports import Delivery
 from ..subscribe import HandlerSpec, Signature
 from .compensation import Compensations, compensated_command
+from .decoding import decode_argument
 from .host import ConsumerHost
 from .letters import Letters
+from .lookups import Lookups
 from .outcomes import Verdict, decide
 from .settlement import Settlement
 from .stats import ConsumerStats
@@ -118,6 +120,11 @@ class Pipeline:
         # waits on. Only with several workers: one worker never runs two handlings at once.
         self._handling: dict[str, asyncio.Future[None] | None] = {}
         self._guard_ids = spec.idempotent and spec.concurrency > 1
+        # No dedup check before the handler where its transaction finds a copy (a rollback
+        # at its dedup entry, settlement.py), but for redeliveries, likely copies.
+        in_tx = spec.dedup_at_commit and self.dedup is host.store.dedup
+        self._check_first = spec.idempotent and not in_tx
+        self._lookups = Lookups(group, name)  # verdicts of whole fetched batches
         # Metrics (eventflow.metrics) observe each attempt's seconds and each handled
         # message's seconds since its publish; None (the default) costs nothing.
         self.observe_attempt: Callable[[float], None] | None = None
@@ -161,6 +168,15 @@ class Pipeline:
             if busy is not None and not busy.done():
                 busy.set_result(None)
 
+    @property
+    def looks_up_batches(self) -> bool:
+        """Whether fetched batches should go through ``fetched`` (it checks before handling)."""
+        return self._check_first
+
+    async def fetched(self, deliveries: Sequence[Delivery]) -> None:
+        """A batch was fetched: look its ids up in the dedup store at once (``lookups``)."""
+        await self._lookups.fetched(self.dedup, deliveries)
+
     async def _traced(
         self, delivery: Delivery, fields: dict[str, Any], env_id: str, watch: Watch
     ) -> bool:
@@ -175,14 +191,17 @@ class Pipeline:
         spec, group, stats = self.spec, self.group, self.stats
         # True once the message has (or may have) an attempt record to forget at the end.
         tracked = delivery.delivery_count > 1 or env_id in self._recorded
-        if spec.idempotent and await self.dedup.seen(group, env_id):
+        seen = self._lookups.take(env_id) if self._check_first or tracked else False
+        if seen is None and spec.idempotent:
+            seen = await self.dedup.seen(group, env_id)
+        if seen:
             await self._compensations.skipped(self.dedup, env_id, stats)
             await delivery.ack()
             if tracked:
                 await self._forget(env_id)  # handled, then stopped before it forgot the record
             return False
         try:
-            env, arg = self._decode(fields)
+            env, arg = decode_argument(self.signature, self.host.registry, spec.name, fields)
             command = compensated_command(fields, env_id)
         except Exception as exc:  # DecodeError, or a validator raising something else
             await self._letters.file(delivery, env_id, exc, attempts=0)
@@ -190,6 +209,7 @@ class Pipeline:
         if command is not None and await self._compensations.arrived(
             self.dedup, env_id, command, stats
         ):
+            self._lookups.forget(env_id)
             await delivery.ack()  # cancelled its command: nothing to undo
             if tracked:
                 await self._forget(env_id)
@@ -356,6 +376,7 @@ class Pipeline:
         # from the store (Redis) cannot join it, so it is marked after the commit too.
         if self.spec.idempotent and (not ctx._committed or dedup is not self.host.store.dedup):
             await self._compensations.mark(dedup, env_id, self.stats)
+        self._lookups.forget(env_id)  # recorded: a verdict of "not seen" no longer holds
         self.stats.handled += 1
         if self.observe_handled is not None:
             fields = ctx._fields
@@ -413,31 +434,3 @@ class Pipeline:
             self._log.warning(
                 "forget", "%s: could not clear the attempts of %s: %s", self.name, env_id, exc
             )
-
-    def _decode(self, fields: dict[str, Any]) -> tuple[Envelope | None, Any]:
-        """The handler's argument (and the envelope, if decoding needed it): the envelope
-        itself, or its event upcast and validated. Raises ``DecodeError``."""
-        sig = self.signature
-        accepts = sig.accepts
-        registry = self.host.registry
-        if accepts is not None:
-            cls = accepts.get(fields["type"])
-            if cls is not None:  # the usual case: no Envelope needed
-                return None, registry.decode_data(
-                    fields["type"], fields["version"], fields["data"], cls
-                )
-        env = Envelope._trusted(fields)
-        if accepts is None:
-            return env, env
-        if sig.any_event:
-            return env, registry.decode(env)
-        known = env.type in registry.types()
-        raise UnknownEventTypeError(
-            f"handler {self.spec.name} does not accept {env.type!r}"
-            + (
-                f" (it takes {', '.join(sorted(accepts))}); add it to the handler's union "
-                "or narrow the pattern"
-                if known
-                else f": no Event class defines {env.type!r}; define it or narrow the pattern"
-            )
-        )

@@ -224,6 +224,7 @@ class SagaRuntime:
                         timeout=cls.definition.timeout,
                         dead_letter=True,
                         idempotent=True,
+                        dedup_at_commit=True,  # all in its transaction, see _handle
                     )
                 )
         return specs
@@ -250,6 +251,8 @@ class SagaRuntime:
 
     async def _handle(self, cls: type[Saga], event: Event, env: Envelope, ctx: Context) -> None:
         handling = self.sagas.handling
+        # No effect outside the transaction (commands: outbox; wake-ups: after its commit),
+        # so a duplicate rolls back whole at its dedup entry (``dedup_at_commit``).
         async with ctx.transaction() as tx:
             machine = await handling.message(tx, cls, event, env, after_commit=ctx._after_commit)
         if machine is None:

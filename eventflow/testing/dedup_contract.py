@@ -140,3 +140,25 @@ class DedupContract:
             )
             assert sum(won) == 1, won
             assert await stores[1].cancelled_by(group, message) == by[won.index(True)]
+
+    async def test_seen_many_answers_as_seen_does_in_one_call(
+        self, dedup_factory: DedupFactory
+    ) -> None:
+        """``seen_many`` returns the ids ``seen`` says are recorded (handled or cancelled),
+        by any store of the backend, per group; repeated and unknown ids, and none at all,
+        are fine; a batch past SQLite's usual statement sizes too."""
+        dedup, other = await dedup_factory(), await dedup_factory()
+        group = unique_name("g")
+        handled, cancelled, new = new_id(), new_id(), new_id()
+        assert await dedup.seen_many(group, []) == set()
+        assert await dedup.seen_many(group, [handled, new]) == set()
+        await dedup.mark(group, handled)
+        assert await other.mark_new(group, cancelled, cancelled_by=new_id())
+        ids = [new, handled, cancelled, handled]
+        assert await dedup.seen_many(group, ids) == {handled, cancelled}
+        assert await other.seen_many(group, ids) == {handled, cancelled}
+        assert await dedup.seen_many(unique_name("g"), ids) == set()
+        many = [new_id() for _ in range(1200)]
+        for message in many[::7]:
+            await other.mark(group, message)
+        assert await dedup.seen_many(group, [*many, handled]) == {*many[::7], handled}

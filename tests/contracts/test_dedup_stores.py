@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -238,3 +238,59 @@ def test_redis_options_are_typed() -> None:
     assert (store.retention, store.connect_timeout, store.timeout) == (60, 2.0, 3.0)
     with pytest.raises(Exception, match="retention='soon'"):
         RedisDedupStore.from_url("redis://h:6379/1?retention=soon")
+
+
+class _BatchEvent(Event, type="contract.dedup.batch"):
+    """A test event."""
+
+    n: int
+
+
+async def test_a_fetched_batch_is_looked_up_at_once(
+    broker_url: str, hub: object, waiter: Wait
+) -> None:
+    """A backlog fetched in batches is checked with ``seen_many`` (a batch per call, not a
+    ``seen`` per message); copies within one batch are still handled once: the second copy
+    is checked on its own after the first copy's outcome; a copy of a handled message is
+    skipped on the batch's verdict."""
+    from eventflow.adapters.memory.store import MemoryDedupStore
+
+    class Counting(MemoryDedupStore):
+        seen_calls = 0
+        batches: list[int]
+
+        async def seen(self, group: str, message_id: str) -> bool:
+            self.seen_calls += 1
+            return await super().seen(group, message_id)
+
+        async def seen_many(self, group: str, message_ids: Sequence[str]) -> set[str]:
+            self.batches.append(len(message_ids))
+            return await super().seen_many(group, message_ids)
+
+    calls: list[int] = []
+
+    @subscribe("contract.dedup.batch", group="batch", concurrency=4, start="earliest")
+    async def handle(event: _BatchEvent) -> None:
+        calls.append(event.n)
+
+    store = Counting()
+    store.batches = []
+    await store.mark("batch", "handled-before")  # a copy of it comes in the backlog
+    async with App("pub", broker=broker_url) as publisher:
+        sent = [await publisher.publish(_BatchEvent(n=n), key=f"k{n % 5}") for n in range(40)]
+        for env in sent[:3]:
+            await publisher.publish(env)  # copies, in the same backlog
+        before = sent[3].model_copy(update={"id": "handled-before"})
+        await publisher.publish(before)
+    async with App("batch", broker=broker_url, dedup=store, handlers=[handle]) as app:
+        stats = app.stats
+        await waiter(
+            lambda: (
+                stats()["batch:contract.dedup.batch"]["handled"] == 40
+                and stats()["batch:contract.dedup.batch"]["duplicates"] == 4
+            ),
+            what="40 handled, 4 copies skipped",
+        )
+    assert sorted(calls) == list(range(40))
+    assert sum(store.batches) >= 40 and max(store.batches) > 1
+    assert store.seen_calls <= 3 + store.batches.count(1), (store.seen_calls, store.batches)

@@ -227,7 +227,11 @@ async def test_shutdown_during_a_pause_does_not_count_unseen_messages(
                 raise ConnectionError("dedup store down (once)")
             return await real_seen(group, message_id)
 
+        async def no_batch_lookups(group: str, message_ids: Any) -> set[str]:
+            raise ConnectionError("no batch lookups: each message is checked by seen")
+
         monkeypatch.setattr(consumer.dedup, "seen", seen_once_failing)
+        monkeypatch.setattr(consumer.dedup, "seen_many", no_batch_lookups)
         for n in range(10):
             await app.publish(_Paused(n=n), key="K")
         await waiter(lambda: bool(failed), what="the dedup store's one failure")

@@ -50,6 +50,15 @@ class MemoryDedupStore:
 
     async def seen(self, group: str, message_id: str) -> bool:
         """True if ``message_id`` was marked for ``group`` and not yet evicted."""
+        return self.has(group, message_id)
+
+    async def seen_many(self, group: str, message_ids: Sequence[str]) -> set[str]:
+        """The ids of ``message_ids`` marked for ``group`` and not yet evicted."""
+        state = self._groups.get(group)
+        return set() if state is None else state[0].intersection(message_ids)
+
+    def has(self, group: str, message_id: str) -> bool:
+        """``seen`` as a plain call (a memory transaction's own check)."""
         state = self._groups.get(group)
         return state is not None and message_id in state[0]
 
@@ -215,7 +224,7 @@ class MemoryStore(MemoryEventLog):
         key = (group, message_id)
         while (owner := self._claims.get(key)) is not None and owner is not joined:
             await owner.ended()
-        if owner is not None or await self.dedup.seen(group, message_id):
+        if owner is not None or self.dedup.has(group, message_id):
             raise AlreadyHandled(group, message_id)
         self._claims[key] = joined
 

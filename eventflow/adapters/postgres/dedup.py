@@ -5,6 +5,7 @@ the upgrade of tables made by earlier versions), the dedup store of ``PostgresSt
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from .db import PostgresDatabase
@@ -71,6 +72,16 @@ class PostgresDedupStore:
                     message_id,
                 )
             )
+
+    async def seen_many(self, group: str, message_ids: Sequence[str]) -> set[str]:
+        """The ids of ``message_ids`` marked by any process, in one statement."""
+        async with self._db.connection() as conn:
+            rows = await conn.fetch(
+                "SELECT message_id FROM ef_dedup WHERE grp = $1 AND message_id = ANY($2::text[])",
+                group,
+                list(message_ids),
+            )
+        return {row[0] for row in rows}
 
     async def mark(self, group: str, message_id: str) -> None:
         """Record the pair (inside the context's transaction, if one is open)."""

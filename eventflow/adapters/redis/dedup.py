@@ -12,6 +12,7 @@ using its store's own dedup table for that handling.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlunsplit
 
@@ -114,6 +115,18 @@ class RedisDedupStore:
             return bool(await self._redis().exists(self._key(group, message_id)))
         except (RedisError, OSError) as exc:
             raise StoreError(f"Redis dedup check failed on {redact_url(self.url)}: {exc}") from exc
+
+    async def seen_many(self, group: str, message_ids: Sequence[str]) -> set[str]:
+        """The ids of ``message_ids`` marked (by any process) within the retention, in one
+        ``MGET``."""
+        ids = list(message_ids)
+        if not ids:
+            return set()
+        try:
+            values = await self._redis().mget([self._key(group, m) for m in ids])
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"Redis dedup check failed on {redact_url(self.url)}: {exc}") from exc
+        return {m for m, value in zip(ids, values, strict=True) if value is not None}
 
     async def mark(self, group: str, message_id: str) -> None:
         """Record the pair for ``retention`` seconds. Idempotent."""

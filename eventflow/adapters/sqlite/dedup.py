@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Sequence
 
 from .db import SqliteDatabase
 
@@ -14,6 +15,7 @@ __all__ = ["DEDUP_SCHEMA", "DEFAULT_DEDUP_RETENTION", "SqliteDedupStore", "recor
 DEFAULT_DEDUP_RETENTION = 7 * 24 * 3600.0
 _CACHE_SIZE = 100_000
 _PRUNE_EVERY = 10_000
+_LOOKUP_CHUNK = 500  # ids per statement, well below SQLite's limit on parameters
 
 # cancelled_by: the compensation that cancelled the message before the group handled it
 # (files made by earlier versions get the column from the store's _ADDED_COLUMNS).
@@ -66,6 +68,22 @@ class SqliteDedupStore:
             "SELECT 1 FROM ef_dedup WHERE grp = ? AND message_id = ?", (group, message_id)
         )
         return bool(rows)
+
+    async def seen_many(self, group: str, message_ids: Sequence[str]) -> set[str]:
+        """The ids of ``message_ids`` marked (by any process using this file): those this
+        process marked from its cache, the others in one statement (per 500 ids)."""
+        cache = self._cache
+        found = {m for m in message_ids if (group, m) in cache}
+        rest = [m for m in dict.fromkeys(message_ids) if m not in found]
+        for start in range(0, len(rest), _LOOKUP_CHUNK):
+            chunk = rest[start : start + _LOOKUP_CHUNK]
+            marks = ", ".join("?" * len(chunk))
+            rows = await self._db.lookup(
+                f"SELECT message_id FROM ef_dedup WHERE grp = ? AND message_id IN ({marks})",
+                (group, *chunk),
+            )
+            found.update(row[0] for row in rows)
+        return found
 
     async def mark(self, group: str, message_id: str) -> None:
         """Record the pair (idempotent); prunes expired pairs now and then."""
