@@ -95,21 +95,25 @@ class Handling:
         cause: Envelope | None,
         new: bool = False,
         after_commit: AfterCommit | None = None,
+        send: bool = False,
     ) -> Machine | None:
         """Load the saga of ``key``, let ``run`` apply one input and save the outcome in
         ``tx``, again while the stream moved meanwhile. The first try guesses instead of
         reading when it can: the saga as this process last committed it, else, when
         ``new`` (a start event), no saga. Returns the machine saved, or None when ``run``
         declined. ``after_commit``: how to learn that ``tx`` committed (the saga then joins
-        the recent ones)."""
+        the recent ones). ``send``: queue the saved input's commands (:meth:`sends`) in the
+        store's outbox too, with the save (with tracing on, after it, each in a span)."""
         if self.tracing is None:
-            return await self._apply(tx, cls, key, run, cause, new, after_commit)
+            return await self._apply(tx, cls, key, run, cause, new, after_commit, send)
         with self.tracing.saga(cls.definition.name, key) as span:
-            machine = await self._apply(tx, cls, key, run, cause, new, after_commit)
+            machine = await self._apply(tx, cls, key, run, cause, new, after_commit, False)
             if machine is not None:
                 control = machine.control
                 self.tracing.saga_state(span, control.at, control.status.value)
-            return machine
+        if send and machine is not None:
+            await self.queue(tx, self.sends(cls.definition, machine, cause))
+        return machine
 
     async def _apply(
         self,
@@ -120,6 +124,7 @@ class Handling:
         cause: Envelope | None,
         new: bool,
         after_commit: AfterCommit | None,
+        send: bool,
     ) -> Machine | None:
         definition = cls.definition
         persistence = self.persistence
@@ -147,6 +152,7 @@ class Handling:
                     cause=cause,
                     now=now,
                     was=was,
+                    sends=self.sends(definition, machine, cause) if send else (),
                 )
             except ConcurrencyError:
                 if loaded is not None:  # not a start that guessed wrong: a saga moved
@@ -181,9 +187,11 @@ class Handling:
         env: Envelope,
         *,
         after_commit: AfterCommit | None = None,
+        send: bool = False,
     ) -> Machine | None:
         """Apply the message ``env`` (decoded: ``event``) to its saga in ``tx``; None when
-        it names no saga key (counted in ``stray``). ``after_commit``: see :meth:`apply`."""
+        it names no saga key (counted in ``stray``). ``after_commit``, ``send``: see
+        :meth:`apply`."""
         definition = cls.definition
         key = key_of(definition, event, env.key)
         if key is None:
@@ -216,7 +224,7 @@ class Handling:
             return machine
 
         return await self.apply(
-            tx, cls, key, run, cause=env, new=is_start, after_commit=after_commit
+            tx, cls, key, run, cause=env, new=is_start, after_commit=after_commit, send=send
         )
 
     def _early(self, cls: type[Saga], raw: dict[str, object]) -> Early:
@@ -265,12 +273,10 @@ class Handling:
         committed: list[Callable[[], None]] = []
         async with store.transaction() as tx:
             machine = await self.apply(
-                tx, cls, row.key, run, cause=None, after_commit=committed.append
+                tx, cls, row.key, run, cause=None, after_commit=committed.append, send=True
             )
             if machine is None or not machine.out.changed:
                 await self.persistence.drop_timer(tx, row)  # cancelled or rescheduled
-            if machine is not None:
-                await self.queue(tx, self.sends(definition, machine, None))
             if fence is not None:
                 await fence(tx)
         for call in committed:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import builtins
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,7 +34,7 @@ from ..ports import Store, Transaction
 from .control import Control, Status
 from .definition import SagaDefinition
 from .outcome import Outcome
-from .tables import IndexRow, NewTimer, SagaTables, TimerRow, tables_for
+from .tables import IndexRow, NewTimer, SagaTables, TimerRow, Writes, tables_for
 
 __all__ = [
     "RECENT",
@@ -131,26 +131,28 @@ class SagaStore:
         cause: Envelope | None,
         now: float,
         was: Status | None = None,
+        sends: Sequence[tuple[str, Envelope]] = (),
     ) -> Callable[[], None]:
         """Append the outcome's transitions (checking the stream is still at
-        ``loaded_version``: ``ConcurrencyError`` otherwise, before anything else is written),
-        then update the timers, and the index when the status is not ``was`` (the status
-        loaded; None: a saga not stored yet), all in ``tx``. Returns what to call once
-        ``tx`` committed (the saga joins the recent ones)."""
+        ``loaded_version``: ``ConcurrencyError`` otherwise, with nothing written), then
+        update the timers, the index when the status is not ``was`` (the status loaded;
+        None: a saga not stored yet) and queue ``sends`` in the outbox, all in ``tx``: the
+        tables ride on the append (:meth:`~eventflow.sagas.tables.SagaTables.append`).
+        Returns what to call once ``tx`` committed (the saga joins the recent ones)."""
         key = control.key
         saga_id = definition.stream_prefix + key
         saved = {"state": state, "control": control.as_dict()}
         envelopes = self._transition_envelopes(
             definition, saga_id, saved, control, outcome, source=source, cause=cause
         )
-        version = await self.store.append(saga_id, envelopes, expected_version=loaded_version)
         started = control.origin_ms / 1000
         status = control.status
         row = IndexRow(saga_id, definition.name, key, status.value, _at(started), _at(now))
         timers = [
             NewTimer(name, due - now, token) for name, (due, token) in outcome.timers_set.items()
         ]
-        await self.tables.save(tx, row, timers, outcome.timers_cancelled, index=status != was)
+        writes = Writes(row, timers, tuple(outcome.timers_cancelled), index=status != was)
+        version = await self.tables.append(tx, saga_id, envelopes, loaded_version, writes, sends)
         kept, copied = orjson.dumps(state), control.copy()
         return lambda: self._remember(saga_id, version, kept, copied)
 

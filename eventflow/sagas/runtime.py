@@ -175,10 +175,9 @@ class Sagas:
         committed: list[Callable[[], None]] = []
         async with self._store.transaction() as tx:
             machine = await handling.apply(
-                tx, cls, key, run, cause=None, after_commit=committed.append
+                tx, cls, key, run, cause=None, after_commit=committed.append, send=True
             )
             assert machine is not None  # run never declines
-            await handling.queue(tx, handling.sends(definition, machine, None))
         for call in committed:
             call()
         if self.committed is not None:
@@ -251,13 +250,14 @@ class SagaRuntime:
 
     async def _handle(self, cls: type[Saga], event: Event, env: Envelope, ctx: Context) -> None:
         handling = self.sagas.handling
-        # No effect outside the transaction (commands: outbox; wake-ups: after its commit),
-        # so a duplicate rolls back whole at its dedup entry (``dedup_at_commit``).
+        # No effect outside the transaction: the commands go to the outbox with the saga's
+        # save (on PostgreSQL in its append's statement), wake-ups after its commit; so a
+        # duplicate rolls back whole at its dedup entry (``dedup_at_commit``).
         async with ctx.transaction() as tx:
-            machine = await handling.message(tx, cls, event, env, after_commit=ctx._after_commit)
+            machine = await handling.message(
+                tx, cls, event, env, after_commit=ctx._after_commit, send=True
+            )
         if machine is None:
             self.timers.after_handling(ctx, cls.definition, {}, 0.0)
             return
-        for topic, command in handling.sends(cls.definition, machine, env):
-            await ctx.publish(command, topic=topic)
         self.timers.after_handling(ctx, cls.definition, machine.out.timers_set, machine.now)

@@ -7,6 +7,10 @@ written through the store's own transactions, in the ``$1`` style both run) and
 
 - **The index** ``ef_sagas`` (id, name, key, status, started, updated) serves ``list``
   and ``find`` without reading streams; it is written when a saga's status changes.
+- **Riding on the append**: :meth:`SagaTables.append` appends a transition's events and
+  writes its rows (and queues its commands in the outbox) in one go; a conflicting append
+  writes none of them. The default appends, then saves; a store adapter may send it all
+  in one round trip (PostgreSQL: one statement).
 - **The timers** ``ef_saga_timers`` (saga id, timer name, saga name, key, due, token).
   ``due`` is on the store's clock (:class:`~eventflow.ports.StoreClock`): a timer is set
   with a delay, and SQL adds it to the clock inside the statement that writes the row, so
@@ -24,6 +28,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from ..envelope import Envelope
 from ..ports import Store, Transaction
 
 __all__ = [
@@ -34,6 +39,7 @@ __all__ = [
     "SagaTables",
     "SqlSagaTables",
     "TimerRow",
+    "Writes",
     "tables_for",
 ]
 
@@ -71,9 +77,22 @@ class NewTimer:
     token: str
 
 
+@dataclass(frozen=True)
+class Writes:
+    """What one saga transition writes to the tables (the arguments of
+    :meth:`SagaTables.save`)."""
+
+    row: IndexRow
+    timers: Sequence[NewTimer]
+    cancelled: Sequence[str]
+    index: bool = True
+
+
 class SagaTables(Protocol):
     """The saga index and timers of one store. Writes take the transaction of
     the saga transition they belong to and commit with it; reads see what committed."""
+
+    store: Store
 
     async def setup(self) -> None:
         """Create the tables if needed. Idempotent, safe from several processes at once."""
@@ -90,6 +109,20 @@ class SagaTables(Protocol):
         """Write the saga's index row when ``index`` (insert, or update status and
         updated), delete its ``cancelled`` timers and set ``timers`` (replacing a timer of
         the same name); the timer rows take the saga's name and key from ``row``."""
+
+    async def append(
+        self,
+        tx: Transaction,
+        stream_id: str,
+        envelopes: Sequence[Envelope],
+        expected_version: int,
+        writes: Writes,
+        sends: Sequence[tuple[str, Envelope]] = (),
+    ) -> int:
+        """Append ``envelopes`` to ``stream_id`` at ``expected_version``, then make the
+        ``writes`` (as :meth:`save`) and queue ``sends`` in the store's outbox, all in
+        ``tx`` (the context's open transaction); returns the stream's new version. A
+        conflict raises ``ConcurrencyError`` with none of them written."""
 
     async def list(
         self, *, name: str | None = None, status: str | None = None, limit: int = 1000
@@ -131,7 +164,29 @@ DROP_TIMER = "DELETE FROM ef_saga_timers WHERE saga_id = $1 AND timer = $2 AND t
 """Deletes the timer row that fired, only if it is still that setting (its token)."""
 
 
-class SqlSagaTables:
+class _AppendThenSave:
+    """:meth:`SagaTables.append` as the store's append, then ``save`` and the outbox."""
+
+    async def append(
+        self: SagaTables,
+        tx: Transaction,
+        stream_id: str,
+        envelopes: Sequence[Envelope],
+        expected_version: int,
+        writes: Writes,
+        sends: Sequence[tuple[str, Envelope]] = (),
+    ) -> int:
+        """The store's append (a conflict raises before anything else is written), then
+        ``save`` and the outbox's ``add``."""
+        version = await self.store.append(stream_id, envelopes, expected_version=expected_version)
+        w = writes
+        await self.save(tx, w.row, w.timers, w.cancelled, index=w.index)
+        if sends:
+            await self.store.outbox.add(sends, tx=tx)
+        return version
+
+
+class SqlSagaTables(_AppendThenSave):
     """The saga tables of a SQL store (PostgreSQL, SQLite): see the module docstring."""
 
     def __init__(self, store: Store) -> None:
@@ -241,7 +296,7 @@ class SqlSagaTables:
         await tx.execute(DROP_TIMER, row.saga_id, row.timer, row.token)
 
 
-class MemorySagaTables:
+class MemorySagaTables(_AppendThenSave):
     """The saga tables of a memory store: dicts shared by every user of that store object,
     changed when the transaction that wrote them commits."""
 

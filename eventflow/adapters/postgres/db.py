@@ -253,6 +253,12 @@ class PostgresDatabase:
         shared = self._joined.get()
         return shared.conn if shared is not None and shared.open else None
 
+    def is_current(self, tx: object) -> bool:
+        """Whether ``tx`` is the context's open transaction (the one the store's calls
+        without a ``tx`` argument, appends among them, run in)."""
+        shared = self._joined.get()
+        return isinstance(tx, PostgresTransaction) and tx._shared is shared and shared.open
+
     def _shared_of(self, tx: object) -> _Shared | None:
         """The transaction a store call runs in: ``tx`` when given (it must be one of this
         database's), else the context's open one, if any."""

@@ -24,6 +24,7 @@ from ...sourcing.append import prepare_append
 from ...sourcing.paging import paged, stream_range
 from ...supervision import Supervisor
 from .db import PostgresDatabase
+from .rider import Rider, alone, arguments, riding
 from .sequencer import Sequencer, number_committed
 
 __all__ = ["PostgresEventLog"]
@@ -85,6 +86,7 @@ _IN_TX = {
     "at": _APPEND_AT + _SKIP,
     "any": _append_sql(f"({_STREAM_VERSION})") + _SKIP,
 }
+_OUTSIDE_TX = {"new": _APPEND_NEW, "at": _APPEND_AT, "any": _APPEND_ANY}
 _TAKE_OUT = "DELETE FROM ef_events WHERE event_id = ANY($1::text[])"
 
 
@@ -110,6 +112,15 @@ def _records(rows: Sequence[Any]) -> Iterator[RecordedEvent]:
     envelopes = stored_envelopes(r[3] for r in rows)
     for r, env in zip(rows, envelopes, strict=True):
         yield RecordedEvent(r[1], r[2], r[0] or 0, env)
+
+
+def _kind(stream_id: str, expected: int | None, *columns: list[Any]) -> tuple[str, tuple[Any, ...]]:
+    """Which fast-path append (any version, a new stream, at a version) and its arguments."""
+    if expected is None:
+        return "any", (stream_id, *columns)
+    if expected == 0:
+        return "new", (stream_id, *columns)
+    return "at", (stream_id, *columns, int(expected))
 
 
 class PostgresEventLog:
@@ -163,6 +174,43 @@ class PostgresEventLog:
             self._sequencer.appended()
         return version
 
+    async def append_riding(
+        self,
+        stream_id: str,
+        events: Sequence[Event | Envelope],
+        riders: Sequence[Rider],
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        """Append as :meth:`append` does, and write ``riders`` (:mod:`.rider`) in the same
+        transaction, only if the append succeeds: usually in the append's own statement
+        (one round trip), after the slow path in one of their own. A conflict raises
+        ``ConcurrencyError`` with nothing written. Outside a transaction it opens one."""
+        if self.db.current is None:
+            async with self.db.transaction():
+                return await self.append_riding(
+                    stream_id, events, riders, expected_version=expected_version
+                )
+        envelopes = prepare_append(stream_id, events)
+        ids = [e.id for e in envelopes]
+        blobs = [e.to_bytes() for e in envelopes]
+        corrs = [e.correlation_id for e in envelopes]
+        version: int | None = None
+        if envelopes:
+            kind, args = _kind(stream_id, expected_version, ids, blobs, corrs)
+            sql = riding(_IN_TX[kind], len(args), riders)
+            version = await self._fast_append_in_tx(sql, (*args, *arguments(riders)))
+        if version is None:
+            version = await self._slow_append(stream_id, expected_version, ids, blobs, corrs)
+            if riders:
+                async with self.db.connection() as conn:
+                    await conn.execute(alone(riders), *arguments(riders))
+        for rider in riders:
+            if rider.committed is not None:
+                self.db.after_commit(rider.committed)
+        self.db.after_commit(self._sequencer.appended)
+        return version
+
     async def _fast_append(
         self,
         stream_id: str,
@@ -175,13 +223,8 @@ class PostgresEventLog:
         # statement cache serves every append after the first on a connection.
         # Any version: the statement returns the new version (fetchval). Otherwise the
         # caller knows it, and the command status says whether every row went in (execute).
-        args: tuple[Any, ...]
-        if expected is None:
-            sql, kind, args = _APPEND_ANY, "any", (stream_id, ids, blobs, corrs)
-        elif expected == 0:
-            sql, kind, args = _APPEND_NEW, "new", (stream_id, ids, blobs, corrs)
-        else:
-            sql, kind, args = _APPEND_AT, "at", (stream_id, ids, blobs, corrs, int(expected))
+        kind, args = _kind(stream_id, expected, ids, blobs, corrs)
+        sql = _OUTSIDE_TX[kind]
         if self.db.current is not None:
             return await self._fast_append_in_tx(_IN_TX[kind], args)
         try:

@@ -42,6 +42,7 @@ from ...leases import Lease
 from ...ports import OutboxMessage, Transaction
 from .db import PostgresDatabase
 from .leases import FENCE, fence_args, writing
+from .rider import APPENDED, Rider
 
 __all__ = ["PostgresOutbox", "outbox_channel"]
 
@@ -72,6 +73,14 @@ _INSERT_NOTIFY = (
     f"WITH added AS ({_INSERT} RETURNING 1) "
     "SELECT pg_notify($5, '') FROM (SELECT 1 FROM added LIMIT 1) AS any_added"
 )
+# The same as a rider of an append (rider.py): the notification is sent from RETURNING
+# (once per transaction, however many rows), since a rider's output is not read.
+_RIDE = (
+    "INSERT INTO ef_outbox (topic, msg_key, payload, message_id) "
+    "SELECT t, k, p, m FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[]) "
+    f"WITH ORDINALITY AS u(t, k, p, m, o) WHERE {APPENDED} ORDER BY o"
+)
+_RIDE_NOTIFY = f"{_RIDE} RETURNING pg_notify($5, '')"
 _REMOVE_FENCED = (
     f"WITH {FENCE}, gone AS (DELETE FROM ef_outbox WHERE seq = ANY($4::bigint[]) "
     "AND EXISTS (SELECT 1 FROM fence)) SELECT 1 FROM fence"
@@ -106,18 +115,21 @@ class PostgresOutbox:
         commit notifies :attr:`channel`, unless this store object's relay holds the lease."""
         if not messages:
             return
-        columns: tuple[list[str], list[str | None], list[bytes], list[str]] = ([], [], [], [])
-        for topic, env in messages:
-            columns[0].append(topic)
-            columns[1].append(env.key)
-            columns[2].append(env.to_bytes())
-            columns[3].append(env.id)
+        columns = _columns(messages)
         async with self._db.connection(tx) as conn:
             if self._relaying:
                 await conn.execute(_INSERT, *columns)
             else:
                 await conn.execute(_INSERT_NOTIFY, *columns, self.channel)
         self._db.after_commit(self.added.set, tx)
+
+    def rider(self, messages: Sequence[tuple[str, Envelope]]) -> Rider:
+        """The rows :meth:`add` would write, as a rider of an append (:mod:`.rider`):
+        written by the append's statement, in its transaction, if the append succeeds."""
+        columns = _columns(messages)
+        if self._relaying:
+            return Rider(_RIDE, columns, self.added.set)
+        return Rider(_RIDE_NOTIFY, (*columns, self.channel), self.added.set)
 
     def heard(self, _payload: str | None = None) -> None:
         """The listener's callback for :attr:`channel` (an add committed, in any process),
@@ -158,3 +170,16 @@ class PostgresOutbox:
                 )
             elif await conn.fetchval(_REMOVE_FENCED, *fence_args(lease), list(seqs)) is None:
                 raise lease.error()
+
+
+def _columns(
+    messages: Sequence[tuple[str, Envelope]],
+) -> tuple[list[str], list[str | None], list[bytes], list[str]]:
+    """The outbox rows' columns (topic, key, payload, message id), one list each."""
+    columns: tuple[list[str], list[str | None], list[bytes], list[str]] = ([], [], [], [])
+    for topic, env in messages:
+        columns[0].append(topic)
+        columns[1].append(env.key)
+        columns[2].append(env.to_bytes())
+        columns[3].append(env.id)
+    return columns
