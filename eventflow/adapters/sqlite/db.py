@@ -6,9 +6,7 @@ lets other processes (the CLI) read while the app writes.
 
 ``transaction()`` holds the connection for a block, bound to the calling context (a
 ``ContextVar``): store calls made inside it, also from tasks created inside it, run in it
-(the thread runs them one at a time); the others wait for it to end, but only from its
-first trip to the thread until its ``COMMIT`` is on the thread (what a block computes
-first, and the wait for the ``COMMIT``'s outcome, keep nobody waiting). User SQL takes
+(the thread runs them one at a time); the others wait for it to end. User SQL takes
 ``$1, $2, ...`` (``params.py``).
 
 A trip to the thread and back costs more than a small statement (about 40 us against a few
@@ -35,7 +33,7 @@ from ...errors import ConfigurationError, StoreError
 from .connect import begin_immediate, busy_wait, connect
 from .params import to_sqlite
 from .reader import Reader
-from .transaction import ENDED, Queued, TxState, changed, commit, rows
+from .transaction import Queued, TxState, changed, commit, rows
 from .worker import Worker
 
 __all__ = ["SqliteDatabase", "SqliteTransaction"]
@@ -43,11 +41,16 @@ __all__ = ["SqliteDatabase", "SqliteTransaction"]
 T = TypeVar("T")
 DEFAULT_BUSY_TIMEOUT = 5.0
 _log = logging.getLogger("eventflow.sqlite")
+_ENDED = (
+    "this SQLite transaction has ended (committed or rolled back): run its statements "
+    "inside its `async with` block (a task that outlives the block uses the store directly)"
+)
 
 
 def _forget(var: contextvars.ContextVar[Any], token: contextvars.Token[Any]) -> None:
-    """Unbind a transaction from its context (an ``__aexit__`` called from another context
-    cannot, and need not: the transaction is closed, that context no longer joins it)."""
+    """Unbind a transaction from the context it was opened in. An ``__aexit__`` called from
+    another context cannot reset it there, and need not: the transaction is closed, so that
+    context no longer joins it."""
     with suppress(ValueError):
         var.reset(token)
 
@@ -62,8 +65,9 @@ class SqliteDatabase:
         self._conn: sqlite3.Connection | None = None
         # Lookups by key read in the event loop (reader.py); not for a database in memory.
         self._reader = Reader(path) if path != ":memory:" else None
-        # One transaction at a time on the one connection (from its first trip to its
-        # COMMIT): the store calls of other contexts wait for it.
+        # One transaction at a time on the one connection. An explicit transaction() is
+        # bound to the context that opened it (and so to the tasks created inside it): their
+        # store calls run inside it, the others wait for the lock.
         self._lock = asyncio.Lock()
         self._joined: contextvars.ContextVar[TxState | None] = contextvars.ContextVar(
             f"eventflow-sqlite-{id(self)}", default=None
@@ -110,8 +114,10 @@ class SqliteDatabase:
         return await self._job(fn, *args)
 
     async def _behind(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` on the thread after the transaction under way (the lock),
-        without holding the lock while it runs: the thread runs jobs in order."""
+        """Run ``fn(*args)`` on the thread after the transaction under way (the lock), but
+        without holding the lock while it runs: the thread runs jobs in order, so what is
+        given to it later (the next transaction's first trip) runs after it anyway, and
+        need not wait for its outcome to reach the event loop first."""
         async with self._lock:
             job = self._job(fn, *args)
         return await job
@@ -152,16 +158,13 @@ class SqliteDatabase:
         next statement or its ``COMMIT``, in the same trip to the thread; without a
         transaction, now, in one of its own. For writes whose outcome the caller does not
         wait for: if one fails, the transaction is refused (rolled back, raising its error
-        where it ends) and the statement that carried it raises that error too. It takes the
-        lock: a ``lookup(settled=True)`` waits for what it queued."""
+        where it ends) and the statement that carried it raises that error too."""
         shared = self._shared_of(tx) if tx is not None else self._joined.get()
         if shared is None or (tx is None and not shared.open):
             await self.run(fn, *args)
             return
         if not shared.open:
-            raise StoreError(ENDED)
-        if not shared.held:
-            await shared.hold(self._lock)
+            raise StoreError(_ENDED)
         shared.queued.append((fn, args))
 
     def after_commit(self, tx: object, fn: Callable[[], object]) -> bool:
@@ -177,10 +180,8 @@ class SqliteDatabase:
 
     async def _run_in(self, shared: TxState, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` in the transaction ``shared`` (a ``SqliteTransaction``'s)."""
-        if not shared.held:
-            await shared.hold(self._lock)
         if not shared.open:
-            raise StoreError(ENDED)
+            raise StoreError(_ENDED)
         # No await between the check and the submission: the statement is queued on the
         # thread before the COMMIT or ROLLBACK that closes the transaction.
         begin, queued = shared.trip()
@@ -235,9 +236,10 @@ class SqliteDatabase:
     async def transaction(self) -> AsyncIterator[SqliteTransaction]:
         """Hold the connection in one transaction until the block exits (commit) or raises
         (rollback); one a fence refused (``doom``) rolls back either way, raising the
-        fence's error. Store calls made in this context inside the block join it, also
-        from tasks created inside it (``gather``, a ``TaskGroup``, ``wait_for``); a task
-        still running when the block exits no longer joins it."""
+        fence's error. Store calls made in this context inside the block join it, including
+        those of tasks created inside it (``gather``, a ``TaskGroup``, ``wait_for``): the one
+        database thread runs their statements one at a time. A task that is still running
+        when the block exits no longer joins it: its later store calls run on their own."""
         outer = self._joined.get()
         if outer is not None and outer.open:
             raise StoreError(
@@ -245,54 +247,51 @@ class SqliteDatabase:
                 "task that created it, is inside `transaction()`): nest nothing, run the "
                 "statements in the open one"
             )
-        shared = TxState()  # takes the lock at its first trip (``TxState.hold``)
-        token = self._joined.set(shared)
-        try:
+        async with self._lock:
+            shared = TxState()
+            token = self._joined.set(shared)
             try:
-                yield SqliteTransaction(self, shared)
-            except BaseException as exc:
-                shared.open = False
                 try:
+                    yield SqliteTransaction(self, shared)
+                except BaseException as exc:
+                    shared.open = False
+                    try:
+                        await self._roll_back(shared)
+                    except Exception as rollback_error:
+                        # The block's error (a cancellation, say) is what the caller must
+                        # see; the failed ROLLBACK is logged with what it left behind.
+                        _log.warning(
+                            "SQLite ROLLBACK on %r after %s failed: %s; %s",
+                            self.path,
+                            type(exc).__name__,
+                            rollback_error,
+                            await self._left_in(),
+                        )
+                    raise
+                shared.open = False
+                if shared.doomed is not None:
                     await self._roll_back(shared)
-                except Exception as rollback_error:
-                    # The block's error (a cancellation, say) is what the caller must
-                    # see; the failed ROLLBACK is logged with what it left behind.
-                    _log.warning(
-                        "SQLite ROLLBACK on %r after %s failed: %s; %s",
-                        self.path,
-                        type(exc).__name__,
-                        rollback_error,
-                        await self._left_in(),
-                    )
-                raise
-            shared.open = False
-            if shared.doomed is not None:
-                await self._roll_back(shared)
-                raise shared.doomed.with_traceback(None)
-            if shared.begun or shared.queued:
-                await shared.hold(self._lock, ending=True)
-                begin, queued = shared.trip()
-                await self._settled(shared, "COMMIT", self._end, shared, begin, queued)
-        finally:
-            shared.open = False
-            shared.let_go(self._lock)
-            _forget(self._joined, token)
+                    raise shared.doomed.with_traceback(None)
+                if shared.begun or shared.queued:
+                    begin, queued = shared.trip()
+                    await self._settled("COMMIT", self._end, shared, begin, queued)
+            finally:
+                shared.open = False
+                _forget(self._joined, token)
 
     async def _roll_back(self, shared: TxState) -> None:
         """End ``shared`` without committing: a ``ROLLBACK`` if its ``BEGIN`` went to the
         thread (the thread runs it after any trip of the transaction still under way),
         nothing otherwise (its queued writes are dropped)."""
         shared.queued = []
-        if shared.begun:  # then it holds the lock: a trip went
-            await self._settled(shared, "ROLLBACK", self._undo)
+        if shared.begun:
+            await self._settled("ROLLBACK", self._undo)
 
-    async def _settled(self, shared: TxState, what: str, fn: Callable[..., None], *a: Any) -> None:
-        """Run ``fn(*a)`` (the ``what``: COMMIT or ROLLBACK of ``shared``) on the thread and
-        wait for it even if cancelled (then let the cancellation through): the connection
-        never stays mid-transaction. The lock is let go once the job is on the thread: the
-        next transaction's first trip runs after it there (as ``_behind``'s jobs do)."""
-        job = self._job(fn, *a)
-        shared.let_go(self._lock)
+    async def _settled(self, what: str, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` (the ``what``: COMMIT or ROLLBACK) on the thread and wait for
+        it even if cancelled (then let the cancellation through): the connection never
+        stays mid-transaction."""
+        job = self._job(fn, *args)
         try:
             await asyncio.shield(job)
         except asyncio.CancelledError:

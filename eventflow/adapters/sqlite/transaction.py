@@ -3,23 +3,17 @@ two statement runners of its handle (``SqliteTransaction`` in ``db.py``)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sqlite3
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from ...errors import StoreError
 from .connect import busy_wait
 
-__all__ = ["ENDED", "Queued", "TxState", "changed", "commit", "rows"]
+__all__ = ["Queued", "TxState", "changed", "commit", "rows"]
 
 _log = logging.getLogger("eventflow.sqlite")
-ENDED = (
-    "this SQLite transaction has ended (committed or rolled back): run its statements "
-    "inside its `async with` block (a task that outlives the block uses the store directly)"
-)
 
 Queued = list[tuple[Callable[..., object], tuple[Any, ...]]]
 """Writes queued for a transaction's next trip to the database thread: (fn, args)."""
@@ -31,11 +25,9 @@ class TxState:
     joining it (its store calls then take the lock like any other); ``doomed``: the error
     its commit is refused with (a fence refused it, or a queued write failed), if any;
     ``begun``: its ``BEGIN`` went to the thread; ``queued``: writes waiting for the next
-    trip (see ``db.py``); ``after``: what the thread runs once it committed; ``held``: it
-    holds the database's lock (from its first trip until its ``COMMIT`` or ``ROLLBACK`` is
-    on the thread, see ``hold``)."""
+    trip (see ``db.py``); ``after``: what the thread runs once it committed."""
 
-    __slots__ = ("_taking", "after", "begun", "doomed", "held", "open", "queued")
+    __slots__ = ("after", "begun", "doomed", "open", "queued")
 
     def __init__(self) -> None:
         self.open = True
@@ -43,40 +35,6 @@ class TxState:
         self.begun = False
         self.queued: Queued = []
         self.after: list[Callable[[], object]] = []
-        self.held = False
-        self._taking: asyncio.Event | None = None
-
-    async def hold(self, lock: asyncio.Lock, *, ending: bool = False) -> None:
-        """Take ``lock`` for this transaction if it does not hold it yet: at its first
-        trip to the thread (or its ``COMMIT`` when it made none), not when the block
-        opens, so what a block computes before its first statement keeps nobody waiting.
-        Tasks of the transaction that ask at once take it once. Unless ``ending`` (its
-        ``COMMIT``), a transaction that ended while it waited lets the lock go and raises
-        ``StoreError``."""
-        took = False
-        while not self.held:
-            taking = self._taking
-            if taking is not None:  # another task of this transaction is taking it
-                await taking.wait()
-                continue
-            taking = self._taking = asyncio.Event()
-            try:
-                await lock.acquire()
-                self.held = took = True
-            finally:
-                self._taking = None
-                taking.set()
-        if not self.open and not ending:
-            if took:  # nobody else will: the block ended while this task waited
-                self.let_go(lock)
-            raise StoreError(ENDED)
-
-    def let_go(self, lock: asyncio.Lock) -> None:
-        """Release ``lock`` if this transaction holds it: its last job (``COMMIT`` or
-        ``ROLLBACK``) is on the thread, which runs the next transaction's jobs after it."""
-        if self.held:
-            self.held = False
-            lock.release()
 
     def trip(self) -> tuple[bool, Queued]:
         """What the next trip to the thread carries before its own statement: the
