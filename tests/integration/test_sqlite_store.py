@@ -578,7 +578,7 @@ def test_begin_immediate_waits_for_another_writer_up_to_the_busy_timeout(
 async def test_an_append_larger_than_one_insert_keeps_every_event_in_order(
     tmp_path: Path,
 ) -> None:
-    # 1,201 events: three INSERTs of at most 500 rows (5 parameters each) in one append.
+    # 1,201 events in one append (more rows than one INSERT of 5 parameters each can take).
     async with SqliteStore(str(tmp_path / "big.db")) as store:
         events = [Envelope.create(Ping.event_type, {"n": i}) for i in range(1201)]
         assert await store.append("s-1", events, expected_version=0) == 1201

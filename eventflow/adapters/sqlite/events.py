@@ -8,7 +8,6 @@ N, and a rolled-back append leaves no gap (``INTEGER PRIMARY KEY`` takes max + 1
 from __future__ import annotations
 
 import asyncio
-import functools
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -99,18 +98,6 @@ def _add_lease_epoch(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE ef_leases ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
 
 
-_INSERT_ROWS = 500  # rows per INSERT: 5 parameters each, well within SQLite's 32,766
-
-
-@functools.lru_cache(maxsize=64)
-def _insert_events(n: int) -> str:
-    """One ``INSERT`` of ``n`` events (one step, where ``executemany`` makes one per row)."""
-    rows = ",".join(["(?, ?, ?, ?, ?)"] * n)
-    return (
-        f"INSERT INTO ef_events (event_id, stream_id, stream_version, type, envelope) VALUES {rows}"
-    )
-
-
 def _records(rows: Sequence[Any]) -> Iterator[RecordedEvent]:
     """A page of rows (position, stream_id, stream_version, envelope) as records, made as
     they are read."""
@@ -147,30 +134,36 @@ class SqliteEventLog:
         envelopes: list[Envelope],
         expected: int | None,
     ) -> int:
-        # Two statements, one step each: every step lets the GIL go and takes it back, which
-        # waits for the event loop's thread when it is busy (a handling's append made five).
-        marks = ",".join("?" * len(envelopes))
-        current, stored_ids = conn.execute(
-            "SELECT COALESCE(MAX(stream_version), 0), (SELECT json_group_array(event_id) "
-            f"FROM ef_events WHERE event_id IN ({marks})) FROM ef_events WHERE stream_id = ?",
-            [*(e.id for e in envelopes), stream_id],
+        row = conn.execute(
+            "SELECT COALESCE(MAX(stream_version), 0) FROM ef_events WHERE stream_id = ?",
+            (stream_id,),
         ).fetchone()
-        current = int(current)
+        current = int(row[0])
         if not envelopes:
             if expected is not None and expected != current:
                 raise ConcurrencyError(stream_id, expected, current)
             return current
-        stored = set(orjson.loads(stored_ids)) if stored_ids != "[]" else ()
-        fresh = [e for e in envelopes if e.id not in stored] if stored else envelopes
+        marks = ",".join("?" * len(envelopes))
+        stored = {
+            r[0]
+            for r in conn.execute(
+                f"SELECT event_id FROM ef_events WHERE event_id IN ({marks})",
+                [e.id for e in envelopes],
+            )
+        }
+        fresh = [e for e in envelopes if e.id not in stored]
         if not fresh:
             return current  # a retried append: every event is stored already
         if expected is not None and expected != current:
             raise ConcurrencyError(stream_id, expected, current)
-        for start in range(0, len(fresh), _INSERT_ROWS):
-            values: list[Any] = []
-            for i, e in enumerate(fresh[start : start + _INSERT_ROWS], start=current + start + 1):
-                values += (e.id, stream_id, i, e.type, e.to_bytes())
-            conn.execute(_insert_events(len(values) // 5), values)
+        conn.executemany(
+            "INSERT INTO ef_events (event_id, stream_id, stream_version, type, envelope) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [
+                (e.id, stream_id, current + i, e.type, e.to_bytes())
+                for i, e in enumerate(fresh, start=1)
+            ],
+        )
         return current + len(fresh)
 
     def read_stream(
