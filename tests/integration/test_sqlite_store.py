@@ -14,9 +14,11 @@ import pytest
 
 from eventflow import (
     App,
+    ConcurrencyError,
     ConfigurationError,
     Context,
     DeadLetter,
+    Envelope,
     Event,
     StoreError,
     open_store,
@@ -568,3 +570,32 @@ def test_begin_immediate_waits_for_another_writer_up_to_the_busy_timeout(
     finally:
         holder.close()
         waiter.close()
+
+
+# -- appends ------------------------------------------------------------------------------------
+
+
+async def test_an_append_larger_than_one_insert_keeps_every_event_in_order(
+    tmp_path: Path,
+) -> None:
+    # 1,201 events in one append (more rows than one INSERT of 5 parameters each can take).
+    async with SqliteStore(str(tmp_path / "big.db")) as store:
+        events = [Envelope.create(Ping.event_type, {"n": i}) for i in range(1201)]
+        assert await store.append("s-1", events, expected_version=0) == 1201
+        assert await store.append("s-1", events, expected_version=0) == 1201  # a retry: as is
+        read = [(r.stream_version, r.envelope.data["n"]) async for r in store.read_stream("s-1")]
+        assert read == [(i + 1, i) for i in range(1201)]
+
+
+async def test_an_append_keeps_out_the_events_stored_already_and_checks_the_version(
+    tmp_path: Path,
+) -> None:
+    async with SqliteStore(str(tmp_path / "part.db")) as store:
+        first, second = (Envelope.create(Ping.event_type, {"n": n}) for n in (1, 2))
+        assert await store.append("s-2", [first], expected_version=0) == 1
+        # One stored already, one new: the new one goes in at the stream's version check.
+        assert await store.append("s-2", [first, second], expected_version=1) == 2
+        with pytest.raises(ConcurrencyError):
+            await store.append("s-2", [Ping(n=3)], expected_version=1)
+        read = [r.envelope.data["n"] async for r in store.read_stream("s-2")]
+        assert read == [1, 2]
