@@ -17,8 +17,8 @@ case, each into a schema of its own:
 Prints events/s per case and the ratios eventflow/floor and eventflow/eventsourcing. With
 ``--rounds``, floor and eventflow alternate that many times per case and the median ratio is
 printed. With ``--cpu`` (Linux, server on this machine), each timed loop also reports the
-CPU it cost: this process plus every ``postgres`` process, per 10 events. On a shared
-machine the CPU ratio is steadier than the throughput ratio.
+CPU it cost: this process plus every ``postgres`` process, per 10 events, and how much of it
+was this process's. On a shared machine the CPU ratio is steadier than the throughput ratio.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def _envelopes(n: int, stream: str) -> list[Any]:
     ]
 
 
-def _cpu_seconds() -> float:
-    """CPU time so far of this process and of every ``postgres`` process on the machine."""
+def _cpu_seconds() -> tuple[float, float]:
+    """CPU time so far of this process, and of every ``postgres`` process on the machine."""
     ticks = 0
     for path in glob.glob("/proc/[0-9]*/stat"):
         try:
@@ -78,14 +78,16 @@ def _cpu_seconds() -> float:
             fields = raw.rsplit(")", 1)[1].split()
             ticks += int(fields[11]) + int(fields[12])  # utime, stime
     own = resource.getrusage(resource.RUSAGE_SELF)
-    return ticks / os.sysconf("SC_CLK_TCK") + own.ru_utime + own.ru_stime
+    return own.ru_utime + own.ru_stime, ticks / os.sysconf("SC_CLK_TCK")
 
 
 class _CpuMeter:
-    """With ``--cpu``: the CPU seconds per event of the last timed loop."""
+    """With ``--cpu``: the CPU seconds per event of the last timed loop, in all and of this
+    process alone (the rest is the server's)."""
 
     enabled = False
     per_event = 0.0
+    own_per_event = 0.0
 
 
 _cpu = _CpuMeter()
@@ -105,14 +107,16 @@ async def _drive(writers: int, steps: int, step: Callable[[int, int], Awaitable[
     # passes from walking them during the timed loop (the same for every system).
     gc.collect()
     gc.freeze()
-    cpu = _cpu_seconds() if _cpu.enabled else 0.0
+    cpu = _cpu_seconds() if _cpu.enabled else (0.0, 0.0)
     try:
         start = time.perf_counter()
         await asyncio.gather(*(loop(w) for w in range(writers)))
         return total / (time.perf_counter() - start)
     finally:
         if _cpu.enabled:
-            _cpu.per_event = (_cpu_seconds() - cpu) / max(total, 1)
+            own, server = _cpu_seconds()
+            _cpu.own_per_event = (own - cpu[0]) / max(total, 1)
+            _cpu.per_event = _cpu.own_per_event + (server - cpu[1]) / max(total, 1)
         gc.unfreeze()
 
 
@@ -228,7 +232,13 @@ def bench_eventsourcing(url: str, writers: int, batch: int, steps: int) -> float
 
 
 def _cpu_text() -> str:
-    return f" ({_cpu.per_event * 1e7:.0f} µs CPU/10 events)" if _cpu.enabled else ""
+    if not _cpu.enabled:
+        return ""
+    own, server = _cpu.own_per_event, _cpu.per_event - _cpu.own_per_event
+    return (
+        f" ({_cpu.per_event * 1e7:.0f} µs CPU/10 events:"
+        f" {own * 1e7:.0f} here + {server * 1e7:.0f} server)"
+    )
 
 
 def main() -> None:
