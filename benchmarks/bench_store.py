@@ -17,8 +17,9 @@ case, each into a schema of its own:
 Prints events/s per case and the ratios eventflow/floor and eventflow/eventsourcing. With
 ``--rounds``, floor and eventflow alternate that many times per case and the median ratio is
 printed. With ``--cpu`` (Linux, server on this machine), each timed loop also reports the
-CPU it cost: this process plus every ``postgres`` process, per 10 events. On a shared
-machine the CPU ratio is steadier than the throughput ratio.
+CPU it cost: this process plus the server processes of its connections, per 10 events, and
+how much of it was this process's. On a shared machine the CPU ratio is steadier than the
+throughput ratio.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import glob
 import os
 import resource
 import statistics
@@ -65,34 +65,48 @@ def _envelopes(n: int, stream: str) -> list[Any]:
     ]
 
 
-def _cpu_seconds() -> float:
-    """CPU time so far of this process and of every ``postgres`` process on the machine."""
-    ticks = 0
-    for path in glob.glob("/proc/[0-9]*/stat"):
+def _cpu_seconds(backends: set[int]) -> tuple[float, dict[int, float]]:
+    """CPU time so far of this process, and of each server process in ``backends`` (the
+    benchmarked system's connections: other sessions of a shared server are left out)."""
+    server = {}
+    for pid in backends:
         try:
-            with open(path) as f:
+            with open(f"/proc/{pid}/stat") as f:
                 raw = f.read()
         except OSError:
             continue  # the process ended
-        if "(postgres)" in raw:
-            fields = raw.rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        fields = raw.rsplit(")", 1)[1].split()
+        server[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     own = resource.getrusage(resource.RUSAGE_SELF)
-    return ticks / os.sysconf("SC_CLK_TCK") + own.ru_utime + own.ru_stime
+    return own.ru_utime + own.ru_stime, server
+
+
+async def _backends(admin: Any, app: str) -> set[int]:
+    """The server pids of the connections named ``app`` (``application_name``)."""
+    rows = await admin.fetch("SELECT pid FROM pg_stat_activity WHERE application_name = $1", app)
+    return {r[0] for r in rows}
 
 
 class _CpuMeter:
-    """With ``--cpu``: the CPU seconds per event of the last timed loop."""
+    """With ``--cpu``: the CPU seconds per event of the last timed loop, in all and of this
+    process alone (the rest is the server's)."""
 
     enabled = False
     per_event = 0.0
+    own_per_event = 0.0
 
 
 _cpu = _CpuMeter()
 
 
-async def _drive(writers: int, steps: int, step: Callable[[int, int], Awaitable[int]]) -> float:
-    """Run ``steps`` transactions per writer on ``writers`` tasks; return events/s."""
+async def _drive(
+    writers: int,
+    steps: int,
+    step: Callable[[int, int], Awaitable[int]],
+    backends: Callable[[], Awaitable[set[int]]],
+) -> float:
+    """Run ``steps`` transactions per writer on ``writers`` tasks; return events/s. With
+    ``--cpu``, the CPU of this process and of the ``backends()`` is measured around it."""
     total = 0
 
     async def loop(w: int) -> None:
@@ -105,14 +119,18 @@ async def _drive(writers: int, steps: int, step: Callable[[int, int], Awaitable[
     # passes from walking them during the timed loop (the same for every system).
     gc.collect()
     gc.freeze()
-    cpu = _cpu_seconds() if _cpu.enabled else 0.0
+    own, server = _cpu_seconds(await backends()) if _cpu.enabled else (0.0, {})
     try:
         start = time.perf_counter()
         await asyncio.gather(*(loop(w) for w in range(writers)))
         return total / (time.perf_counter() - start)
     finally:
         if _cpu.enabled:
-            _cpu.per_event = (_cpu_seconds() - cpu) / max(total, 1)
+            # A connection opened during the loop counts from 0 (its start-up included).
+            own_after, server_after = _cpu_seconds(await backends())
+            spent = sum(t - server.get(pid, 0.0) for pid, t in server_after.items())
+            _cpu.own_per_event = (own_after - own) / max(total, 1)
+            _cpu.per_event = _cpu.own_per_event + spent / max(total, 1)
         gc.unfreeze()
 
 
@@ -133,7 +151,11 @@ async def bench_floor(dsn: str, writers: int, batch: int, steps: int) -> float:
     )
     # The same pool settings eventflow uses (no reset round trip on release).
     pool = await asyncpg.create_pool(
-        dsn, min_size=writers, max_size=writers, reset=reset_connection
+        dsn,
+        min_size=writers,
+        max_size=writers,
+        reset=reset_connection,
+        server_settings={"application_name": schema},
     )
     data = [[[e.to_bytes() for e in b] for b in per] for per in _payloads(writers, steps, batch)]
     versions = list(range(1, batch + 1))
@@ -150,7 +172,7 @@ async def bench_floor(dsn: str, writers: int, batch: int, steps: int) -> float:
                 )
             return batch
 
-        return await _drive(writers, steps, step)
+        return await _drive(writers, steps, step, lambda: _backends(admin, schema))
     finally:
         await pool.close()
         await admin.execute(f"DROP SCHEMA {schema} CASCADE")
@@ -160,8 +182,11 @@ async def bench_floor(dsn: str, writers: int, batch: int, steps: int) -> float:
 async def bench_eventflow(url: str, writers: int, batch: int, steps: int) -> float:
     """``PostgresStore.append`` of ``batch`` new envelopes to a new stream per transaction."""
     schema = f"bench_ef_{uuid.uuid4().hex[:8]}"
-    store = PostgresStore.from_url(f"{url}?schema={schema}&pool={max(writers, 2)}")
+    store = PostgresStore.from_url(
+        f"{url}?schema={schema}&pool={max(writers, 2)}&application_name={schema}"
+    )
     await store.open()
+    admin = await asyncpg.connect(store.config.dsn)
     data = _payloads(writers, steps, batch)
     try:
 
@@ -169,10 +194,9 @@ async def bench_eventflow(url: str, writers: int, batch: int, steps: int) -> flo
             await store.append(f"s-{w}-{i}", data[w][i], expected_version=0)
             return batch
 
-        return await _drive(writers, steps, step)
+        return await _drive(writers, steps, step, lambda: _backends(admin, schema))
     finally:
         await store.close()
-        admin = await asyncpg.connect(store.config.dsn)
         await admin.execute(f"DROP SCHEMA {schema} CASCADE")
         await admin.close()
 
@@ -228,7 +252,13 @@ def bench_eventsourcing(url: str, writers: int, batch: int, steps: int) -> float
 
 
 def _cpu_text() -> str:
-    return f" ({_cpu.per_event * 1e7:.0f} µs CPU/10 events)" if _cpu.enabled else ""
+    if not _cpu.enabled:
+        return ""
+    own, server = _cpu.own_per_event, _cpu.per_event - _cpu.own_per_event
+    return (
+        f" ({_cpu.per_event * 1e7:.0f} µs CPU/10 events:"
+        f" {own * 1e7:.0f} here + {server * 1e7:.0f} server)"
+    )
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ from ...sourcing.append import prepare_append
 from ...sourcing.paging import paged, stream_range
 from ...supervision import Supervisor
 from .db import PostgresDatabase
+from .grouped import AppendGroups
 from .rider import Rider, alone, arguments, riding
 from .sequencer import Sequencer, number_committed
 
@@ -138,6 +139,7 @@ class PostgresEventLog:
         payload; ``reconnected``: called when the listener connected again (notifications
         sent while it was away are lost)."""
         self._sequencer = Sequencer(self.db, channels, reconnected)
+        self.append_groups = AppendGroups(self.db)
 
     async def _start_events(self, supervisor: Supervisor | None) -> None:
         await self._sequencer.start(supervisor)
@@ -157,6 +159,8 @@ class PostgresEventLog:
         The fast path inserts with the versions the caller expects and lets the unique
         indexes reject conflicts; anything unusual (a conflict, ids already stored, a
         version the stream has not reached) goes through ``ef_append_v4``, which sorts it out.
+        Outside a transaction, at a known version, an append made while the writers are
+        busy waits and is written with the others waiting (``grouped.py``).
         """
         envelopes = prepare_append(stream_id, events)
         ids = [e.id for e in envelopes]
@@ -164,8 +168,19 @@ class PostgresEventLog:
         corrs = [e.correlation_id for e in envelopes]
         ambient = self.db.current is not None
         version: int | None = None
-        if envelopes:
+        groups = self.append_groups
+        if not envelopes:
+            pass
+        elif ambient or expected_version is None:
             version = await self._fast_append(stream_id, expected_version, ids, blobs, corrs)
+        elif groups.free():
+            groups.hold()
+            try:
+                version = await self._fast_append(stream_id, expected_version, ids, blobs, corrs)
+            finally:
+                groups.release()
+        else:
+            version = await groups.append(stream_id, expected_version, ids, blobs, corrs)
         if version is None:
             version = await self._slow_append(stream_id, expected_version, ids, blobs, corrs)
         if ambient:

@@ -1,0 +1,190 @@
+"""Grouped appends: concurrent appends to several streams written in one statement.
+
+An append made outside a caller's transaction at a known version (``expected_version`` 0 or
+N) normally runs its own ``INSERT`` and commit. When every writer slot is busy (``WRITERS``
+statements in flight), it waits in a queue instead, and the next free writer takes the whole
+queue (at most ``_GROUP_EVENTS`` events, one append per stream) into one statement: one
+round trip, one commit, one WAL flush for the lot. While a group is being written the next
+one gathers, so groups grow with the load and a lone append waits for nothing.
+
+The statement checks each stream's version (a scalar subquery per stream, on the statement's
+snapshot) and inserts the events of the streams that are where their caller expects; it
+returns which those were. Every other append of the group (its stream had moved, or its ids
+were stored already) is sent back to its caller, which appends alone and gets its own
+``ConcurrencyError`` or its own no-op result: a conflict in one stream fails no other
+caller. A statement that fails as a whole (a unique index: an id stored in another stream,
+or a concurrent writer of one of the streams) sends every append of the group back the same
+way; nothing of it was written.
+
+Like every append, the statement takes its transaction id before it draws an event id, and
+inserts each stream's events in version order, so the sequencer's rules hold unchanged
+(docs/event-store.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .db import PostgresDatabase
+
+__all__ = ["WRITERS", "AppendGroups"]
+
+WRITERS = 2
+"""Statements in flight at once (each a lone append or a group); appends made meanwhile wait."""
+_LINGER = 1  # event-loop turns an idle writer waits for more appends before it stops
+_GROUP_EVENTS = 2000  # events per group at most (a bigger queue makes several groups)
+
+# $1/$2: each member's stream and expected version; $3..$7: each event's member (1-based),
+# version offset, id, envelope, correlation id. The members whose stream is at the expected
+# version come back; their events are inserted in the order given (ids follow versions).
+_APPEND_GROUP = (
+    "WITH m AS MATERIALIZED (SELECT k, s, b FROM unnest($1::text[], $2::bigint[]) "
+    "WITH ORDINALITY AS m(s, b, k) WHERE COALESCE((SELECT max(stream_version) FROM ef_events "
+    "WHERE stream_id = m.s), 0) = m.b), "
+    "ins AS (INSERT INTO ef_events (event_id, stream_id, stream_version, envelope, "
+    "correlation_id) SELECT u.i, m.s, m.b + u.o, u.e, u.c FROM unnest($3::bigint[], "
+    "$4::bigint[], $5::text[], $6::bytea[], $7::text[]) WITH ORDINALITY AS u(k, o, i, e, c, n) "
+    "JOIN m ON m.k = u.k WHERE pg_current_xact_id() IS NOT NULL ORDER BY u.n) "
+    "SELECT array_agg(k) FROM m"
+)
+
+
+@dataclass(eq=False, slots=True)
+class _Append:
+    """One waiting append: what to write, and where its caller waits for the new version
+    (or None: append alone)."""
+
+    stream: str
+    expected: int
+    ids: list[str]
+    blobs: list[bytes]
+    corrs: list[str]
+    future: asyncio.Future[int | None] = field(default_factory=lambda: _loop().create_future())
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    return asyncio.get_running_loop()
+
+
+class AppendGroups:
+    """The queue and writers of one store's grouped appends, and what they counted:
+    ``groups`` (statements that wrote a group), ``combined`` (appends that went in as part
+    of a group of two or more), ``fell_back`` (appends a group sent back to their caller),
+    ``waiting`` (appends in the queue now)."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+        self._queue: deque[_Append] = deque()
+        self._busy = 0  # writer slots taken: lone appends and writer tasks
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.groups = 0
+        self.combined = 0
+        self.fell_back = 0
+
+    @property
+    def waiting(self) -> int:
+        """Appends in the queue now (cancelled ones not counted)."""
+        return sum(1 for a in self._queue if not a.future.done())
+
+    def free(self) -> bool:
+        """Whether an append may go alone now: a writer slot is free and nothing waits."""
+        return self._busy < WRITERS and not self._queue
+
+    def hold(self) -> None:
+        """Take a writer slot for a lone append (give it back with ``release``)."""
+        self._busy += 1
+
+    def release(self) -> None:
+        """Give back a slot that ``hold`` took; a waiting queue gets a writer."""
+        self._busy -= 1
+        self._start()
+
+    async def append(
+        self, stream: str, expected: int, ids: list[str], blobs: list[bytes], corrs: list[str]
+    ) -> int | None:
+        """Wait for a group to write this append: the new version, or None when the caller
+        must append alone (its stream was not at ``expected``, or the group failed). A caller
+        cancelled while it waits is taken out of the queue; once its group is being written,
+        its events may go in (as with any statement cancelled in flight)."""
+        item = _Append(stream, expected, ids, blobs, corrs)
+        self._queue.append(item)
+        self._start()
+        return await item.future
+
+    def _start(self) -> None:
+        if self._queue and self._busy < WRITERS:
+            self._busy += 1
+            task = asyncio.get_running_loop().create_task(self._write())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _write(self) -> None:
+        """A writer: write groups until the queue is empty, then give its slot back."""
+        try:
+            while True:
+                if not self._queue:
+                    for _ in range(_LINGER):
+                        await asyncio.sleep(0)
+                    if not self._queue:
+                        break
+                group = self._take()
+                if group:
+                    await self._write_group(group)
+        finally:
+            self._busy -= 1
+            self._start()
+
+    def _take(self) -> list[_Append]:
+        """The next group: waiting appends in queue order, one per stream, up to
+        ``_GROUP_EVENTS`` events; the others stay queued, in order."""
+        queue, group, streams, events, later = self._queue, [], set(), 0, []
+        while queue and events < _GROUP_EVENTS:
+            item = queue.popleft()
+            if item.future.done():  # its caller was cancelled
+                continue
+            if item.stream in streams:
+                later.append(item)
+                continue
+            streams.add(item.stream)
+            group.append(item)
+            events += len(item.ids)
+        queue.extendleft(reversed(later))
+        return group
+
+    async def _write_group(self, group: list[_Append]) -> None:
+        members: list[str] = []
+        bases: list[int] = []
+        ks: list[int] = []
+        offsets: list[int] = []
+        ids: list[str] = []
+        blobs: list[bytes] = []
+        corrs: list[str] = []
+        for k, item in enumerate(group, start=1):
+            members.append(item.stream)
+            bases.append(item.expected)
+            n = len(item.ids)
+            ks.extend([k] * n)
+            offsets.extend(range(1, n + 1))
+            ids.extend(item.ids)
+            blobs.extend(item.blobs)
+            corrs.extend(item.corrs)
+        written: Any = None
+        try:
+            async with self._db._pool().acquire() as conn:
+                written = await conn.fetchval(
+                    _APPEND_GROUP, members, bases, ks, offsets, ids, blobs, corrs
+                )
+        except Exception:  # nothing of it went in (or, if it did, its ids are stored):
+            written = None  # each caller appends alone and learns its own outcome
+        finally:
+            self.groups += 1
+            went_in = set(written or ())
+            if len(group) > 1:
+                self.combined += len(went_in)
+            self.fell_back += len(group) - len(went_in)
+            for k, item in enumerate(group, start=1):
+                if not item.future.done():
+                    item.future.set_result(item.expected + len(item.ids) if k in went_in else None)

@@ -1,0 +1,223 @@
+"""Grouped appends on PostgreSQL: concurrent appends made outside a transaction at a known
+version are written together, several streams in one statement, and each caller still gets
+its own result or its own ``ConcurrencyError``.
+
+``store.append_groups`` counts what happened (``groups``: statements that wrote a group;
+``combined``: appends that went in as part of a group of two or more; ``fell_back``: appends
+a group sent back to the one-stream path), so each test can show that it exercised a group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from eventflow import ConcurrencyError, Event
+from eventflow.adapters.postgres import PostgresStore
+from eventflow.adapters.postgres.grouped import WRITERS
+from eventflow.events import envelope_for
+
+pytestmark = pytest.mark.service("postgres")
+
+N = 24
+
+
+class Grouped(Event, type="it.grouped.item"):
+    """One append's event."""
+
+    n: int
+
+
+async def _stored(store: PostgresStore, stream: str) -> list[int]:
+    return [rec.event.n async for rec in store.read_stream(stream)]  # type: ignore[attr-defined]
+
+
+async def test_concurrent_appends_to_different_streams_are_combined(
+    postgres_store: PostgresStore,
+) -> None:
+    stats = postgres_store.append_groups
+    versions = await asyncio.gather(
+        *(postgres_store.append(f"s-{n}", [Grouped(n=n)], expected_version=0) for n in range(N))
+    )
+    assert versions == [1] * N
+    # At most WRITERS appends found a writer free and went alone; the others waited and
+    # were written together.
+    assert stats.combined >= N - 2 * WRITERS
+    assert stats.groups < N
+    for n in range(N):
+        assert await _stored(postgres_store, f"s-{n}") == [n]
+    # Multi-event appends at a version > 0, combined too, each stream in version order.
+    batches = await asyncio.gather(
+        *(
+            postgres_store.append(
+                f"s-{n}", [Grouped(n=10 * n + k) for k in range(3)], expected_version=1
+            )
+            for n in range(N)
+        )
+    )
+    assert batches == [4] * N
+    for n in range(N):
+        assert await _stored(postgres_store, f"s-{n}") == [n] + [10 * n + k for k in range(3)]
+        versions_positions = [
+            (r.stream_version, r.position) async for r in postgres_store.read_stream(f"s-{n}")
+        ]
+        assert [v for v, _ in versions_positions] == [1, 2, 3, 4]
+        assert [p for _, p in versions_positions] == sorted(p for _, p in versions_positions)
+    positions = [r.position async for r in postgres_store.read_all()]
+    assert positions == list(range(1, 4 * N + 1))
+
+
+async def test_a_conflict_in_one_stream_fails_only_its_caller(
+    postgres_store: PostgresStore,
+) -> None:
+    stats = postgres_store.append_groups
+    await postgres_store.append("taken", [Grouped(n=0)], expected_version=0)
+    await postgres_store.append("moved", [Grouped(n=0), Grouped(n=1)], expected_version=0)
+
+    async def one(n: int) -> int | ConcurrencyError:
+        stream, expected = {7: ("taken", 0), 13: ("moved", 1)}.get(n, (f"f-{n}", 0))
+        try:
+            return await postgres_store.append(stream, [Grouped(n=n)], expected_version=expected)
+        except ConcurrencyError as exc:
+            return exc
+
+    results = await asyncio.gather(*(one(n) for n in range(N)))
+    taken, moved = results[7], results[13]
+    assert isinstance(taken, ConcurrencyError) and isinstance(moved, ConcurrencyError)
+    assert (taken.stream, taken.expected, taken.actual) == ("taken", 0, 1)
+    assert (moved.stream, moved.expected, moved.actual) == ("moved", 1, 2)
+    assert [r for n, r in enumerate(results) if n not in (7, 13)] == [1] * (N - 2)
+    assert stats.fell_back >= 2  # both were in a group, and sent back to their own path
+    assert stats.combined >= N - 2 - 2 * WRITERS
+    assert await _stored(postgres_store, "taken") == [0]
+    assert await _stored(postgres_store, "moved") == [0, 1]
+    # Two concurrent appends to one stream at the same version: one wins, one conflicts.
+    racing = await asyncio.gather(
+        *(postgres_store.append("race", [Grouped(n=n)], expected_version=0) for n in range(4)),
+        return_exceptions=True,
+    )
+    assert sorted(str(type(r).__name__) for r in racing) == ["ConcurrencyError"] * 3 + ["int"]
+    assert len(await _stored(postgres_store, "race")) == 1
+
+
+async def test_ids_already_stored_are_skipped_in_a_group(postgres_store: PostgresStore) -> None:
+    stats = postgres_store.append_groups
+    first = [envelope_for(Grouped(n=n), source="test") for n in range(N)]
+    assert (
+        await asyncio.gather(
+            *(postgres_store.append(f"d-{n}", [first[n]], expected_version=0) for n in range(N))
+        )
+        == [1] * N
+    )
+    before = stats.combined
+    # The same envelopes again with the original expected version (a retried command), in a
+    # group with fresh appends: a no-op returning the stream's version, the others go in.
+    again = await asyncio.gather(
+        *(
+            postgres_store.append(f"d-{n}", [first[n]], expected_version=0)
+            if n % 2
+            else postgres_store.append(f"e-{n}", [Grouped(n=n)], expected_version=0)
+            for n in range(N)
+        )
+    )
+    assert again == [1] * N
+    assert stats.combined > before
+    for n in range(N):
+        assert await _stored(postgres_store, f"d-{n}") == [n]
+    # An id stored in another stream, beside fresh appends in one group: the fresh ones go
+    # in, the stored one is skipped (the one-stream path decides), nothing is duplicated.
+    mixed = await asyncio.gather(
+        *(
+            postgres_store.append("elsewhere", [first[0]], expected_version=0)
+            if n == 5
+            else postgres_store.append(f"g-{n}", [Grouped(n=n)], expected_version=0)
+            for n in range(N)
+        )
+    )
+    assert mixed == [0 if n == 5 else 1 for n in range(N)]
+    assert await _stored(postgres_store, "elsewhere") == []
+    async with postgres_store.db.connection() as conn:
+        assert await conn.fetchval("SELECT count(*) FROM ef_events") == N + N // 2 + N - 1
+    # One envelope appended to two streams at once: it is stored once.
+    shared = envelope_for(Grouped(n=99), source="test")
+    both = await asyncio.gather(
+        *(postgres_store.append(f"h-{n}", [shared], expected_version=0) for n in range(2)),
+        *(postgres_store.append(f"i-{n}", [Grouped(n=n)], expected_version=0) for n in range(8)),
+    )
+    assert sorted(both[:2]) == [0, 1] and both[2:] == [1] * 8
+    assert sorted([len(await _stored(postgres_store, f"h-{n}")) for n in range(2)]) == [0, 1]
+
+
+async def test_a_lone_append_and_appends_in_a_transaction_are_not_grouped(
+    postgres_store: PostgresStore,
+) -> None:
+    stats = postgres_store.append_groups
+    assert await postgres_store.append("alone", [Grouped(n=1)], expected_version=0) == 1
+    with pytest.raises(ConcurrencyError) as conflict:
+        await postgres_store.append("alone", [Grouped(n=2)], expected_version=0)
+    assert (conflict.value.expected, conflict.value.actual) == (0, 1)
+    assert (stats.groups, stats.combined) == (0, 0)  # nothing waited: no group was formed
+    # Inside a caller's transaction appends are never grouped: they commit with it.
+    with pytest.raises(RuntimeError):
+        async with postgres_store.transaction():
+            await asyncio.gather(
+                *(
+                    postgres_store.append(f"tx-{n}", [Grouped(n=n)], expected_version=0)
+                    for n in range(8)
+                )
+            )
+            raise RuntimeError("roll back")
+    assert (stats.groups, stats.combined) == (0, 0)
+    for n in range(8):
+        assert await _stored(postgres_store, f"tx-{n}") == []
+
+
+async def test_a_waiting_caller_that_is_cancelled_appends_nothing(
+    postgres_store: PostgresStore,
+) -> None:
+    """Every writer is held up (its statement waits for another transaction's row), so new
+    appends wait in the queue; one cancelled there leaves nothing behind, and the one after
+    it is written (a group of one) once a writer is free."""
+    stats = postgres_store.append_groups
+    holder = await asyncpg.connect(postgres_store.config.dsn)
+    try:
+        await holder.execute(f'SET search_path TO "{postgres_store.config.schema}"')
+        tx = holder.transaction()
+        await tx.start()
+        # The holder writes version 1 of each "held-k" and keeps its transaction open.
+        for k in range(WRITERS):
+            await holder.execute(
+                "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope) "
+                f"VALUES ('held-{k}', 'held-{k}', 1, '\\x7b7d'::bytea)"
+            )
+        blocked = []
+        for k in range(WRITERS):
+            # Each finds a writer free, and waits on the unique index for the holder.
+            blocked.append(
+                asyncio.create_task(
+                    postgres_store.append(f"held-{k}", [Grouped(n=k)], expected_version=0)
+                )
+            )
+            await asyncio.sleep(0.2)
+        waiting = asyncio.create_task(
+            postgres_store.append("cancelled", [Grouped(n=-1)], expected_version=0)
+        )
+        after = asyncio.create_task(
+            postgres_store.append("after", [Grouped(n=1)], expected_version=0)
+        )
+        await asyncio.sleep(0.2)
+        assert stats.waiting == 2 and not waiting.done() and not after.done()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert stats.waiting == 1
+        await tx.rollback()  # the writers go on
+        assert await asyncio.wait_for(after, 10) == 1
+        assert [await asyncio.wait_for(t, 10) for t in blocked] == [1] * WRITERS
+    finally:
+        await holder.close()
+    assert (stats.groups, stats.combined) == (1, 0)
+    assert await _stored(postgres_store, "cancelled") == []
+    assert await _stored(postgres_store, "after") == [1]
