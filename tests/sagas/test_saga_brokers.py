@@ -41,8 +41,10 @@ Wait = Callable[..., Awaitable[None]]
 TIMEOUT = 30.0
 
 
-async def until_status(app: App, cls: type[Saga], key: str, status: str, waiter: Wait) -> Any:
-    """Wait (bounded) until the saga of ``key`` has ``status``; return it."""
+async def until_status(
+    app: App, cls: type[Saga], key: str, status: str, waiter: Wait, timeout: float = TIMEOUT
+) -> Any:
+    """Wait (bounded by ``timeout``) until the saga of ``key`` has ``status``; return it."""
     seen: list[str | None] = [None]
 
     async def check() -> bool:
@@ -51,7 +53,7 @@ async def until_status(app: App, cls: type[Saga], key: str, status: str, waiter:
         return seen[0] == status
 
     try:
-        await waiter(check, timeout=TIMEOUT, what=f"{cls.__name__} {key} {status}")
+        await waiter(check, timeout=timeout, what=f"{cls.__name__} {key} {status}")
     except pytest.fail.Exception:
         saga = await app.sagas.get(cls, key)
         history = [] if saga is None else [(t.kind, t.step, t.detail) for t in saga.history]
@@ -153,7 +155,11 @@ async def test_pivot_abort_and_timers(saga_setup: Setup, waiter: Wait) -> None:
         await app.publish(PivotCancelled(order_id="p-abort"), key="p-abort")
 
         retried = await until_status(app, PivotSaga, "p-retry", "completed", waiter)
-        aborted = await until_status(app, PivotSaga, "p-abort", "compensated", waiter)
+        # The abort waits for the stalled step's outcome: its 30 s step timeout, which came
+        # due just inside a 30 s wait (the test took 30-33 s) and past it under load.
+        aborted = await until_status(
+            app, PivotSaga, "p-abort", "compensated", waiter, timeout=TIMEOUT + 30.0
+        )
         timed = await until_status(app, TimerSaga, "t-1", "completed", waiter)
         await until_effects(
             effects,
