@@ -115,6 +115,19 @@ def _records(rows: Sequence[Any]) -> Iterator[RecordedEvent]:
         yield RecordedEvent(r[1], r[2], r[0] or 0, env)
 
 
+def _columns(
+    stream_id: str, events: Sequence[Event | Envelope]
+) -> tuple[list[str], list[bytes], list[str]]:
+    """The events of an append, checked and enveloped (``prepare_append``), as the
+    statement's columns: their ids, stored bytes and correlation ids."""
+    envelopes = prepare_append(stream_id, events)
+    return (
+        [e.id for e in envelopes],
+        [e.to_bytes() for e in envelopes],
+        [e.correlation_id for e in envelopes],
+    )
+
+
 def _kind(stream_id: str, expected: int | None, *columns: list[Any]) -> tuple[str, tuple[Any, ...]]:
     """Which fast-path append (any version, a new stream, at a version) and its arguments."""
     if expected is None:
@@ -162,14 +175,11 @@ class PostgresEventLog:
         Outside a transaction, at a known version, an append made while the writers are
         busy waits and is written with the others waiting (``grouped.py``).
         """
-        envelopes = prepare_append(stream_id, events)
-        ids = [e.id for e in envelopes]
-        blobs = [e.to_bytes() for e in envelopes]
-        corrs = [e.correlation_id for e in envelopes]
+        ids, blobs, corrs = _columns(stream_id, events)
         ambient = self.db.current is not None
         version: int | None = None
         groups = self.append_groups
-        if not envelopes:
+        if not ids:
             pass
         elif ambient or expected_version is None:
             version = await self._fast_append(stream_id, expected_version, ids, blobs, corrs)
@@ -206,12 +216,9 @@ class PostgresEventLog:
                 return await self.append_riding(
                     stream_id, events, riders, expected_version=expected_version
                 )
-        envelopes = prepare_append(stream_id, events)
-        ids = [e.id for e in envelopes]
-        blobs = [e.to_bytes() for e in envelopes]
-        corrs = [e.correlation_id for e in envelopes]
+        ids, blobs, corrs = _columns(stream_id, events)
         version: int | None = None
-        if envelopes:
+        if ids:
             kind, args = _kind(stream_id, expected_version, ids, blobs, corrs)
             sql = riding(_IN_TX[kind], len(args), riders)
             version = await self._fast_append_in_tx(sql, (*args, *arguments(riders)))
