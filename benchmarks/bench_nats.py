@@ -31,7 +31,8 @@ schema per round; the schemas are dropped after each run.
 
 Publishers keep up to 200 publishes in flight (awaited in windows), so the consuming side,
 not the publish round trip, bounds the figure. Rounds interleave the three (the machine is
-shared and noisy); the medians and the median per-round ratios are printed. The baselines
+shared and noisy), each round starting with the next of them, so that none always follows
+another; the medians and the median per-round ratios are printed. The baselines
 handle messages one at a time: compare them with eventflow's default ``--concurrency 1``.
 """
 
@@ -44,8 +45,8 @@ import gc
 import statistics
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
 
 import nats
 from _work import (
@@ -295,23 +296,32 @@ def main() -> None:
     flows: list[float] = []
     vs_raw: list[float] = []
     vs_fs: list[float] = []
+    sides: dict[str, Callable[[str], Coroutine[Any, Any, float]]] = {
+        "raw": lambda url: bench_raw(url, args.events, args.keys, args.store),
+        "fs": lambda url: bench_faststream(
+            url, args.events, args.keys, args.faststream_batch, args.store
+        ),
+        "flow": lambda url: bench_eventflow(
+            url, args.events, args.keys, args.concurrency, args.store
+        ),
+    }
+    order = list(sides)
     with _server(args.url) as url:
         for i in range(args.rounds):
-            raw = asyncio.run(bench_raw(url, args.events, args.keys, args.store))
-            fs = asyncio.run(
-                bench_faststream(url, args.events, args.keys, args.faststream_batch, args.store)
-            )
-            flow = asyncio.run(
-                bench_eventflow(url, args.events, args.keys, args.concurrency, args.store)
-            )
+            # Each round starts with the next side: none always runs right after another's
+            # teardown (its stream deleted, its garbage collected) or first on a quiet server.
+            turn = order[i % 3 :] + order[: i % 3]
+            got = {side: asyncio.run(sides[side](url)) for side in turn}
+            raw, fs, flow = got["raw"], got["fs"], got["flow"]
             raws.append(raw)
             fss.append(fs)
             flows.append(flow)
             vs_raw.append(flow / raw)
             vs_fs.append(flow / fs)
             print(
-                f"round {i + 1}: raw nats-py {raw:,.0f}/s, FastStream {fs:,.0f}/s, "
-                f"eventflow {flow:,.0f}/s (x{flow / raw:.2f} raw, x{flow / fs:.2f} FastStream)",
+                f"round {i + 1} ({', '.join(turn)}): raw nats-py {raw:,.0f}/s, "
+                f"FastStream {fs:,.0f}/s, eventflow {flow:,.0f}/s "
+                f"(x{flow / raw:.2f} raw, x{flow / fs:.2f} FastStream)",
                 flush=True,
             )
     dedup = "PostgreSQL" if args.store else "memory"
