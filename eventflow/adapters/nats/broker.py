@@ -59,7 +59,7 @@ from .admin import (
 )
 from .answers import publish_error, too_large, unsent
 from .connection import connect_first, discard, header_bytes
-from .delivery import MSG_ID_HEADER
+from .delivery import MSG_ID_HEADER, NO_MESSAGE_ID
 from .lag import group_lag
 from .ledger import Leases, ReleaseLedger
 from .refusals import Refusals
@@ -262,9 +262,15 @@ class NatsBroker:
         hdrs: dict[str, str] = dict(headers) if headers else {}
         # The server's duplicate window knows a message by its send id: a deliberate
         # re-send's own (eventflow-send-id), else the envelope id, else one for this call.
-        hdrs[MSG_ID_HEADER] = (
-            hdrs.get(SEND_ID_HEADER) or hdrs.get(MESSAGE_ID_HEADER) or uuid.uuid4().hex
-        )
+        # The envelope id alone goes once, as Nats-Msg-Id (see delivery.split_headers).
+        send_id = hdrs.get(SEND_ID_HEADER)
+        if send_id:
+            hdrs[MSG_ID_HEADER] = send_id
+        elif hdrs.get(MESSAGE_ID_HEADER):
+            hdrs[MSG_ID_HEADER] = hdrs.pop(MESSAGE_ID_HEADER)
+        else:
+            hdrs[MESSAGE_ID_HEADER] = NO_MESSAGE_ID
+            hdrs[MSG_ID_HEADER] = uuid.uuid4().hex
         if key is not None:
             hdrs[KEY_HEADER] = key
         size = len(payload) + header_bytes(hdrs)
@@ -287,7 +293,9 @@ class NatsBroker:
                     subject, payload, hdrs, max(0.05, min(cfg.request_timeout, remaining))
                 )
             except ConnectionClosedError as exc:
-                raise unsent(self.config, topic, "the NATS broker is closed", hdrs, maybe) from exc
+                raise unsent(
+                    self.config, topic, "the NATS broker is closed", headers or {}, maybe
+                ) from exc
             except MaxPayloadError as exc:  # the limit of a server reconnected to meanwhile
                 raise MessageRefusedError(too_large(topic, size, nc.max_payload)) from exc
             except (NoRespondersError, NatsError, TimeoutError) as exc:
@@ -305,7 +313,11 @@ class NatsBroker:
                 full = problem
             if self._nc is None:
                 raise unsent(
-                    self.config, topic, "the NATS broker closed while publishing", hdrs, maybe
+                    self.config,
+                    topic,
+                    "the NATS broker closed while publishing",
+                    headers or {},
+                    maybe,
                 )
             self._refusals.check(topic)
             remaining = deadline - loop.time()
@@ -317,7 +329,7 @@ class NatsBroker:
                         "limits or slow the producer"
                     )
                 why = f"JetStream did not confirm it within {cfg.publish_timeout}s ({problem})"
-                raise unsent(self.config, topic, why, hdrs, maybe)
+                raise unsent(self.config, topic, why, headers or {}, maybe)
             await asyncio.sleep(min(pause, remaining))
             pause = min(pause * 2, _MAX_RETRY_PAUSE)
 
