@@ -17,7 +17,6 @@ import asyncio
 import dataclasses
 import functools
 import logging
-import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
@@ -29,7 +28,6 @@ from ...errors import (
     MissingDependencyError,
 )
 from ...groups import check_group, log_new_group
-from ...headers import KEY_HEADER, MESSAGE_ID_HEADER, SEND_ID_HEADER
 from ...patterns import validate_pattern, validate_topic
 from ...ports import Lag, StartPosition, Subscription
 from ...supervision import Supervisor
@@ -59,7 +57,7 @@ from .admin import (
 )
 from .answers import publish_error, too_large, unsent
 from .connection import connect_first, discard, header_bytes
-from .delivery import MSG_ID_HEADER, NO_MESSAGE_ID
+from .delivery import wire_headers
 from .lag import group_lag
 from .ledger import Leases, ReleaseLedger
 from .refusals import Refusals
@@ -259,20 +257,9 @@ class NatsBroker:
         else:
             partition = self._rr = (self._rr + 1) % cfg.partitions
         subject = f"{cfg.prefix}.{partition}.{topic}"
-        hdrs: dict[str, str] = dict(headers) if headers else {}
         # The server's duplicate window knows a message by its send id: a deliberate
         # re-send's own (eventflow-send-id), else the envelope id, else one for this call.
-        # The envelope id alone goes once, as Nats-Msg-Id (see delivery.split_headers).
-        send_id = hdrs.get(SEND_ID_HEADER)
-        if send_id:
-            hdrs[MSG_ID_HEADER] = send_id
-        elif hdrs.get(MESSAGE_ID_HEADER):
-            hdrs[MSG_ID_HEADER] = hdrs.pop(MESSAGE_ID_HEADER)
-        else:
-            hdrs[MESSAGE_ID_HEADER] = NO_MESSAGE_ID
-            hdrs[MSG_ID_HEADER] = uuid.uuid4().hex
-        if key is not None:
-            hdrs[KEY_HEADER] = key
+        hdrs = wire_headers(headers, key)
         size = len(payload) + header_bytes(hdrs)
         if size > nc.max_payload:
             # The server would answer a PUB over its max_payload by closing the connection.

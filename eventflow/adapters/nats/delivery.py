@@ -14,10 +14,11 @@ build per publish; this one was the same 36 characters twice.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from ...headers import KEY_HEADER, MESSAGE_ID_HEADER
+from ...headers import KEY_HEADER, MESSAGE_ID_HEADER, SEND_ID_HEADER
 
 __all__ = [
     "MSG_ID_HEADER",
@@ -26,6 +27,7 @@ __all__ = [
     "Settler",
     "parse_reply",
     "split_headers",
+    "wire_headers",
 ]
 
 MSG_ID_HEADER = "Nats-Msg-Id"
@@ -45,6 +47,25 @@ def parse_reply(reply: str) -> tuple[str, int, int, int]:
     if len(tokens) == 9:
         return tokens[3], int(tokens[4]), int(tokens[5]), int(tokens[6])
     return tokens[5], int(tokens[6]), int(tokens[7]), int(tokens[8])
+
+
+def wire_headers(headers: Mapping[str, str] | None, key: str | None) -> dict[str, str]:
+    """The NATS headers of a publish of ``key`` with the caller's ``headers``: the send id
+    as ``Nats-Msg-Id`` (a deliberate re-send's own, else the envelope id, which then is not
+    sent a second time, else a random one), and the key; :func:`split_headers` undoes it."""
+    hdrs: dict[str, str] = dict(headers) if headers else {}
+    send_id = hdrs.get(SEND_ID_HEADER)
+    if send_id:
+        hdrs[MSG_ID_HEADER] = send_id
+        hdrs.setdefault(MESSAGE_ID_HEADER, NO_MESSAGE_ID)  # else read back as the send id
+    elif hdrs.get(MESSAGE_ID_HEADER):
+        hdrs[MSG_ID_HEADER] = hdrs.pop(MESSAGE_ID_HEADER)
+    else:
+        hdrs[MESSAGE_ID_HEADER] = NO_MESSAGE_ID
+        hdrs[MSG_ID_HEADER] = uuid.uuid4().hex
+    if key is not None:
+        hdrs[KEY_HEADER] = key
+    return hdrs
 
 
 def split_headers(hdrs: Mapping[str, str] | None) -> tuple[str | None, Mapping[str, str]]:
