@@ -94,13 +94,14 @@ class SagaStore:
 
     def recent(self, definition: SagaDefinition, key: str) -> Loaded | None:
         """The saga of ``key`` as this process last committed it, or None (not among the
-        recent ones): a guess that the save's version check confirms."""
-        entry = self._recent.get(definition.stream_prefix + key)
+        recent ones): a guess that the save's version check confirms. The entry is taken
+        out (the machine changes its control in place): the handling puts back what it
+        commits, and one that rolls back leaves the next input to read the store."""
+        entry = self._recent.pop(definition.stream_prefix + key, None)
         if entry is None:
             return None
         version, state, control = entry
-        # Copies: the machine changes them in place.
-        return Loaded(version, orjson.loads(state), control.copy())
+        return Loaded(version, orjson.loads(state), control)
 
     def _remember(self, saga_id: str, version: int, state: bytes, control: Control) -> None:
         """After the commit of ``version`` of ``saga_id``: keep it (an older one never
