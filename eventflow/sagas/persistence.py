@@ -171,27 +171,34 @@ class SagaStore:
         """One envelope per transition; the last carries the saga's state and control
         (``saved``). Ids come from the cause (or the input's number) so a re-run appends
         nothing new."""
-        origin = cause.id if cause is not None else f"input-{control.seq}"
-        last = len(outcome.transitions) - 1
+        causation: str | None
+        if cause is not None:
+            origin, causation, correlation = cause.id, cause.id, cause.correlation_id
+        else:
+            origin, causation = f"input-{control.seq}", None
+            correlation = control.correlation_id
+        key, origin_ms, last = control.key, control.origin_ms, len(outcome.transitions) - 1
         out = []
         for i, t in enumerate(outcome.transitions):
             data: dict[str, Any] = t.as_dict()
             if i == last:
-                data["saga"] = {"name": definition.name, "key": control.key, **saved}
-            out.append(
-                Envelope.create(
-                    TRANSITION_TYPE,
-                    data,
-                    source=source,
-                    id=hashed_id(control.origin_ms, saga_id, origin, str(i)),
-                    key=control.key,
-                    correlation_id=(
-                        cause.correlation_id if cause is not None else control.correlation_id
-                    ),
-                    causation_id=cause.id if cause is not None else None,
-                    time=t.at,
-                )
-            )
+                data["saga"] = {"name": definition.name, "key": key, **saved}
+            env_id = hashed_id(origin_ms, saga_id, origin, str(i))
+            # Envelope.create's fields, built here: every value is checked already (the
+            # time is the machine's UTC datetime).
+            fields = {
+                "id": env_id,
+                "type": TRANSITION_TYPE,
+                "version": 1,
+                "source": source,
+                "time": t.at,
+                "correlation_id": correlation or env_id,
+                "causation_id": causation,
+                "key": key,
+                "headers": {},
+                "data": data,
+            }
+            out.append(Envelope._trusted(fields))
         return out
 
     # -- index, timers -------------------------------------------------------
