@@ -172,6 +172,7 @@ class SagaStore:
         (``saved``). Ids come from the cause (or the input's number) so a re-run appends
         nothing new."""
         causation: str | None
+        correlation: str | None
         if cause is not None:
             origin, causation, correlation = cause.id, cause.id, cause.correlation_id
         else:
