@@ -14,7 +14,7 @@
   (:data:`RECENT` of them), so the next input of a saga usually needs no read. It is only a
   guess: the append checks the stream's version, and a saga another process changed
   meanwhile makes it conflict, then it is read from the store. An entry is written once its
-  transaction committed, never before.
+  transaction committed, never before, and taken out by the input that uses it.
 """
 
 from __future__ import annotations
