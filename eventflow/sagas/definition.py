@@ -26,11 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr
+from pydantic import BaseModel, ConfigDict
 
 from ..errors import ConfigurationError
 from ..events import Event
 from ..runtime.retry import RetryPolicy
+from .slots import PrivateSlot
 
 __all__ = [
     "Abort",
@@ -304,14 +305,13 @@ class Saga(BaseModel):
     ``status`` and ``history``.
     """
 
-    model_config = ConfigDict(extra="forbid", ignored_types=(Step,))
+    model_config = ConfigDict(extra="forbid", ignored_types=(Step, PrivateSlot))
 
     definition: ClassVar[SagaDefinition]
 
-    # default= (copied cheaply when empty), not default_factory=: pydantic inspects a
-    # factory's signature on every instance, 0.3 ms for `dict` (a builtin), per saga load.
-    _meta: dict[str, Any] = PrivateAttr(default={})
-    _effects: list[Effect] = PrivateAttr(default=[])
+    # Not PrivateAttr, whose defaults pydantic copies at every validation (see slots.py).
+    _meta = PrivateSlot[dict[str, Any]](dict)
+    _effects = PrivateSlot[list[Effect]](list)
 
     def __init_subclass__(
         cls,

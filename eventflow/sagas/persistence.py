@@ -14,7 +14,7 @@
   (:data:`RECENT` of them), so the next input of a saga usually needs no read. It is only a
   guess: the append checks the stream's version, and a saga another process changed
   meanwhile makes it conflict, then it is read from the store. An entry is written once its
-  transaction committed, never before.
+  transaction committed, never before, and taken out by the input that uses it.
 """
 
 from __future__ import annotations
@@ -94,13 +94,14 @@ class SagaStore:
 
     def recent(self, definition: SagaDefinition, key: str) -> Loaded | None:
         """The saga of ``key`` as this process last committed it, or None (not among the
-        recent ones): a guess that the save's version check confirms."""
-        entry = self._recent.get(definition.stream_prefix + key)
+        recent ones): a guess that the save's version check confirms. The entry is taken
+        out (the machine changes its control in place): the handling puts back what it
+        commits, and one that rolls back leaves the next input to read the store."""
+        entry = self._recent.pop(definition.stream_prefix + key, None)
         if entry is None:
             return None
         version, state, control = entry
-        # Copies: the machine changes them in place.
-        return Loaded(version, orjson.loads(state), control.copy())
+        return Loaded(version, orjson.loads(state), control)
 
     def _remember(self, saga_id: str, version: int, state: bytes, control: Control) -> None:
         """After the commit of ``version`` of ``saga_id``: keep it (an older one never
@@ -170,27 +171,35 @@ class SagaStore:
         """One envelope per transition; the last carries the saga's state and control
         (``saved``). Ids come from the cause (or the input's number) so a re-run appends
         nothing new."""
-        origin = cause.id if cause is not None else f"input-{control.seq}"
-        last = len(outcome.transitions) - 1
+        causation: str | None
+        correlation: str | None
+        if cause is not None:
+            origin, causation, correlation = cause.id, cause.id, cause.correlation_id
+        else:
+            origin, causation = f"input-{control.seq}", None
+            correlation = control.correlation_id
+        key, origin_ms, last = control.key, control.origin_ms, len(outcome.transitions) - 1
         out = []
         for i, t in enumerate(outcome.transitions):
             data: dict[str, Any] = t.as_dict()
             if i == last:
-                data["saga"] = {"name": definition.name, "key": control.key, **saved}
-            out.append(
-                Envelope.create(
-                    TRANSITION_TYPE,
-                    data,
-                    source=source,
-                    id=hashed_id(control.origin_ms, saga_id, origin, str(i)),
-                    key=control.key,
-                    correlation_id=(
-                        cause.correlation_id if cause is not None else control.correlation_id
-                    ),
-                    causation_id=cause.id if cause is not None else None,
-                    time=t.at,
-                )
-            )
+                data["saga"] = {"name": definition.name, "key": key, **saved}
+            env_id = hashed_id(origin_ms, saga_id, origin, str(i))
+            # Envelope.create's fields, built here: every value is checked already (the
+            # time is the machine's UTC datetime).
+            fields = {
+                "id": env_id,
+                "type": TRANSITION_TYPE,
+                "version": 1,
+                "source": source,
+                "time": t.at,
+                "correlation_id": correlation or env_id,
+                "causation_id": causation,
+                "key": key,
+                "headers": {},
+                "data": data,
+            }
+            out.append(Envelope._trusted(fields))
         return out
 
     # -- index, timers -------------------------------------------------------

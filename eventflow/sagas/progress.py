@@ -191,11 +191,13 @@ class Progress:
     async def _call(self, fn: Any, *args: Any) -> _Result:
         """Call a saga method (sync or async) and take what it asked for once it has
         returned: timers are set or cancelled here, an abort is returned for the caller."""
-        self.saga._effects = []
+        asked = self.saga._effects  # filled by the method (set_timer, abort ...)
+        asked.clear()
         value = fn(*args)
         if inspect.isawaitable(value):
             value = await value
-        effects, self.saga._effects = self.saga._effects, []
+        effects = asked.copy()
+        asked.clear()
         abort: str | None = None
         for effect in effects:
             if isinstance(effect, SetTimer):
