@@ -75,13 +75,14 @@ class _Shared:
     connection to one task at a time (re-entrant for that task, so a store call made inside
     another's ``connection()`` block in the same task does not wait for itself)."""
 
-    __slots__ = ("_depth", "_holder", "_lock", "conn", "doomed", "hooks", "open")
+    __slots__ = ("_depth", "_holder", "_lock", "conn", "doomed", "hooks", "marked", "open")
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
         self.open = True
         self.doomed: BaseException | None = None  # why its commit is refused (a fence)
         self.hooks: list[Callable[[], None]] | None = []
+        self.marked: set[tuple[str, str]] | None = None  # dedup entries a rider wrote in it
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None
         self._depth = 0
@@ -358,6 +359,22 @@ class PostgresDatabase:
         shared = self._shared_of(tx)
         if shared is not None and shared.doomed is None:
             shared.doomed = error
+
+    def note_marked(self, group: str, message_id: str) -> None:
+        """The dedup entry (``group``, ``message_id``) was written in the context's open
+        transaction (by a rider of an append): :meth:`marked` says so until it ends."""
+        shared = self._joined.get()
+        if shared is not None and shared.open:
+            if shared.marked is None:
+                shared.marked = set()
+            shared.marked.add((group, message_id))
+
+    def marked(self, tx: object, group: str, message_id: str) -> bool:
+        """Whether :meth:`note_marked` noted the entry in ``tx`` (or the context's open
+        transaction)."""
+        shared = self._shared_of(tx)
+        marked = shared.marked if shared is not None else None
+        return marked is not None and (group, message_id) in marked
 
     def after_commit(self, hook: Callable[[], None], tx: object = None) -> None:
         """Call ``hook`` once ``tx`` (or the context's open transaction) commits, now if

@@ -25,7 +25,7 @@ from ...sourcing.paging import paged, stream_range
 from ...supervision import Supervisor
 from .db import PostgresDatabase
 from .grouped import AppendGroups
-from .rider import Rider, alone, arguments, riding
+from .rider import Rider, alone, arguments, refusal, riding
 from .sequencer import Sequencer, number_committed
 
 __all__ = ["PostgresEventLog"]
@@ -210,7 +210,8 @@ class PostgresEventLog:
         """Append as :meth:`append` does, and write ``riders`` (:mod:`.rider`) in the same
         transaction, only if the append succeeds: usually in the append's own statement
         (one round trip), after the slow path in one of their own. A conflict raises
-        ``ConcurrencyError`` with nothing written. Outside a transaction it opens one."""
+        ``ConcurrencyError`` with nothing written; a rider's ``conflict`` raises its error
+        (the transaction is then aborted: roll it back). Outside a transaction it opens one."""
         if self.db.current is None:
             async with self.db.transaction():
                 return await self.append_riding(
@@ -218,16 +219,24 @@ class PostgresEventLog:
                 )
         ids, blobs, corrs = _columns(stream_id, events)
         version: int | None = None
-        if ids:
-            kind, args = _kind(stream_id, expected_version, ids, blobs, corrs)
-            sql = riding(_IN_TX[kind], len(args), riders)
-            version = await self._fast_append_in_tx(sql, (*args, *arguments(riders)))
-        if version is None:
-            version = await self._slow_append(stream_id, expected_version, ids, blobs, corrs)
-            if riders:
-                async with self.db.connection() as conn:
-                    await conn.execute(alone(riders), *arguments(riders))
+        try:
+            if ids:
+                kind, args = _kind(stream_id, expected_version, ids, blobs, corrs)
+                sql = riding(_IN_TX[kind], len(args), riders)
+                version = await self._fast_append_in_tx(sql, (*args, *arguments(riders)))
+            if version is None:
+                version = await self._slow_append(stream_id, expected_version, ids, blobs, corrs)
+                if riders:
+                    async with self.db.connection() as conn:
+                        await conn.execute(alone(riders), *arguments(riders))
+        except asyncpg.UniqueViolationError as exc:
+            refused = refusal(riders, exc.constraint_name)
+            if refused is None:
+                raise
+            raise refused from exc
         for rider in riders:
+            if rider.written is not None:
+                rider.written()
             if rider.committed is not None:
                 self.db.after_commit(rider.committed)
         self.db.after_commit(self._sequencer.appended)
