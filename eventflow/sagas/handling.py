@@ -158,6 +158,8 @@ class Handling:
                     was=was,
                     sends=self.sends(definition, machine, cause) if send else (),
                     handled=handled,
+                    # The commands go with the save (send), the mark rides: nothing after.
+                    last=send and handled is not None,
                 )
             except ConcurrencyError:
                 if loaded is not None:  # not a start that guessed wrong: a saga moved

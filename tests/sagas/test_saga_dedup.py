@@ -141,9 +141,10 @@ async def test_on_postgresql_the_dedup_entry_rides_on_the_saga_append(
 ) -> None:
     """On PostgreSQL the saga's dedup entry is written by its append's statement: the
     consumer's ``mark_handled`` of it then finds it written in the transaction (and sends
-    nothing); a copy of an input fails that statement, rolls back whole and is acked as a
-    duplicate."""
+    nothing), and a handling that guessed its saga is that statement alone; a copy of an
+    input fails that statement, rolls back whole and is acked as a duplicate."""
     from eventflow.adapters.postgres import PostgresStore
+    from eventflow.adapters.postgres.db import PostgresDatabase
 
     ridden: list[bool] = []  # per mark_handled of the saga's group: found written
     original = PostgresStore.mark_handled
@@ -154,6 +155,14 @@ async def test_on_postgresql_the_dedup_entry_rides_on_the_saga_append(
         await original(store, group, message_id, tx, **kw)
 
     monkeypatch.setattr(PostgresStore, "mark_handled", mark_handled)
+    alone: list[None] = []  # handlings committed by their one statement (no BEGIN, COMMIT)
+    ended_alone = PostgresDatabase.ended_alone
+
+    def count_alone(db: PostgresDatabase) -> None:
+        alone.append(None)
+        ended_alone(db)
+
+    monkeypatch.setattr(PostgresDatabase, "ended_alone", count_alone)
     replies: list[Envelope] = []
     commands: list[str] = []
     group = f"{saga_setup.groups}.stock"
@@ -177,6 +186,9 @@ async def test_on_postgresql_the_dedup_entry_rides_on_the_saga_append(
     assert saga is not None and saga.history == first.history
     assert commands == ["o-1"]
     assert ridden == [True, True]  # the two handled inputs; the copies rolled back before
+    # Both guessed their saga (a start: none; the reply: as committed), so each handling
+    # was its append's statement alone; the copies' conflicts were not committed.
+    assert len(alone) == 2
 
 
 async def test_a_dedup_store_apart_from_the_store_is_checked_first(

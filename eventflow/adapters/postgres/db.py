@@ -56,6 +56,10 @@ _ENDED = (
     "this PostgreSQL transaction has ended (committed or rolled back): run its statements "
     "inside its `async with` block (a task that outlives the block uses the store directly)"
 )
+_ALONE = (
+    "this PostgreSQL transaction was committed by its one statement (an append declared "
+    "the last write of its transaction): nothing more can join it; write before that append"
+)
 _CHANGING = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE"})
 
 
@@ -75,10 +79,25 @@ class _Shared:
     connection to one task at a time (re-entrant for that task, so a store call made inside
     another's ``connection()`` block in the same task does not wait for itself)."""
 
-    __slots__ = ("_depth", "_holder", "_lock", "conn", "doomed", "hooks", "marked", "open")
+    __slots__ = (
+        "_depth",
+        "_holder",
+        "_lock",
+        "alone",
+        "begun",
+        "conn",
+        "doomed",
+        "hooks",
+        "marked",
+        "open",
+        "xact",
+    )
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
+        self.xact = conn.transaction()  # started (BEGIN) before its first statement
+        self.begun = False
+        self.alone = False  # committed by its one statement (``PostgresDatabase.alone``)
         self.open = True
         self.doomed: BaseException | None = None  # why its commit is refused (a fence)
         self.hooks: list[Callable[[], None]] | None = []
@@ -87,19 +106,31 @@ class _Shared:
         self._holder: asyncio.Task[Any] | None = None
         self._depth = 0
 
-    async def take(self) -> bool:
-        """Take the connection for the current task; False (nothing taken) once ended."""
+    async def take(self, *, begin: bool = True) -> bool:
+        """Take the connection for the current task, sending the transaction's BEGIN
+        first if it was not sent yet (unless not ``begin``); False (nothing taken) once
+        ended."""
         task = asyncio.current_task()
         if self._holder is task and task is not None:
             self._depth += 1
-            return True
-        if not self.open:
-            return False
-        await self._lock.acquire()
-        if not self.open:  # ended while this task waited
-            self._lock.release()
-            return False
-        self._holder, self._depth = task, 1
+        else:
+            if not self.open:
+                return False
+            await self._lock.acquire()
+            if not self.open:  # ended while this task waited
+                self._lock.release()
+                return False
+            self._holder, self._depth = task, 1
+        if self.alone:
+            self.give()
+            raise StoreError(_ALONE)
+        if begin and not self.begun:
+            try:
+                await self.xact.start()
+            except BaseException:
+                self.give()
+                raise
+            self.begun = True
         return True
 
     def give(self) -> None:
@@ -313,9 +344,11 @@ class PostgresDatabase:
                 "the open one"
             )
         async with self._pool().acquire() as conn:
-            tx = conn.transaction()
-            await tx.start()
+            # BEGIN goes with the first statement (``_Shared.take``): a transaction whose
+            # one statement is declared its last runs it alone (``alone``), without BEGIN
+            # and COMMIT; one that ran nothing sends neither.
             shared = _Shared(conn)
+            tx = shared.xact
             token = self._joined.set(shared)
             try:
                 try:
@@ -323,7 +356,8 @@ class PostgresDatabase:
                 except BaseException as exc:
                     await shared.end()
                     try:
-                        await tx.rollback()
+                        if shared.begun:
+                            await tx.rollback()
                     except Exception as rollback_error:
                         # The block's error (a cancellation, say) is what the caller must
                         # see; a connection that cannot roll back is gone (the pool drops
@@ -341,9 +375,11 @@ class PostgresDatabase:
                 await shared.end()
                 try:
                     if shared.doomed is not None:
-                        await tx.rollback()
+                        if shared.begun:
+                            await tx.rollback()
                         raise shared.doomed.with_traceback(None)
-                    await tx.commit()
+                    if shared.begun:
+                        await tx.commit()
                 finally:
                     shared.give()
             finally:
@@ -352,6 +388,32 @@ class PostgresDatabase:
                 _forget(self._joined, token)
         for hook in hooks or ():  # committed (a rollback raised above)
             hook()
+
+    @asynccontextmanager
+    async def alone(self) -> AsyncIterator[Any]:
+        """For a write declared the last of the context's open transaction: its connection
+        while nothing ran in the transaction yet (no BEGIN sent) and no fence doomed it,
+        else None (send the write the usual way). A statement sent on it runs on its own,
+        as its own transaction, so it must hold every write of the transaction and its
+        checks; once one wrote, call :meth:`ended_alone`."""
+        shared = self._joined.get()
+        if shared is None or not shared.open:
+            yield None
+            return
+        if not await shared.take(begin=False):
+            raise StoreError(_ENDED)
+        try:
+            yield shared.conn if not shared.begun and shared.doomed is None else None
+        finally:
+            shared.give()
+
+    def ended_alone(self) -> None:
+        """The statement sent on :meth:`alone`'s connection wrote, and so committed the
+        context's transaction: no statement may join it any more (they raise), leaving
+        its block sends no COMMIT (a block that raises cannot undo it)."""
+        shared = self._joined.get()
+        assert shared is not None and not shared.begun
+        shared.alone = True
 
     def doom(self, tx: object, error: BaseException) -> None:
         """Refuse the commit of ``tx`` (or of the context's open transaction): leaving its

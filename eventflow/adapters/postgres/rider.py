@@ -13,7 +13,7 @@ events and the rows. :func:`alone` is the same riders in a statement of their ow
 A rider may insert without ``ON CONFLICT`` where a row committed first means the whole
 write is refused (a dedup entry: a copy handled first): its ``conflict`` names the unique
 constraint and the error to raise; the statement then fails whole, nothing of it written,
-and :func:`refusal` gives that error for the driver's. Its ``written`` is called once the
+and :func:`refusing` raises that error for the driver's. Its ``written`` is called once the
 statement that carried it went in (the transaction still open).
 
 PostgreSQL runs every data-modifying ``WITH`` query to completion whether or not anything
@@ -25,11 +25,14 @@ prepared-statement cache serves every append after the first of each shape.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["APPENDED", "Rider", "alone", "arguments", "refusal", "riding"]
+import asyncpg
+
+__all__ = ["APPENDED", "Rider", "alone", "arguments", "refusing", "riding"]
 
 APPENDED = "{appended}"
 """Where a rider's statement takes the append's outcome: true once every event went in."""
@@ -107,10 +110,14 @@ def arguments(riders: Sequence[Rider]) -> list[Any]:
     return [a for r in riders for a in r.args]
 
 
-def refusal(riders: Sequence[Rider], constraint: str | None) -> Exception | None:
-    """The error of the rider whose ``conflict`` names ``constraint`` (the unique violation
-    that failed their statement), or None when none does (the driver's error stands)."""
-    for rider in riders:
-        if rider.conflict is not None and rider.conflict[0] == constraint:
-            return rider.conflict[1]()
-    return None
+@contextmanager
+def refusing(riders: Sequence[Rider]) -> Iterator[None]:
+    """Raise the error of the rider whose ``conflict`` names the unique constraint that
+    failed their statement, for the driver's (which stands when none does)."""
+    try:
+        yield
+    except asyncpg.UniqueViolationError as exc:
+        for rider in riders:
+            if rider.conflict is not None and rider.conflict[0] == exc.constraint_name:
+                raise rider.conflict[1]() from exc
+        raise

@@ -113,7 +113,7 @@ class PostgresSagaTables(SqlSagaTables):
         if w.handled is not None:
             riders.append(store.handled_rider(*w.handled))
         return await store.append_riding(
-            stream_id, envelopes, riders, expected_version=expected_version
+            stream_id, envelopes, riders, expected_version=expected_version, last=w.last
         )
 
 
