@@ -7,8 +7,11 @@ checkpoint, the outbox rows and appended events. Tasks created inside the block 
 context and join the transaction too; since a connection runs one statement at a time, a
 lock lets one ``connection()`` block (one statement, or a savepoint and its statements) use
 it at a time. When the block exits, the transaction is marked ended: a task that outlives
-the block goes back to the pool for its later store calls. (The settings read from the
-store's URL: ``config.py``, re-exported here.)
+the block goes back to the pool for its later store calls. The BEGIN goes with the
+transaction's first statement: one that runs nothing sends neither BEGIN nor COMMIT, and
+a write declared its last with nothing run before may be sent alone, as its own
+transaction (``alone``, used by ``alone.py``). (The settings read from the store's URL:
+``config.py``, re-exported here.)
 """
 
 from __future__ import annotations
