@@ -411,9 +411,8 @@ class PostgresDatabase:
             shared.give()
 
     def ended_alone(self) -> None:
-        """The statement sent on :meth:`alone`'s connection wrote, and so committed the
-        context's transaction: no statement may join it any more (they raise), leaving
-        its block sends no COMMIT (a block that raises cannot undo it)."""
+        """:meth:`alone`'s statement wrote, so committed the context's transaction: later
+        statements raise, its block sends no COMMIT (and, raising, cannot undo it)."""
         shared = self._joined.get()
         assert shared is not None and not shared.begun
         shared.alone = True
