@@ -96,6 +96,7 @@ class Handling:
         new: bool = False,
         after_commit: AfterCommit | None = None,
         send: bool = False,
+        handled: tuple[str, str] | None = None,
     ) -> Machine | None:
         """Load the saga of ``key``, let ``run`` apply one input and save the outcome in
         ``tx``, again while the stream moved meanwhile. The first try guesses instead of
@@ -103,11 +104,13 @@ class Handling:
         ``new`` (a start event), no saga. Returns the machine saved, or None when ``run``
         declined. ``after_commit``: how to learn that ``tx`` committed (the saga then joins
         the recent ones). ``send``: queue the saved input's commands (:meth:`sends`) in the
-        store's outbox too, with the save (with tracing on, after it, each in a span)."""
+        store's outbox too, with the save (with tracing on, after it, each in a span).
+        ``handled``: the dedup entry (group, message id) of the input, which may ride on
+        the save (``Writes.handled``)."""
         if self.tracing is None:
-            return await self._apply(tx, cls, key, run, cause, new, after_commit, send)
+            return await self._apply(tx, cls, key, run, cause, new, after_commit, send, handled)
         with self.tracing.saga(cls.definition.name, key) as span:
-            machine = await self._apply(tx, cls, key, run, cause, new, after_commit, False)
+            machine = await self._apply(tx, cls, key, run, cause, new, after_commit, False, handled)
             if machine is not None:
                 control = machine.control
                 self.tracing.saga_state(span, control.at, control.status.value)
@@ -125,6 +128,7 @@ class Handling:
         new: bool,
         after_commit: AfterCommit | None,
         send: bool,
+        handled: tuple[str, str] | None,
     ) -> Machine | None:
         definition = cls.definition
         persistence = self.persistence
@@ -153,6 +157,9 @@ class Handling:
                     now=now,
                     was=was,
                     sends=self.sends(definition, machine, cause) if send else (),
+                    handled=handled,
+                    # The commands go with the save (send), the mark rides: nothing after.
+                    last=send and handled is not None,
                 )
             except ConcurrencyError:
                 if loaded is not None:  # not a start that guessed wrong: a saga moved
@@ -188,10 +195,12 @@ class Handling:
         *,
         after_commit: AfterCommit | None = None,
         send: bool = False,
+        group: str | None = None,
     ) -> Machine | None:
         """Apply the message ``env`` (decoded: ``event``) to its saga in ``tx``; None when
         it names no saga key (counted in ``stray``). ``after_commit``, ``send``: see
-        :meth:`apply`."""
+        :meth:`apply`; ``group``: the consumer group handling it, whose dedup entry of
+        ``env`` may then ride on the save (``Writes.handled``)."""
         definition = cls.definition
         key = key_of(definition, event, env.key)
         if key is None:
@@ -224,7 +233,15 @@ class Handling:
             return machine
 
         return await self.apply(
-            tx, cls, key, run, cause=env, new=is_start, after_commit=after_commit, send=send
+            tx,
+            cls,
+            key,
+            run,
+            cause=env,
+            new=is_start,
+            after_commit=after_commit,
+            send=send,
+            handled=None if group is None else (group, env.id),
         )
 
     def _early(self, cls: type[Saga], raw: dict[str, object]) -> Early:

@@ -133,12 +133,16 @@ class SagaStore:
         now: float,
         was: Status | None = None,
         sends: Sequence[tuple[str, Envelope]] = (),
+        handled: tuple[str, str] | None = None,
+        last: bool = False,
     ) -> Callable[[], None]:
         """Append the outcome's transitions (checking the stream is still at
         ``loaded_version``: ``ConcurrencyError`` otherwise, with nothing written), then
         update the timers, the index when the status is not ``was`` (the status loaded;
         None: a saga not stored yet) and queue ``sends`` in the outbox, all in ``tx``: the
-        tables ride on the append (:meth:`~eventflow.sagas.tables.SagaTables.append`).
+        tables ride on the append (:meth:`~eventflow.sagas.tables.SagaTables.append`), and
+        so may the dedup entry ``handled`` (``Writes.handled``); ``last``: see
+        ``Writes.last``.
         Returns what to call once ``tx`` committed (the saga joins the recent ones)."""
         key = control.key
         saga_id = definition.stream_prefix + key
@@ -152,7 +156,8 @@ class SagaStore:
         timers = [
             NewTimer(name, due - now, token) for name, (due, token) in outcome.timers_set.items()
         ]
-        writes = Writes(row, timers, tuple(outcome.timers_cancelled), index=status != was)
+        cancelled = tuple(outcome.timers_cancelled)
+        writes = Writes(row, timers, cancelled, status != was, handled, last)
         version = await self.tables.append(tx, saga_id, envelopes, loaded_version, writes, sends)
         kept, copied = orjson.dumps(state), control.copy()
         return lambda: self._remember(saga_id, version, kept, copied)

@@ -252,10 +252,11 @@ class SagaRuntime:
         handling = self.sagas.handling
         # No effect outside the transaction: the commands go to the outbox with the saga's
         # save (on PostgreSQL in its append's statement), wake-ups after its commit; so a
-        # duplicate rolls back whole at its dedup entry (``dedup_at_commit``).
+        # duplicate rolls back whole at its dedup entry (``dedup_at_commit``), which rides
+        # on the save where the store can (PostgreSQL: in the append's statement).
         async with ctx.transaction() as tx:
             machine = await handling.message(
-                tx, cls, event, env, after_commit=ctx._after_commit, send=True
+                tx, cls, event, env, after_commit=ctx._after_commit, send=True, group=ctx.group
             )
         if machine is None:
             self.timers.after_handling(ctx, cls.definition, {}, 0.0)

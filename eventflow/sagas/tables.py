@@ -86,6 +86,16 @@ class Writes:
     timers: Sequence[NewTimer]
     cancelled: Sequence[str]
     index: bool = True
+    handled: tuple[str, str] | None = None
+    """The dedup entry (group, message id) of the message the transition handles: a store
+    adapter may write it with the append (PostgreSQL: in its statement; a copy's entry
+    committed first then raises ``AlreadyHandled``, nothing written), and the store's
+    ``mark_handled`` of it in ``tx`` then writes nothing more. The default leaves it to
+    the consumer, which marks it before the commit."""
+    last: bool = False
+    """Nothing else is written in ``tx`` after this append (the consumer's mark of
+    ``handled`` aside): an adapter may then send it as a transaction of its own when
+    nothing ran in ``tx`` before (PostgreSQL: no BEGIN, no COMMIT)."""
 
 
 class SagaTables(Protocol):

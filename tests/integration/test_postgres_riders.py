@@ -15,6 +15,7 @@ from eventflow import ConcurrencyError, Event
 from eventflow.adapters.postgres import PostgresStore
 from eventflow.adapters.postgres.rider import Rider, alone, riding
 from eventflow.envelope import Envelope
+from eventflow.errors import AlreadyHandled
 from eventflow.events import envelope_for
 from eventflow.sagas.tables import IndexRow, NewTimer, Writes, tables_for
 
@@ -140,3 +141,74 @@ async def test_riding_outside_a_transaction_opens_one(postgres_store: PostgresSt
             expected_version=0,
         )
     assert await _outbox(postgres_store) == [sends[0][1].id]
+
+
+def _saga_writes(handled: tuple[str, str]) -> Writes:
+    at = datetime.fromtimestamp(1.0, UTC)
+    row = IndexRow("saga-o-9", "o", "9", "running", at, at)
+    return Writes(row, [NewTimer("step:", 30.0, "1:s")], (), handled=handled)
+
+
+async def test_the_dedup_entry_rides_on_the_append_and_is_not_marked_again(
+    postgres_store: PostgresStore,
+) -> None:
+    """``Writes.handled``: the input's dedup entry goes in with the append's statement, and
+    the settlement's ``mark_handled`` of it in that transaction sends nothing more."""
+    tables = tables_for(postgres_store)
+    await tables.setup()
+    async with postgres_store.transaction() as tx:
+        with _statements(postgres_store) as seen:
+            await tables.append(
+                tx, "saga-o-9", [Appended(n=1)], 0, _saga_writes(("g", "m-1")), [_command(1)]
+            )
+            await postgres_store.mark_handled("g", "m-1", tx)
+            # Another entry, or the same one cancelled by a compensation, is written.
+            await postgres_store.mark_handled("g", "m-2", tx)
+    (riding_sql, marked) = [q for q in seen if "ef_" in q]
+    assert all(t in riding_sql for t in ("ef_events", "ef_sagas", "ef_outbox", "ef_dedup"))
+    assert "m-2" not in riding_sql and marked.startswith("INSERT INTO ef_dedup")
+    assert await postgres_store.dedup.seen_many("g", ["m-1", "m-2"]) == {"m-1", "m-2"}
+    # A transaction of its own knows nothing of the first one's rider.
+    with pytest.raises(AlreadyHandled):
+        async with postgres_store.transaction() as tx:
+            await postgres_store.mark_handled("g", "m-1", tx)
+
+
+async def test_a_copy_handled_first_rolls_the_append_and_its_riders_back(
+    postgres_store: PostgresStore,
+) -> None:
+    """The input's dedup entry committed first (a copy handled): the append's statement
+    fails whole with ``AlreadyHandled``; no event, index row, timer or command is left."""
+    tables = tables_for(postgres_store)
+    await tables.setup()
+    await postgres_store.dedup.mark("g", "m-1")
+    with pytest.raises(AlreadyHandled):
+        async with postgres_store.transaction() as tx:
+            await tables.append(
+                tx, "saga-o-9", [Appended(n=1)], 0, _saga_writes(("g", "m-1")), [_command(1)]
+            )
+    assert await postgres_store.stream_version("saga-o-9") == 0
+    assert await tables.find("saga-o-9") is None
+    assert (await tables.earliest("o", 10))[0] == []
+    assert await _outbox(postgres_store) == []
+
+
+async def test_a_copy_handled_first_fails_the_riders_after_the_slow_path(
+    postgres_store: PostgresStore,
+) -> None:
+    """The same when the append took the slow path (an id stored already) and the riders
+    went in a statement of their own: ``AlreadyHandled``, nothing new left."""
+    stored = envelope_for(Appended(n=1), source="test")
+    await postgres_store.append("ids", [stored], expected_version=0)
+    await postgres_store.dedup.mark("g", "m-1")
+    rider = postgres_store.handled_rider("g", "m-1")
+    with pytest.raises(AlreadyHandled):
+        async with postgres_store.transaction():
+            await postgres_store.append_riding(
+                "ids",
+                [stored, envelope_for(Appended(n=2), source="test")],
+                [postgres_store.outbox.rider([_command(2)]), rider],
+                expected_version=1,
+            )
+    assert await postgres_store.stream_version("ids") == 1
+    assert await _outbox(postgres_store) == []

@@ -134,6 +134,63 @@ async def test_a_duplicate_saga_input_is_applied_once_without_a_dedup_check(
     assert calls.of(group) >= 1  # the counter counts: the participant checks first
 
 
+@pytest.mark.service("nats")
+@pytest.mark.parametrize("saga_setup", ["nats-postgres"], indirect=True)
+async def test_on_postgresql_the_dedup_entry_rides_on_the_saga_append(
+    saga_setup: Setup, waiter: Wait, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL the saga's dedup entry is written by its append's statement: the
+    consumer's ``mark_handled`` of it then finds it written in the transaction (and sends
+    nothing), and a handling that guessed its saga is that statement alone; a copy of an
+    input fails that statement, rolls back whole and is acked as a duplicate."""
+    from eventflow.adapters.postgres import PostgresStore
+    from eventflow.adapters.postgres.db import PostgresDatabase
+
+    ridden: list[bool] = []  # per mark_handled of the saga's group: found written
+    original = PostgresStore.mark_handled
+
+    async def mark_handled(store: Any, group: str, message_id: str, tx: Any, **kw: Any) -> None:
+        if group == GROUP:
+            ridden.append(store.db.marked(tx, group, message_id))
+        await original(store, group, message_id, tx, **kw)
+
+    monkeypatch.setattr(PostgresStore, "mark_handled", mark_handled)
+    alone: list[None] = []  # handlings committed by their one statement (no BEGIN, COMMIT)
+    ended_alone = PostgresDatabase.ended_alone
+
+    def count_alone(db: PostgresDatabase) -> None:
+        alone.append(None)
+        ended_alone(db)
+
+    monkeypatch.setattr(PostgresDatabase, "ended_alone", count_alone)
+    replies: list[Envelope] = []
+    commands: list[str] = []
+    group = f"{saga_setup.groups}.stock"
+    app = saga_setup.app(
+        "sagadedup", handlers=[participant(group, replies, commands)], sagas=[DedupSaga]
+    )
+    async with app:
+        placed = await app.publish(DdPlaced(order_id="o-1"), key="o-1")
+        first = await _completed(app, waiter)
+        await resend(app, placed)
+        await resend(app, replies[0])
+        await waiter(
+            lambda: all(
+                app.stats()[f"{GROUP}:{p}"]["duplicates"] == 1
+                for p in ("sagadedup.placed", "sagadedup.reserved")
+            ),
+            timeout=TIMEOUT,
+            what="each copy acked as a duplicate",
+        )
+        saga = await app.sagas.get(DedupSaga, "o-1")
+    assert saga is not None and saga.history == first.history
+    assert commands == ["o-1"]
+    assert ridden == [True, True]  # the two handled inputs; the copies rolled back before
+    # Both guessed their saga (a start: none; the reply: as committed), so each handling
+    # was its append's statement alone; the copies' conflicts were not committed.
+    assert len(alone) == 2
+
+
 async def test_a_dedup_store_apart_from_the_store_is_checked_first(
     broker_url: str, hub: MemoryBroker, waiter: Wait, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,8 +7,11 @@ checkpoint, the outbox rows and appended events. Tasks created inside the block 
 context and join the transaction too; since a connection runs one statement at a time, a
 lock lets one ``connection()`` block (one statement, or a savepoint and its statements) use
 it at a time. When the block exits, the transaction is marked ended: a task that outlives
-the block goes back to the pool for its later store calls. (The settings read from the
-store's URL: ``config.py``, re-exported here.)
+the block goes back to the pool for its later store calls. The BEGIN goes with the
+transaction's first statement: one that runs nothing sends neither BEGIN nor COMMIT, and
+a write declared its last with nothing run before may be sent alone, as its own
+transaction (``alone``, used by ``alone.py``). (The settings read from the store's URL:
+``config.py``, re-exported here.)
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ _ENDED = (
     "this PostgreSQL transaction has ended (committed or rolled back): run its statements "
     "inside its `async with` block (a task that outlives the block uses the store directly)"
 )
+_ALONE = (
+    "this PostgreSQL transaction was committed by its one statement (an append declared "
+    "the last write of its transaction): nothing more can join it; write before that append"
+)
 _CHANGING = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE"})
 
 
@@ -75,30 +82,58 @@ class _Shared:
     connection to one task at a time (re-entrant for that task, so a store call made inside
     another's ``connection()`` block in the same task does not wait for itself)."""
 
-    __slots__ = ("_depth", "_holder", "_lock", "conn", "doomed", "hooks", "open")
+    __slots__ = (
+        "_depth",
+        "_holder",
+        "_lock",
+        "alone",
+        "begun",
+        "conn",
+        "doomed",
+        "hooks",
+        "marked",
+        "open",
+        "xact",
+    )
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
+        self.xact = conn.transaction()  # started (BEGIN) before its first statement
+        self.begun = False
+        self.alone = False  # committed by its one statement (``PostgresDatabase.alone``)
         self.open = True
         self.doomed: BaseException | None = None  # why its commit is refused (a fence)
         self.hooks: list[Callable[[], None]] | None = []
+        self.marked: set[tuple[str, str]] | None = None  # dedup entries a rider wrote in it
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None
         self._depth = 0
 
-    async def take(self) -> bool:
-        """Take the connection for the current task; False (nothing taken) once ended."""
+    async def take(self, *, begin: bool = True) -> bool:
+        """Take the connection for the current task, sending the transaction's BEGIN
+        first if it was not sent yet (unless not ``begin``); False (nothing taken) once
+        ended."""
         task = asyncio.current_task()
         if self._holder is task and task is not None:
             self._depth += 1
-            return True
-        if not self.open:
-            return False
-        await self._lock.acquire()
-        if not self.open:  # ended while this task waited
-            self._lock.release()
-            return False
-        self._holder, self._depth = task, 1
+        else:
+            if not self.open:
+                return False
+            await self._lock.acquire()
+            if not self.open:  # ended while this task waited
+                self._lock.release()
+                return False
+            self._holder, self._depth = task, 1
+        if self.alone:
+            self.give()
+            raise StoreError(_ALONE)
+        if begin and not self.begun:
+            try:
+                await self.xact.start()
+            except BaseException:
+                self.give()
+                raise
+            self.begun = True
         return True
 
     def give(self) -> None:
@@ -312,9 +347,11 @@ class PostgresDatabase:
                 "the open one"
             )
         async with self._pool().acquire() as conn:
-            tx = conn.transaction()
-            await tx.start()
+            # BEGIN goes with the first statement (``_Shared.take``): a transaction whose
+            # one statement is declared its last runs it alone (``alone``), without BEGIN
+            # and COMMIT; one that ran nothing sends neither.
             shared = _Shared(conn)
+            tx = shared.xact
             token = self._joined.set(shared)
             try:
                 try:
@@ -322,7 +359,8 @@ class PostgresDatabase:
                 except BaseException as exc:
                     await shared.end()
                     try:
-                        await tx.rollback()
+                        if shared.begun:
+                            await tx.rollback()
                     except Exception as rollback_error:
                         # The block's error (a cancellation, say) is what the caller must
                         # see; a connection that cannot roll back is gone (the pool drops
@@ -340,9 +378,11 @@ class PostgresDatabase:
                 await shared.end()
                 try:
                     if shared.doomed is not None:
-                        await tx.rollback()
+                        if shared.begun:
+                            await tx.rollback()
                         raise shared.doomed.with_traceback(None)
-                    await tx.commit()
+                    if shared.begun:
+                        await tx.commit()
                 finally:
                     shared.give()
             finally:
@@ -352,12 +392,53 @@ class PostgresDatabase:
         for hook in hooks or ():  # committed (a rollback raised above)
             hook()
 
+    @asynccontextmanager
+    async def alone(self) -> AsyncIterator[Any]:
+        """For a write declared the last of the context's open transaction: its connection
+        while nothing ran in the transaction yet (no BEGIN sent) and no fence doomed it,
+        else None (send the write the usual way). A statement sent on it runs on its own,
+        as its own transaction, so it must hold every write of the transaction and its
+        checks; once one wrote, call :meth:`ended_alone`."""
+        shared = self._joined.get()
+        if shared is None or not shared.open:
+            yield None
+            return
+        if not await shared.take(begin=False):
+            raise StoreError(_ENDED)
+        try:
+            yield shared.conn if not shared.begun and shared.doomed is None else None
+        finally:
+            shared.give()
+
+    def ended_alone(self) -> None:
+        """:meth:`alone`'s statement wrote, so committed the context's transaction: later
+        statements raise, its block sends no COMMIT (and, raising, cannot undo it)."""
+        shared = self._joined.get()
+        assert shared is not None and not shared.begun
+        shared.alone = True
+
     def doom(self, tx: object, error: BaseException) -> None:
         """Refuse the commit of ``tx`` (or of the context's open transaction): leaving its
         block normally rolls it back and raises ``error``."""
         shared = self._shared_of(tx)
         if shared is not None and shared.doomed is None:
             shared.doomed = error
+
+    def note_marked(self, group: str, message_id: str) -> None:
+        """The dedup entry (``group``, ``message_id``) was written in the context's open
+        transaction (by a rider of an append): :meth:`marked` says so until it ends."""
+        shared = self._joined.get()
+        if shared is not None and shared.open:
+            if shared.marked is None:
+                shared.marked = set()
+            shared.marked.add((group, message_id))
+
+    def marked(self, tx: object, group: str, message_id: str) -> bool:
+        """Whether :meth:`note_marked` noted the entry in ``tx`` (or the context's open
+        transaction)."""
+        shared = self._shared_of(tx)
+        marked = shared.marked if shared is not None else None
+        return marked is not None and (group, message_id) in marked
 
     def after_commit(self, hook: Callable[[], None], tx: object = None) -> None:
         """Call ``hook`` once ``tx`` (or the context's open transaction) commits, now if

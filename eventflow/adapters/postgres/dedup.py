@@ -10,7 +10,14 @@ from datetime import UTC, datetime, timedelta
 
 from .db import PostgresDatabase
 
-__all__ = ["DEDUP_SQL", "DEFAULT_DEDUP_RETENTION", "INSERT_DEDUP", "PostgresDedupStore"]
+__all__ = [
+    "DEDUP_KEY",
+    "DEDUP_SQL",
+    "DEFAULT_DEDUP_RETENTION",
+    "INSERT_DEDUP",
+    "RIDE_DEDUP",
+    "PostgresDedupStore",
+]
 
 DEFAULT_DEDUP_RETENTION = 7 * 24 * 3600.0
 
@@ -53,6 +60,13 @@ INSERT_DEDUP = (
     "INSERT INTO ef_dedup (grp, message_id, cancelled_by) VALUES ($1, $2, $3) "
     "ON CONFLICT DO NOTHING RETURNING 1"
 )
+
+# The same entry as a rider of an append (.rider): no ON CONFLICT, so a copy's entry
+# committed first (or committing: the insert waits for it) fails the append's whole
+# statement on DEDUP_KEY, nothing of it written.
+RIDE_DEDUP = "INSERT INTO ef_dedup (grp, message_id) SELECT $1::text, $2::text WHERE {appended}"
+DEDUP_KEY = "ef_dedup_pkey"
+"""The unique constraint of ``ef_dedup`` (the primary key's default name)."""
 
 
 class PostgresDedupStore:

@@ -23,9 +23,10 @@ from ...ports import RecordedEvent, Snapshot
 from ...sourcing.append import prepare_append
 from ...sourcing.paging import paged, stream_range
 from ...supervision import Supervisor
+from .alone import Alone, append_alone
 from .db import PostgresDatabase
 from .grouped import AppendGroups
-from .rider import Rider, alone, arguments, riding
+from .rider import Rider, alone, arguments, refusing, riding
 from .sequencer import Sequencer, number_committed
 
 __all__ = ["PostgresEventLog"]
@@ -88,6 +89,7 @@ _IN_TX = {
     "any": _append_sql(f"({_STREAM_VERSION})") + _SKIP,
 }
 _OUTSIDE_TX = {"new": _APPEND_NEW, "at": _APPEND_AT, "any": _APPEND_ANY}
+_ALONE = {k: _IN_TX[k].replace(_SKIP, " RETURNING event_id, stream_version") for k in _IN_TX}
 _TAKE_OUT = "DELETE FROM ef_events WHERE event_id = ANY($1::text[])"
 
 
@@ -206,28 +208,41 @@ class PostgresEventLog:
         riders: Sequence[Rider],
         *,
         expected_version: int | None = None,
+        last: bool = False,
     ) -> int:
         """Append as :meth:`append` does, and write ``riders`` (:mod:`.rider`) in the same
-        transaction, only if the append succeeds: usually in the append's own statement
-        (one round trip), after the slow path in one of their own. A conflict raises
-        ``ConcurrencyError`` with nothing written. Outside a transaction it opens one."""
+        transaction if the append succeeds: in its statement, or after the slow path in one
+        of their own. A conflict raises ``ConcurrencyError``, nothing written; a rider's
+        ``conflict`` its error (roll back). Outside a transaction it opens one. ``last``:
+        nothing is written after it; if nothing ran before, it is the transaction (.alone)."""
         if self.db.current is None:
             async with self.db.transaction():
                 return await self.append_riding(
-                    stream_id, events, riders, expected_version=expected_version
+                    stream_id, events, riders, expected_version=expected_version, last=last
                 )
         ids, blobs, corrs = _columns(stream_id, events)
+        kind, args = _kind(stream_id, expected_version, ids, blobs, corrs)
+        every = (*args, *arguments(riders))
         version: int | None = None
-        if ids:
-            kind, args = _kind(stream_id, expected_version, ids, blobs, corrs)
-            sql = riding(_IN_TX[kind], len(args), riders)
-            version = await self._fast_append_in_tx(sql, (*args, *arguments(riders)))
-        if version is None:
-            version = await self._slow_append(stream_id, expected_version, ids, blobs, corrs)
-            if riders:
-                async with self.db.connection() as conn:
-                    await conn.execute(alone(riders), *arguments(riders))
+        tried: int | Alone = Alone.NOT_ALONE
+        if ids and last and kind != "any":
+            sql = riding(_ALONE[kind], len(args), riders)
+            tried = await append_alone(self.db, sql, every, riders, len(ids))
+            if not isinstance(tried, Alone):
+                self._sequencer.appended()
+                return tried
+        with refusing(riders):
+            if ids and tried is Alone.NOT_ALONE:
+                sql = riding(_IN_TX[kind], len(args), riders)
+                version = await self._fast_append_in_tx(sql, every)
+            if version is None:
+                version = await self._slow_append(stream_id, expected_version, ids, blobs, corrs)
+                if riders:
+                    async with self.db.connection() as conn:
+                        await conn.execute(alone(riders), *arguments(riders))
         for rider in riders:
+            if rider.written is not None:
+                rider.written()
             if rider.committed is not None:
                 self.db.after_commit(rider.committed)
         self.db.after_commit(self._sequencer.appended)

@@ -10,6 +10,12 @@ event (``ok``), their parameters numbered after the append's: one round trip for
 events and the rows. :func:`alone` is the same riders in a statement of their own
 (guard ``true``), for an append that took the slow path and succeeded there.
 
+A rider may insert without ``ON CONFLICT`` where a row committed first means the whole
+write is refused (a dedup entry: a copy handled first): its ``conflict`` names the unique
+constraint and the error to raise; the statement then fails whole, nothing of it written,
+and :func:`refusing` raises that error for the driver's. Its ``written`` is called once the
+statement that carried it went in (the transaction still open).
+
 PostgreSQL runs every data-modifying ``WITH`` query to completion whether or not anything
 reads it, against one snapshot: two riders of one statement must not touch the same row
 (the saga tables' upserts and deletes never do). The texts are cached, so asyncpg's
@@ -19,11 +25,14 @@ prepared-statement cache serves every append after the first of each shape.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["APPENDED", "Rider", "alone", "arguments", "riding"]
+import asyncpg
+
+__all__ = ["APPENDED", "Rider", "alone", "arguments", "refusing", "riding"]
 
 APPENDED = "{appended}"
 """Where a rider's statement takes the append's outcome: true once every event went in."""
@@ -36,11 +45,15 @@ _cache: dict[tuple[str, int, tuple[tuple[str, int], ...]], str] = {}
 @dataclass(frozen=True)
 class Rider:
     """One statement to write with an append (see the module docstring). ``committed``:
-    called once the transaction that wrote it commits (a wake-up, say)."""
+    called once the transaction that wrote it commits (a wake-up, say); ``written``: once
+    its statement went in; ``conflict``: (a unique constraint, the error a violation of it
+    stands for), for an insert without ``ON CONFLICT``."""
 
     sql: str
     args: tuple[Any, ...]
     committed: Callable[[], None] | None = None
+    written: Callable[[], None] | None = None
+    conflict: tuple[str, Callable[[], Exception]] | None = None
 
 
 def _shapes(riders: Sequence[Rider]) -> tuple[tuple[str, int], ...]:
@@ -95,3 +108,16 @@ def alone(riders: Sequence[Rider]) -> str:
 def arguments(riders: Sequence[Rider]) -> list[Any]:
     """The riders' arguments, in the order :func:`riding` and :func:`alone` number them."""
     return [a for r in riders for a in r.args]
+
+
+@contextmanager
+def refusing(riders: Sequence[Rider]) -> Iterator[None]:
+    """Raise the error of the rider whose ``conflict`` names the unique constraint that
+    failed their statement, for the driver's (which stands when none does)."""
+    try:
+        yield
+    except asyncpg.UniqueViolationError as exc:
+        for rider in riders:
+            if rider.conflict is not None and rider.conflict[0] == exc.constraint_name:
+                raise rider.conflict[1]() from exc
+        raise

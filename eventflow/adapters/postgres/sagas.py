@@ -4,10 +4,11 @@ statement of the stream's append.
 The tables and their rows are those of :class:`~eventflow.sagas.tables.SqlSagaTables`
 (which reads them); the writes differ. ``append`` sends the transition's events, its index
 row, the timers it cancels and sets, and its commands' outbox rows in one statement: the
-tables and the outbox ride on the append (:mod:`.rider`, data-modifying ``WITH`` queries
-guarded on every event having gone in), so a conflicting append writes none of them, and
-one round trip does what took three. ``save`` sends the same table writes in one statement
-of their own.
+tables, the outbox and the input's dedup entry ride on the append (:mod:`.rider`,
+data-modifying ``WITH`` queries guarded on every event having gone in), so a conflicting
+append writes none of them, a copy of an input handled first fails it whole
+(``AlreadyHandled``), and one round trip does what took four. ``save`` sends the same
+table writes in one statement of their own.
 """
 
 from __future__ import annotations
@@ -109,8 +110,10 @@ class PostgresSagaTables(SqlSagaTables):
         riders = _riders(w.row, w.timers, w.cancelled, w.index)
         if sends:
             riders.append(store.outbox.rider(sends))
+        if w.handled is not None:
+            riders.append(store.handled_rider(*w.handled))
         return await store.append_riding(
-            stream_id, envelopes, riders, expected_version=expected_version
+            stream_id, envelopes, riders, expected_version=expected_version, last=w.last
         )
 
 

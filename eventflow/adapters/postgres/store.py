@@ -16,10 +16,11 @@ from ...ports import DeadLetter, Heartbeat, Transaction
 from .attempts import ATTEMPTS_SQL, PostgresAttempts
 from .clock import PostgresClock
 from .db import PostgresConfig, PostgresDatabase, PostgresTransaction
-from .dedup import DEDUP_SQL, INSERT_DEDUP, PostgresDedupStore
+from .dedup import DEDUP_KEY, DEDUP_SQL, INSERT_DEDUP, RIDE_DEDUP, PostgresDedupStore
 from .events import PostgresEventLog
 from .leases import FENCE, LEASE_CHANNEL, PostgresLeases, fence_args, writing
 from .outbox import PostgresOutbox
+from .rider import Rider
 from .schema import SCHEMA_SQL
 
 if TYPE_CHECKING:
@@ -312,8 +313,24 @@ class PostgresStore(PostgresEventLog):
     ) -> None:
         """Record a dedup entry inside ``tx``; raise ``AlreadyHandled`` if a copy committed
         one first (a concurrent copy's insert waits for the first transaction, then finds its
-        row)."""
+        row). Nothing more when a rider (:meth:`handled_rider`) wrote it in ``tx``."""
+        if cancelled_by is None and self.db.marked(tx, group, message_id):
+            return
         async with self.db.connection(tx) as conn:
             inserted = await conn.fetchval(INSERT_DEDUP, group, message_id, cancelled_by)
         if inserted is None:
             raise AlreadyHandled(group, message_id)
+
+    def handled_rider(self, group: str, message_id: str) -> Rider:
+        """:meth:`mark_handled` as a rider of an append (:mod:`.rider`), in the context's
+        open transaction: the entry goes in with the append's statement, or a copy's entry
+        committed first fails that statement whole with ``AlreadyHandled`` (roll back).
+        Once the append returned, :meth:`mark_handled` of the pair in the transaction
+        writes nothing more."""
+        db = self.db
+        return Rider(
+            RIDE_DEDUP,
+            (group, message_id),
+            written=lambda: db.note_marked(group, message_id),
+            conflict=(DEDUP_KEY, lambda: AlreadyHandled(group, message_id)),
+        )
