@@ -261,3 +261,47 @@ async def test_a_stream_held_by_a_transaction_holds_up_no_other_stream(
     finally:
         await holder.close()
     assert await _stored(postgres_store, "held") == [0]
+
+
+async def test_once_a_stall_ends_the_store_goes_back_to_one_writer(
+    postgres_store: PostgresStore,
+) -> None:
+    """Eight callers append in a loop while one stream is held (its append stalls and lends
+    its slot out: a second writer runs), and go on once it is released: from then on the
+    writer that is not needed stops, and each statement writes one append of every caller
+    (with two writers left running, one wrote a group and the other one append at a time)."""
+    stats = postgres_store.append_groups
+    holder = await asyncpg.connect(postgres_store.config.dsn)
+    await holder.execute(f'SET search_path TO "{postgres_store.config.schema}"')
+    tx = holder.transaction()
+    await tx.start()
+    await holder.execute(
+        "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope) "
+        "VALUES ('held', 'held', 1, '\\x7b7d'::bytea)"
+    )
+    blocked = asyncio.create_task(postgres_store.append("held", [Grouped(n=0)], expected_version=0))
+    await asyncio.sleep(0.1)
+    window: dict[str, int] = {}
+    appended = 0
+
+    async def caller(w: int) -> None:
+        nonlocal appended
+        for i in range(60):
+            if w == 0 and i == 20:
+                await tx.rollback()
+                await holder.close()
+                assert await asyncio.wait_for(blocked, 10) == 1
+            if w == 0 and i in (40, 59):
+                window[f"groups{i}"], window[f"appended{i}"] = stats.groups, appended
+            await postgres_store.append(f"c-{w}-{i}", [Grouped(n=i)], expected_version=0)
+            appended += 1
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(caller(w) for w in range(8))), 60)
+    finally:
+        if not holder.is_closed():
+            await holder.close()
+    statements = window["groups59"] - window["groups40"]
+    appends = window["appended59"] - window["appended40"]
+    assert appends >= 8 * 15
+    assert statements <= appends / 8 * 1.5, (statements, appends)

@@ -43,7 +43,7 @@ wrote a big group and the other one lone append after another)."""
 MAX_WRITERS = 4
 """Statements in flight at most, counting those that lent their slot out (``_STALL``)."""
 _STALL = 0.05  # seconds in flight after which a statement no longer counts against WRITERS
-_LINGER = 1  # event-loop turns an idle writer waits for more appends before it stops
+_LINGER = 1  # event-loop turns a writer waits for more appends before it takes a group
 _GROUP_EVENTS = 2000  # events per group at most (a bigger queue makes several groups)
 
 # $1/$2: each member's stream and expected version; $3..$7: each event's member (1-based),
@@ -163,21 +163,23 @@ class AppendGroups:
             task.add_done_callback(self._tasks.discard)
 
     async def _write(self) -> None:
-        """A writer: write groups until the queue is empty, then give its slot back."""
+        """A writer: write groups until the queue is empty, then give its slot back (at
+        once if more writers run than there are slots: a slot lent out came back)."""
         try:
-            while True:
-                if not self._queue:
-                    for _ in range(_LINGER):
-                        await asyncio.sleep(0)
-                    if not self._queue:
-                        break
+            while self._busy <= self._slots():
+                # A turn of the loop first, even with appends waiting: the callers the last
+                # group answered append again meanwhile, and join the next group rather than
+                # wait for the one after it (a caller out of step would stay out of step).
+                for _ in range(_LINGER):
+                    await asyncio.sleep(0)
                 group = self._take()
-                if group:
-                    stall = self._watch()
-                    try:
-                        await self._write_group(group)
-                    finally:
-                        self._unwatch(stall)
+                if not group:
+                    break
+                stall = self._watch()
+                try:
+                    await self._write_group(group)
+                finally:
+                    self._unwatch(stall)
         finally:
             self._busy -= 1
             self._start()
