@@ -80,9 +80,10 @@ def _loop() -> asyncio.AbstractEventLoop:
 
 @dataclass(eq=False, slots=True)
 class _Stall:
-    """The timer of one statement in flight, and whether it ran past ``_STALL``."""
+    """One statement in flight: when it started (the loop's clock), and whether it ran past
+    ``_STALL``."""
 
-    timer: asyncio.TimerHandle | None = None
+    started: float
     stalled: bool = False
 
 
@@ -97,6 +98,8 @@ class AppendGroups:
         self._queue: deque[_Append] = deque()
         self._busy = 0  # writer slots taken: lone appends and writer tasks
         self._stalled = 0  # statements in flight for longer than _STALL
+        self._inflight: set[_Stall] = set()
+        self._timer: asyncio.TimerHandle | None = None  # the next look for stalls
         self._tasks: set[asyncio.Task[None]] = set()
         self.groups = 0
         self.combined = 0
@@ -127,21 +130,36 @@ class AppendGroups:
         return min(WRITERS + self._stalled, MAX_WRITERS)
 
     def _watch(self) -> _Stall:
-        """Start timing a statement: past ``_STALL``, it lends its slot out."""
-        stall = _Stall()
-        stall.timer = asyncio.get_running_loop().call_later(_STALL, self._stall, stall)
+        """Start timing a statement: past ``_STALL``, while appends wait, it lends its slot
+        out (no timer unless an append waits: a lone writer sets none)."""
+        stall = _Stall(_loop().time())
+        self._inflight.add(stall)
         return stall
 
-    def _stall(self, stall: _Stall) -> None:
-        stall.stalled = True
-        self._stalled += 1
-        self._start()
-
     def _unwatch(self, stall: _Stall) -> None:
-        if stall.timer is not None:
-            stall.timer.cancel()
+        self._inflight.discard(stall)
         if stall.stalled:
             self._stalled -= 1
+
+    def _look_later(self) -> None:
+        """While appends wait for a slot, look again when the oldest statement in flight
+        that still holds its slot reaches ``_STALL``."""
+        if self._timer is not None or not self._queue or self._busy < self._slots():
+            return
+        holding = [s.started for s in self._inflight if not s.stalled]
+        if holding:
+            due = min(holding) + _STALL - _loop().time()
+            self._timer = _loop().call_later(max(due, 0.0), self._look)
+
+    def _look(self) -> None:
+        self._timer = None
+        now = _loop().time()
+        for stall in self._inflight:
+            if not stall.stalled and now - stall.started >= _STALL:
+                stall.stalled = True
+                self._stalled += 1
+        self._start()
+        self._look_later()
 
     async def append(
         self, stream: str, expected: int, ids: list[str], blobs: list[bytes], corrs: list[str]
@@ -161,6 +179,8 @@ class AppendGroups:
             task = asyncio.get_running_loop().create_task(self._write())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        else:
+            self._look_later()
 
     async def _write(self) -> None:
         """A writer: write groups until the queue is empty, then give its slot back (at
@@ -176,6 +196,7 @@ class AppendGroups:
                 if not group:
                     break
                 stall = self._watch()
+                self._look_later()  # appends it left queued (a second one to a stream)
                 try:
                     await self._write_group(group)
                 finally:
