@@ -16,7 +16,7 @@ import pytest
 
 from eventflow import ConcurrencyError, Event
 from eventflow.adapters.postgres import PostgresStore
-from eventflow.adapters.postgres.grouped import WRITERS
+from eventflow.adapters.postgres.grouped import MAX_WRITERS, WRITERS
 from eventflow.events import envelope_for
 
 pytestmark = pytest.mark.service("postgres")
@@ -177,9 +177,10 @@ async def test_a_lone_append_and_appends_in_a_transaction_are_not_grouped(
 async def test_a_waiting_caller_that_is_cancelled_appends_nothing(
     postgres_store: PostgresStore,
 ) -> None:
-    """Every writer is held up (its statement waits for another transaction's row), so new
-    appends wait in the queue; one cancelled there leaves nothing behind, and the one after
-    it is written (a group of one) once a writer is free."""
+    """Every writer is held up (its statement waits for another transaction's row; each one
+    held up lends its slot to the next, up to MAX_WRITERS), so new appends wait in the queue;
+    one cancelled there leaves nothing behind, and the one after it is written (a group of
+    one) once a writer is free."""
     stats = postgres_store.append_groups
     holder = await asyncpg.connect(postgres_store.config.dsn)
     try:
@@ -187,13 +188,13 @@ async def test_a_waiting_caller_that_is_cancelled_appends_nothing(
         tx = holder.transaction()
         await tx.start()
         # The holder writes version 1 of each "held-k" and keeps its transaction open.
-        for k in range(WRITERS):
+        for k in range(MAX_WRITERS):
             await holder.execute(
                 "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope) "
                 f"VALUES ('held-{k}', 'held-{k}', 1, '\\x7b7d'::bytea)"
             )
         blocked = []
-        for k in range(WRITERS):
+        for k in range(MAX_WRITERS):
             # Each finds a writer free, and waits on the unique index for the holder.
             blocked.append(
                 asyncio.create_task(
@@ -215,9 +216,94 @@ async def test_a_waiting_caller_that_is_cancelled_appends_nothing(
         assert stats.waiting == 1
         await tx.rollback()  # the writers go on
         assert await asyncio.wait_for(after, 10) == 1
-        assert [await asyncio.wait_for(t, 10) for t in blocked] == [1] * WRITERS
+        assert [await asyncio.wait_for(t, 10) for t in blocked] == [1] * MAX_WRITERS
     finally:
         await holder.close()
-    assert (stats.groups, stats.combined) == (1, 0)
+    # The held appends after the first waited for a slot (each a group of one), and so
+    # did 'after'; nothing was combined.
+    assert (stats.groups, stats.combined) == (MAX_WRITERS, 0)
     assert await _stored(postgres_store, "cancelled") == []
     assert await _stored(postgres_store, "after") == [1]
+
+
+async def test_a_stream_held_by_a_transaction_holds_up_no_other_stream(
+    postgres_store: PostgresStore,
+) -> None:
+    """An append waiting for another transaction's row (the stream's next version, written
+    and not committed) has the store's one writer slot; once it has waited for longer than
+    the stall time, appends to other streams go on without it, grouped as before."""
+    stats = postgres_store.append_groups
+    holder = await asyncpg.connect(postgres_store.config.dsn)
+    try:
+        await holder.execute(f'SET search_path TO "{postgres_store.config.schema}"')
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute(
+            "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope) "
+            "VALUES ('held', 'held', 1, '\\x7b7d'::bytea)"
+        )
+        blocked = asyncio.create_task(
+            postgres_store.append("held", [Grouped(n=0)], expected_version=0)
+        )
+        await asyncio.sleep(0.1)
+        assert not blocked.done()
+        others = await asyncio.wait_for(
+            asyncio.gather(
+                *(
+                    postgres_store.append(f"o-{n}", [Grouped(n=n)], expected_version=0)
+                    for n in range(N)
+                )
+            ),
+            5,
+        )
+        assert others == [1] * N and not blocked.done()
+        assert stats.combined >= N - 2 * WRITERS
+        await tx.rollback()
+        assert await asyncio.wait_for(blocked, 10) == 1
+    finally:
+        await holder.close()
+    assert await _stored(postgres_store, "held") == [0]
+
+
+async def test_once_a_stall_ends_the_store_goes_back_to_one_writer(
+    postgres_store: PostgresStore,
+) -> None:
+    """Eight callers append in a loop while one stream is held (its append stalls and lends
+    its slot out: a second writer runs), and go on once it is released: from then on the
+    writer that is not needed stops, and each statement writes one append of every caller
+    (with two writers left running, one wrote a group and the other one append at a time)."""
+    stats = postgres_store.append_groups
+    holder = await asyncpg.connect(postgres_store.config.dsn)
+    await holder.execute(f'SET search_path TO "{postgres_store.config.schema}"')
+    tx = holder.transaction()
+    await tx.start()
+    await holder.execute(
+        "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope) "
+        "VALUES ('held', 'held', 1, '\\x7b7d'::bytea)"
+    )
+    blocked = asyncio.create_task(postgres_store.append("held", [Grouped(n=0)], expected_version=0))
+    await asyncio.sleep(0.1)
+    window: dict[str, int] = {}
+    appended = 0
+
+    async def caller(w: int) -> None:
+        nonlocal appended
+        for i in range(60):
+            if w == 0 and i == 20:
+                await tx.rollback()
+                await holder.close()
+                assert await asyncio.wait_for(blocked, 10) == 1
+            if w == 0 and i in (40, 59):
+                window[f"groups{i}"], window[f"appended{i}"] = stats.groups, appended
+            await postgres_store.append(f"c-{w}-{i}", [Grouped(n=i)], expected_version=0)
+            appended += 1
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(caller(w) for w in range(8))), 60)
+    finally:
+        if not holder.is_closed():
+            await holder.close()
+    statements = window["groups59"] - window["groups40"]
+    appends = window["appended59"] - window["appended40"]
+    assert appends >= 8 * 15
+    assert statements <= appends / 8 * 1.5, (statements, appends)

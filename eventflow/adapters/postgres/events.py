@@ -174,8 +174,8 @@ class PostgresEventLog:
         The fast path inserts with the versions the caller expects and lets the unique
         indexes reject conflicts; anything unusual (a conflict, ids already stored, a
         version the stream has not reached) goes through ``ef_append_v4``, which sorts it out.
-        Outside a transaction, at a known version, an append made while the writers are
-        busy waits and is written with the others waiting (``grouped.py``).
+        Outside a transaction, at a known version, an append made while another is being
+        written waits and is written with the others waiting (``grouped.py``).
         """
         ids, blobs, corrs = _columns(stream_id, events)
         ambient = self.db.current is not None
@@ -186,11 +186,11 @@ class PostgresEventLog:
         elif ambient or expected_version is None:
             version = await self._fast_append(stream_id, expected_version, ids, blobs, corrs)
         elif groups.free():
-            groups.hold()
+            slot = groups.hold()
             try:
                 version = await self._fast_append(stream_id, expected_version, ids, blobs, corrs)
             finally:
-                groups.release()
+                groups.release(slot)
         else:
             version = await groups.append(stream_id, expected_version, ids, blobs, corrs)
         if version is None:

@@ -1,11 +1,15 @@
 """Grouped appends: concurrent appends to several streams written in one statement.
 
 An append made outside a caller's transaction at a known version (``expected_version`` 0 or
-N) normally runs its own ``INSERT`` and commit. When every writer slot is busy (``WRITERS``
-statements in flight), it waits in a queue instead, and the next free writer takes the whole
-queue (at most ``_GROUP_EVENTS`` events, one append per stream) into one statement: one
+N) normally runs its own ``INSERT`` and commit. While a statement of the store's appends is
+in flight (``WRITERS``, one), it waits in a queue instead, and the next free writer takes the
+whole queue (at most ``_GROUP_EVENTS`` events, one append per stream) into one statement: one
 round trip, one commit, one WAL flush for the lot. While a group is being written the next
 one gathers, so groups grow with the load and a lone append waits for nothing.
+
+A statement in flight for longer than ``_STALL`` (it waits for another transaction's row
+lock, say) lends its slot out: one more writer may start, up to ``MAX_WRITERS``, so a stream
+held by a long transaction holds up its own appends, not every other stream's.
 
 The statement checks each stream's version (a scalar subquery per stream, on the statement's
 snapshot) and inserts the events of the streams that are where their caller expects; it
@@ -30,11 +34,16 @@ from typing import Any
 
 from .db import PostgresDatabase
 
-__all__ = ["WRITERS", "AppendGroups"]
+__all__ = ["MAX_WRITERS", "WRITERS", "AppendGroups"]
 
-WRITERS = 2
-"""Statements in flight at once (each a lone append or a group); appends made meanwhile wait."""
-_LINGER = 1  # event-loop turns an idle writer waits for more appends before it stops
+WRITERS = 1
+"""Statements in flight at once (each a lone append or a group); appends made meanwhile wait.
+One: the server's commits then carry as many appends as possible (with two, one slot mostly
+wrote a big group and the other one lone append after another)."""
+MAX_WRITERS = 4
+"""Statements in flight at most, counting those that lent their slot out (``_STALL``)."""
+_STALL = 0.05  # seconds in flight after which a statement no longer counts against WRITERS
+_LINGER = 1  # event-loop turns a writer waits for more appends before it takes a group
 _GROUP_EVENTS = 2000  # events per group at most (a bigger queue makes several groups)
 
 # $1/$2: each member's stream and expected version; $3..$7: each event's member (1-based),
@@ -69,6 +78,15 @@ def _loop() -> asyncio.AbstractEventLoop:
     return asyncio.get_running_loop()
 
 
+@dataclass(eq=False, slots=True)
+class _Stall:
+    """One statement in flight: when it started (the loop's clock), and whether it ran past
+    ``_STALL``."""
+
+    started: float
+    stalled: bool = False
+
+
 class AppendGroups:
     """The queue and writers of one store's grouped appends, and what they counted:
     ``groups`` (statements that wrote a group), ``combined`` (appends that went in as part
@@ -79,6 +97,9 @@ class AppendGroups:
         self._db = db
         self._queue: deque[_Append] = deque()
         self._busy = 0  # writer slots taken: lone appends and writer tasks
+        self._stalled = 0  # statements in flight for longer than _STALL
+        self._inflight: set[_Stall] = set()
+        self._timer: asyncio.TimerHandle | None = None  # the next look for stalls
         self._tasks: set[asyncio.Task[None]] = set()
         self.groups = 0
         self.combined = 0
@@ -91,16 +112,54 @@ class AppendGroups:
 
     def free(self) -> bool:
         """Whether an append may go alone now: a writer slot is free and nothing waits."""
-        return self._busy < WRITERS and not self._queue
+        return self._busy < self._slots() and not self._queue
 
-    def hold(self) -> None:
-        """Take a writer slot for a lone append (give it back with ``release``)."""
+    def hold(self) -> _Stall:
+        """Take a writer slot for a lone append's statement (give it back with
+        ``release``)."""
         self._busy += 1
+        return self._watch()
 
-    def release(self) -> None:
+    def release(self, stall: _Stall) -> None:
         """Give back a slot that ``hold`` took; a waiting queue gets a writer."""
+        self._unwatch(stall)
         self._busy -= 1
         self._start()
+
+    def _slots(self) -> int:
+        return min(WRITERS + self._stalled, MAX_WRITERS)
+
+    def _watch(self) -> _Stall:
+        """Start timing a statement: past ``_STALL``, while appends wait, it lends its slot
+        out (no timer unless an append waits: a lone writer sets none)."""
+        stall = _Stall(_loop().time())
+        self._inflight.add(stall)
+        return stall
+
+    def _unwatch(self, stall: _Stall) -> None:
+        self._inflight.discard(stall)
+        if stall.stalled:
+            self._stalled -= 1
+
+    def _look_later(self) -> None:
+        """While appends wait for a slot, look again when the oldest statement in flight
+        that still holds its slot reaches ``_STALL``."""
+        if self._timer is not None or not self._queue or self._busy < self._slots():
+            return
+        holding = [s.started for s in self._inflight if not s.stalled]
+        if holding:
+            due = min(holding) + _STALL - _loop().time()
+            self._timer = _loop().call_later(max(due, 0.0), self._look)
+
+    def _look(self) -> None:
+        self._timer = None
+        now = _loop().time()
+        for stall in self._inflight:
+            if not stall.stalled and now - stall.started >= _STALL:
+                stall.stalled = True
+                self._stalled += 1
+        self._start()
+        self._look_later()
 
     async def append(
         self, stream: str, expected: int, ids: list[str], blobs: list[bytes], corrs: list[str]
@@ -115,24 +174,33 @@ class AppendGroups:
         return await item.future
 
     def _start(self) -> None:
-        if self._queue and self._busy < WRITERS:
+        if self._queue and self._busy < self._slots():
             self._busy += 1
             task = asyncio.get_running_loop().create_task(self._write())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        else:
+            self._look_later()
 
     async def _write(self) -> None:
-        """A writer: write groups until the queue is empty, then give its slot back."""
+        """A writer: write groups until the queue is empty, then give its slot back (at
+        once if more writers run than there are slots: a slot lent out came back)."""
         try:
-            while True:
-                if not self._queue:
-                    for _ in range(_LINGER):
-                        await asyncio.sleep(0)
-                    if not self._queue:
-                        break
+            while self._busy <= self._slots():
+                # A turn of the loop first, even with appends waiting: the callers the last
+                # group answered append again meanwhile, and join the next group rather than
+                # wait for the one after it (a caller out of step would stay out of step).
+                for _ in range(_LINGER):
+                    await asyncio.sleep(0)
                 group = self._take()
-                if group:
+                if not group:
+                    break
+                stall = self._watch()
+                self._look_later()  # appends it left queued (a second one to a stream)
+                try:
                     await self._write_group(group)
+                finally:
+                    self._unwatch(stall)
         finally:
             self._busy -= 1
             self._start()
