@@ -6,11 +6,9 @@ the BEGIN and the append goes inside the transaction as usual."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
 import pytest
+from pg_statements import statements
 
 from eventflow import ConcurrencyError, Event, StoreError
 from eventflow.adapters.postgres import PostgresStore
@@ -31,22 +29,6 @@ def _command(n: int) -> tuple[str, Envelope]:
     return "it.alone.command", envelope_for(Alone(n=n), source="test")
 
 
-@contextmanager
-def _statements(store: PostgresStore) -> Iterator[list[str]]:
-    """The statements sent on the context's open transaction's connection meanwhile."""
-    conn: Any = store.db.current
-    seen: list[str] = []
-
-    def log(record: Any) -> None:
-        seen.append(record.query)
-
-    conn.add_query_logger(log)
-    try:
-        yield seen
-    finally:
-        conn.remove_query_logger(log)
-
-
 def _ours(seen: list[str]) -> list[str]:
     # (asyncpg's own look-ups of a type, once per connection, are not the store's)
     return [q for q in seen if "ef_" in q or q.startswith(("BEGIN", "COMMIT", "ROLLBACK"))]
@@ -61,7 +43,7 @@ async def test_the_last_write_alone_is_the_transaction(postgres_store: PostgresS
     settlement's mark sends nothing, and any statement after it raises."""
     sends = [_command(1)]
     async with postgres_store.transaction() as tx:
-        with _statements(postgres_store) as seen:
+        with statements(postgres_store) as seen:
             version = await postgres_store.append_riding(
                 "s-1",
                 [Alone(n=1)],
@@ -86,7 +68,7 @@ async def test_a_transaction_that_ran_nothing_sends_no_begin(
     postgres_store: PostgresStore,
 ) -> None:
     async with postgres_store.transaction():
-        with _statements(postgres_store) as seen:
+        with statements(postgres_store) as seen:
             pass
     assert _ours(seen) == []
 
@@ -98,7 +80,7 @@ async def test_after_a_read_the_last_write_goes_inside_the_transaction(
     append is the usual one, inside, committed by the COMMIT."""
     await postgres_store.append("s-2", [Alone(n=0)], expected_version=0)
     async with postgres_store.transaction():
-        with _statements(postgres_store) as seen:
+        with statements(postgres_store) as seen:
             version = await postgres_store.stream_version("s-2")
             await postgres_store.append_riding(
                 "s-2", [Alone(n=1)], [], expected_version=version, last=True

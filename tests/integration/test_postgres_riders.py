@@ -4,12 +4,10 @@ slow path sorted out, never after a conflict."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
+from pg_statements import statements
 
 from eventflow import ConcurrencyError, Event
 from eventflow.adapters.postgres import PostgresStore
@@ -30,22 +28,6 @@ class Appended(Event, type="it.riders.item"):
 
 def _command(n: int) -> tuple[str, Envelope]:
     return "it.riders.command", envelope_for(Appended(n=n), source="test")
-
-
-@contextmanager
-def _statements(store: PostgresStore) -> Iterator[list[str]]:
-    """The statements sent on the context's open transaction's connection meanwhile."""
-    conn: Any = store.db.current
-    seen: list[str] = []
-
-    def log(record: Any) -> None:
-        seen.append(record.query)
-
-    conn.add_query_logger(log)
-    try:
-        yield seen
-    finally:
-        conn.remove_query_logger(log)
 
 
 async def _outbox(store: PostgresStore) -> list[str]:
@@ -75,7 +57,7 @@ async def test_a_saga_transition_is_one_statement(postgres_store: PostgresStore)
     )
     sends = [_command(1)]
     async with postgres_store.transaction() as tx:
-        with _statements(postgres_store) as seen:
+        with statements(postgres_store) as seen:
             version = await tables.append(
                 tx, "saga-o-1", [Appended(n=1), Appended(n=2)], 0, writes, sends
             )
@@ -116,7 +98,7 @@ async def test_riders_follow_an_append_the_slow_path_sorted_out(
     await postgres_store.append("ids", [stored], expected_version=0)
     sends = [_command(2)]
     async with postgres_store.transaction():
-        with _statements(postgres_store) as seen:
+        with statements(postgres_store) as seen:
             version = await postgres_store.append_riding(
                 "ids",
                 [stored, envelope_for(Appended(n=2), source="test")],
@@ -157,7 +139,7 @@ async def test_the_dedup_entry_rides_on_the_append_and_is_not_marked_again(
     tables = tables_for(postgres_store)
     await tables.setup()
     async with postgres_store.transaction() as tx:
-        with _statements(postgres_store) as seen:
+        with statements(postgres_store) as seen:
             await tables.append(
                 tx, "saga-o-9", [Appended(n=1)], 0, _saga_writes(("g", "m-1")), [_command(1)]
             )
