@@ -106,7 +106,9 @@ async def test_rebuild_equals_live_with_20000_events(store_url: str, waiter: Wai
             async def caught_up() -> bool:
                 return await store.checkpoints.get(live.name) == EVENTS
 
-            await waiter(caught_up, timeout=30, what="live projection caught up")
+            # Not a speed check: the live runner is often 19,000 events behind when the last
+            # append commits and, beside the whole suite, applies them at under 1,000/s.
+            await waiter(caught_up, timeout=120, what="live projection caught up")
         live_state = await _state(store, live)
         assert live_state["levels"] and len(live_state["levels"]) == 7
         if isinstance(live, StockLevels):
