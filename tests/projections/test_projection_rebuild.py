@@ -75,6 +75,7 @@ async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
             yield url
 
 
+@pytest.mark.timeout(240)
 async def test_rebuild_equals_live_with_20000_events(store_url: str, waiter: Waiter) -> None:
     memory = store_url.startswith("memory:")
     async with opened(store_url) as store:
@@ -108,7 +109,7 @@ async def test_rebuild_equals_live_with_20000_events(store_url: str, waiter: Wai
 
             # Not a speed check: the live runner is often 19,000 events behind when the last
             # append commits and, beside the whole suite, applies them at under 1,000/s.
-            await waiter(caught_up, timeout=120, what="live projection caught up")
+            await waiter(caught_up, timeout=90, what="live projection caught up")
         live_state = await _state(store, live)
         assert live_state["levels"] and len(live_state["levels"]) == 7
         if isinstance(live, StockLevels):
