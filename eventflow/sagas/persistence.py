@@ -189,22 +189,18 @@ class SagaStore:
             data: dict[str, Any] = t.as_dict()
             if i == last:
                 data["saga"] = {"name": definition.name, "key": key, **saved}
-            env_id = hashed_id(origin_ms, saga_id, origin, str(i))
-            # Envelope.create's fields, built here: every value is checked already (the
-            # time is the machine's UTC datetime).
-            fields = {
-                "id": env_id,
-                "type": TRANSITION_TYPE,
-                "version": 1,
-                "source": source,
-                "time": t.at,
-                "correlation_id": correlation or env_id,
-                "causation_id": causation,
-                "key": key,
-                "headers": {},
-                "data": data,
-            }
-            out.append(Envelope._trusted(fields))
+            out.append(
+                Envelope.create(
+                    TRANSITION_TYPE,
+                    data,
+                    source=source,
+                    id=hashed_id(origin_ms, saga_id, origin, str(i)),
+                    key=key,
+                    correlation_id=correlation,
+                    causation_id=causation,
+                    time=t.at,
+                )
+            )
         return out
 
     # -- index, timers -------------------------------------------------------
