@@ -165,13 +165,21 @@ async def test_other_types_caused_by_the_command_are_not_replies(
 ) -> None:
     """The participant publishes ``StockChecked`` (on its own topic and on the reply's)
     before it answers: a request expecting ``StockChecked | StockReserved`` returns the
-    first, one expecting ``StockReserved`` skips both and returns the reply."""
+    first, one expecting ``StockReserved`` skips both and returns the reply.
+
+    The commands are keyed by order, so the participant's messages keep the key and the
+    reply topic's ``StockChecked`` comes before its ``StockReserved`` on every broker (on
+    Kafka, keyless messages of one topic land on any partition, in no order between them:
+    "first" would be whichever partition's fetch came back first)."""
     async with place.app("orders") as orders:
         first = await orders.request(
-            ReserveStock(order_id="o-4"), expect=StockChecked | StockReserved, timeout=30.0
+            ReserveStock(order_id="o-4"),
+            expect=StockChecked | StockReserved,
+            timeout=30.0,
+            key="o-4",
         )
         reply = await orders.request(
-            ReserveStock(order_id="o-5"), expect=StockReserved, timeout=30.0
+            ReserveStock(order_id="o-5"), expect=StockReserved, timeout=30.0, key="o-5"
         )
         assert first == StockChecked(order_id="o-4")
         assert reply == StockReserved(order_id="o-5", left=9)
