@@ -3,7 +3,7 @@
     PYTHONPATH=.:tests python tests/faults/saga_app.py BROKER_URL STORE_URL SAGA
 
 runs ``App("fx-sagas", sagas=[...])`` with the sagas named in SAGA (``order``, ``late``,
-``timer``, ``quick``, comma separated) until SIGTERM, printing ``ready`` once its
+``timer``, ``quick``, ``heldreply``, comma separated) until SIGTERM, printing ``ready`` once its
 subscriptions are live. The tests SIGKILL it, SIGSTOP it and start it again.
 
 The participants (:func:`participants`) run in the test's own process, on a store of their
@@ -22,6 +22,7 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -40,6 +41,13 @@ LATE_SHIP_TIMEOUT = 2.0
 """Seconds the late-order saga waits for shipping that never comes."""
 QUICK_TIMEOUT = 1.0
 """Seconds the quick saga waits for its one step."""
+HELD_REPLY_TIMEOUT = 3.0
+"""Seconds the held-reply saga waits for its one step: room for the test to publish the
+replies before the deadlines on a loaded machine, and under the claims' expiry after a kill
+(``HELD_REPLY_ACK_WAIT``)."""
+HELD_REPLY_ACK_WAIT = 3.0
+"""``ack_wait`` of the held-reply test's stream: a killed member's partitions pass on about
+4.75 s after the kill (``lease_ttl``, see :func:`nats_saga_url`), past the deadlines."""
 HOLD_TIMEOUT = 6.0
 """Seconds the timer saga's step waits for an answer that never comes."""
 
@@ -160,6 +168,24 @@ class FxQuickSaga(Saga, name="fxquick", start=FxQuickPlaced, key="order_id"):
         return FxShip(order_id=self.order_id)
 
 
+class FxHeldReplyPlaced(Event, type="fxsaga.heldreply.placed"):
+    order_id: str
+
+
+class FxHeldReplySaga(Saga, name="fxheldreply", start=FxHeldReplyPlaced, key="order_id"):
+    """The quick saga with a longer deadline (``HELD_REPLY_TIMEOUT``), for the test whose
+    replies must reach the broker before their deadlines while a killed member holds them."""
+
+    order_id: str = ""
+
+    def started(self, e: FxHeldReplyPlaced) -> None:
+        self.order_id = e.order_id
+
+    @step(reply=FxShipped, timeout=HELD_REPLY_TIMEOUT)
+    def ship(self) -> Event:
+        return FxShip(order_id=self.order_id)
+
+
 # -- the timer saga --------------------------------------------------------------------------
 
 
@@ -213,6 +239,7 @@ SAGAS: dict[str, type[Saga]] = {
     "late": FxLateSaga,
     "timer": FxTimerSaga,
     "quick": FxQuickSaga,
+    "heldreply": FxHeldReplySaga,
 }
 
 # -- participants ----------------------------------------------------------------------------
@@ -237,11 +264,13 @@ async def _effect(ctx: Context, entity: str, what: str) -> None:
 
 class ShippingGate:
     """Holds shipping back: ``arrived`` is set when a ship command came, and the participant
-    answers it once ``opened`` is set."""
+    answers it once ``opened`` is set; ``published`` has, per order, when its reply's publish
+    returned (the broker had stored it), on the wall clock (UTC)."""
 
     def __init__(self) -> None:
         self.arrived = asyncio.Event()
         self.opened = asyncio.Event()
+        self.published: dict[str, datetime] = {}
 
 
 def participants(gate: ShippingGate | None = None) -> list[Any]:
@@ -281,6 +310,8 @@ def participants(gate: ShippingGate | None = None) -> list[Any]:
             await gate.opened.wait()
         await _effect(ctx, cmd.order_id, "shipped")
         await ctx.publish(FxShipped(order_id=cmd.order_id))
+        if gate is not None:
+            gate.published[cmd.order_id] = datetime.now(UTC)
 
     @subscribe(FxHold.event_type, group="fx.holder", concurrency=8)
     async def hold(cmd: FxHold, ctx: Context) -> None:
@@ -302,14 +333,14 @@ def participants(gate: ShippingGate | None = None) -> list[Any]:
 # -- for the tests: the saga process from outside, and reading the stores -------------------
 
 
-def nats_saga_url(nats_base: str, prefix: str) -> str:
+def nats_saga_url(nats_base: str, prefix: str, ack_wait: float = 1.0) -> str:
     """A NATS URL on a stream of the test's own, with short claims and acks (a killed
-    member's partitions and unacked messages pass on within about 2 s: ``lease_ttl``
-    defaults to ``ack_wait + ack_wait/3 + pull_expires + 0.5``)."""
+    member's partitions and unacked messages pass on within about 2 s at the default
+    ``ack_wait``: ``lease_ttl`` defaults to ``ack_wait + ack_wait/3 + pull_expires + 0.5``)."""
     stream = unique_name(prefix).upper()
     return (
-        f"{nats_base}?stream={stream}&ack_wait=1&pull_expires=0.25&heartbeat_interval=0.25"
-        "&partitions=4"
+        f"{nats_base}?stream={stream}&ack_wait={ack_wait:g}&pull_expires=0.25"
+        "&heartbeat_interval=0.25&partitions=4"
     )
 
 
