@@ -65,6 +65,16 @@ async def _other_process_applies(url: str, event: Event) -> None:
             await sagas.handling.message(tx, CommitSaga, event, env)
 
 
+async def _start(app: App, waiter: Wait) -> None:
+    """Start the saga of o-1 and wait for its command (this app now guesses the saga)."""
+    await app.publish(CcPlaced(order_id="o-1"), key="o-1")
+
+    async def started() -> bool:
+        return "command-sent" in await _kinds(app)
+
+    await waiter(started, timeout=TIMEOUT, what="the saga sent its command")
+
+
 def _stats(app: App, event_type: str) -> dict[str, Any]:
     stats: dict[str, Any] = app.stats()[f"{GROUP}:{event_type}"]
     return stats
@@ -75,12 +85,7 @@ async def test_a_guess_found_wrong_at_the_commit_is_applied_again_without_an_att
 ) -> None:
     app = App("sagacommit", broker=broker_url, store=sqlite_url, sagas=[CommitSaga])
     async with app:
-        await app.publish(CcPlaced(order_id="o-1"), key="o-1")
-
-        async def started() -> bool:
-            return "command-sent" in await _kinds(app)
-
-        await waiter(started, timeout=TIMEOUT, what="the saga sent its command")
+        await _start(app, waiter)
         # Another process completes the saga: this app's guess (waiting on reserve) is old.
         await _other_process_applies(sqlite_url, CcReserved(order_id="o-1"))
         await app.publish(CcReserved(order_id="o-1"), key="o-1")  # a second reply: late
@@ -105,12 +110,7 @@ async def test_a_guess_that_holds_is_not_applied_again(
     """The usual case: the guess holds, nothing is applied again, the saga completes."""
     app = App("sagacommit", broker=broker_url, store=sqlite_url, sagas=[CommitSaga])
     async with app:
-        await app.publish(CcPlaced(order_id="o-1"), key="o-1")
-
-        async def started() -> bool:
-            return "command-sent" in await _kinds(app)
-
-        await waiter(started, timeout=TIMEOUT, what="the saga sent its command")
+        await _start(app, waiter)
         await app.publish(CcReserved(order_id="o-1"), key="o-1")
 
         async def completed() -> bool:
