@@ -14,7 +14,9 @@ the memory store's Python):
 and the same with ``--orders 100``: (instructions of 300 - of 100) / 200 per order.
 ``--mark`` also records each input's dedup entry in its transaction, as the consumer does
 around the saga's handler (on PostgreSQL it rides on the append, and a handling that
-guessed its saga is one statement without BEGIN and COMMIT).
+guessed its saga is one statement without BEGIN and COMMIT), and has the version checked
+at the commit, as the runtime's handler does (on SQLite the append travels with the
+COMMIT).
 
     python benchmarks/bench_saga_handling.py [--store memory|sqlite|postgres] [--orders 300]
         [--concurrency 8] [--postgres-url URL]
@@ -53,9 +55,13 @@ async def _order(sagas: Sagas, store: Store, order_id: str, mark: bool = False) 
         bench.OrderShipped(order_id=order_id),
     ]
     handling, definition = sagas.handling, bench.BenchOrderSaga.definition
-    # The group whose entry rides on the save (code before that knows no group= argument).
-    rides = mark and "group" in inspect.signature(handling.message).parameters
-    extra = {"group": GROUP} if rides else {}
+    # The group whose entry rides on the save (code before that knows no group= argument),
+    # and the version checked at the commit, as the runtime's handler asks (SQLite: the
+    # append travels with the COMMIT; the bench's guesses always hold).
+    takes = inspect.signature(handling.message).parameters
+    extra: dict[str, object] = {"group": GROUP} if mark and "group" in takes else {}
+    if extra and "checked_at_commit" in takes:
+        extra["checked_at_commit"] = True
     cause: str | None = None
     for event in inputs:
         env = envelope_for(event, source="bench", key=order_id, causation_id=cause)

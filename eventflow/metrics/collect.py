@@ -210,10 +210,12 @@ class Sampler:
 
     @property
     def conflicts(self) -> int:
-        """Saga transitions that found their stream changed and were applied again."""
+        """Saga transitions that found their stream changed and were applied again: by the
+        saga layer (at the append), or by the pipeline (at the commit, SQLite)."""
         if self.sagas is None or not self.sagas.classes:
             return 0
-        return self.app.sagas.conflicts
+        again = sum(c.stats.applied_again for c in self.app.consumers)
+        return self.app.sagas.conflicts + again
 
 
 def _bind(fn: Callable[..., Awaitable[None]], *args: object) -> Callable[[], Awaitable[None]]:

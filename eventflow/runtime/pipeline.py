@@ -5,7 +5,8 @@ skip if the dedup store has its id (``HandlerSpec.dedup_at_commit``: found at th
 -> decode the typed event (upcast, validate) -> a compensation whose command the group has
 not handled cancels it instead (``compensation``) -> call the handler with a soft timeout,
 retrying with backoff -> settle its transaction, if it opened one -> send what it published
--> mark the id handled -> ack. Bad input and exhausted retries go to the dead-letter store
+-> mark the id handled -> ack (a stream found moved at the commit: applied again at once,
+no attempt spent). Bad input and exhausted retries go to the dead-letter store
 before the ack, so nothing is lost. What a failed attempt leads to is ``outcomes.decide``'s:
 a rejection (``Reject``, ``give_up_on``) is dead-lettered at once, a ``RetryLater`` is given
 back to the broker with its delay (the worker goes on), anything else is retried in place
@@ -49,7 +50,7 @@ from .host import ConsumerHost
 from .letters import Letters
 from .lookups import Lookups
 from .outcomes import Verdict, decide
-from .settlement import Settlement
+from .settlement import MovedAtCommit, Settlement
 from .stats import ConsumerStats
 from .watchdog import Watch
 
@@ -62,6 +63,7 @@ _log = logging.getLogger("eventflow.consumer")
 _FAILURE_BACKOFF = 0.05
 _FAILURE_BACKOFF_MAX = 5.0
 _RECORDED_MAX = 10_000  # ids with an attempt record this process knows of (bounded)
+_MOVED_MAX = 50  # a message applied again at once when its commit found a stream moved
 
 
 class CrashLoopError(Exception):
@@ -221,7 +223,7 @@ class Pipeline:
                 if failures is None:
                     return False  # dead-lettered as a crash loop
                 attempt = failures
-            policy = spec.retry
+            policy, moved = spec.retry, 0
             while True:
                 attempt += 1
                 ctx = Context(self.host, env, group, attempt, fields=fields)
@@ -237,6 +239,10 @@ class Pipeline:
                         )
                         await delivery.ack()
                         break
+                    if isinstance(error, MovedAtCommit) and moved < _MOVED_MAX:
+                        moved, attempt = moved + 1, attempt - 1  # no attempt spent
+                        stats.applied_again += 1
+                        continue
                 if isinstance(error, GivenBack):
                     raise error  # a limit refused it: given back, no attempt (limits.pause)
                 if error is None:

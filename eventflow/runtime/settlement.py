@@ -12,7 +12,10 @@ dedup entry (``AlreadyHandled``), rolls back and is acked as a duplicate. So doe
 that a compensation cancelled while its handler ran (``compensation.py``): the
 compensation's transaction recorded it first, and the handler's effects roll back. A
 failure of eventflow's own writes or of the commit is a failure around the handler, not an
-attempt: it raises, and the consumer gives the message back.
+attempt: it raises, and the consumer gives the message back. But a stream found moved at
+the commit (a version checked there: SQLite's saga appends, ``Writes.checked_at_commit``)
+is ``MovedAtCommit``: rolled back, the message is applied again at once, in a fresh
+transaction, without spending an attempt.
 """
 
 from __future__ import annotations
@@ -21,15 +24,20 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..context import Context
-from ..errors import AlreadyHandled
+from ..errors import AlreadyHandled, ConcurrencyError
 from ..ports import Store
 
 if TYPE_CHECKING:
     from ..telemetry.tracing import Tracing
 
-__all__ = ["Settlement"]
+__all__ = ["MovedAtCommit", "Settlement"]
 
 _log = logging.getLogger("eventflow.consumer")
+
+
+class MovedAtCommit(Exception):
+    """The commit found a stream moved since the handler read or guessed it (its version
+    checked at the commit): everything rolled back; apply the message again."""
 
 
 class Settlement:
@@ -90,6 +98,8 @@ class Settlement:
             await ctx._finish_transaction(None)
         except AlreadyHandled as exc:
             return exc  # found at the commit (SQLite sends its writes then): rolled back
+        except ConcurrencyError as exc:
+            return MovedAtCommit(str(exc))  # rolled back: to apply again
         ctx._committed = True
         return None
 

@@ -38,6 +38,10 @@ class ConsumerStats:
     store) while a compensation cancelled them: they took effect and their compensation was
     not handled. Each is logged as an error: it needs a person."""
 
+    applied_again: int = 0
+    """Handlings whose commit found a stream moved since the handler read or guessed it
+    (SQLite's saga appends check their version at the commit): rolled back and applied
+    again at once, in a fresh transaction, no attempt spent."""
     limited: int = 0
     """Messages given back untouched by a limit (its breaker open, or no slot in time): no
     attempt spent; they are handled later."""

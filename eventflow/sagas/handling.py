@@ -97,6 +97,7 @@ class Handling:
         after_commit: AfterCommit | None = None,
         send: bool = False,
         handled: tuple[str, str] | None = None,
+        checked_at_commit: bool = False,
     ) -> Machine | None:
         """Load the saga of ``key``, let ``run`` apply one input and save the outcome in
         ``tx``, again while the stream moved meanwhile. The first try guesses instead of
@@ -106,11 +107,14 @@ class Handling:
         the recent ones). ``send``: queue the saved input's commands (:meth:`sends`) in the
         store's outbox too, with the save (with tracing on, after it, each in a span).
         ``handled``: the dedup entry (group, message id) of the input, which may ride on
-        the save (``Writes.handled``)."""
+        the save (``Writes.handled``). ``checked_at_commit``: the caller applies the input
+        again when the commit of ``tx`` raises ``ConcurrencyError`` (``Writes``)."""
+        args = (after_commit, send, handled, checked_at_commit)
         if self.tracing is None:
-            return await self._apply(tx, cls, key, run, cause, new, after_commit, send, handled)
+            return await self._apply(tx, cls, key, run, cause, new, *args)
         with self.tracing.saga(cls.definition.name, key) as span:
-            machine = await self._apply(tx, cls, key, run, cause, new, after_commit, False, handled)
+            args = (after_commit, False, handled, checked_at_commit)
+            machine = await self._apply(tx, cls, key, run, cause, new, *args)
             if machine is not None:
                 control = machine.control
                 self.tracing.saga_state(span, control.at, control.status.value)
@@ -129,6 +133,7 @@ class Handling:
         after_commit: AfterCommit | None,
         send: bool,
         handled: tuple[str, str] | None,
+        checked_at_commit: bool,
     ) -> Machine | None:
         definition = cls.definition
         persistence = self.persistence
@@ -160,6 +165,7 @@ class Handling:
                     handled=handled,
                     # The commands go with the save (send), the mark rides: nothing after.
                     last=send and handled is not None,
+                    checked_at_commit=checked_at_commit,
                 )
             except ConcurrencyError:
                 if loaded is not None:  # not a start that guessed wrong: a saga moved
@@ -196,11 +202,12 @@ class Handling:
         after_commit: AfterCommit | None = None,
         send: bool = False,
         group: str | None = None,
+        checked_at_commit: bool = False,
     ) -> Machine | None:
         """Apply the message ``env`` (decoded: ``event``) to its saga in ``tx``; None when
-        it names no saga key (counted in ``stray``). ``after_commit``, ``send``: see
-        :meth:`apply`; ``group``: the consumer group handling it, whose dedup entry of
-        ``env`` may then ride on the save (``Writes.handled``)."""
+        it names no saga key (counted in ``stray``). ``after_commit``, ``send``,
+        ``checked_at_commit``: see :meth:`apply`; ``group``: the consumer group handling
+        it, whose dedup entry of ``env`` may then ride on the save (``Writes.handled``)."""
         definition = cls.definition
         key = key_of(definition, event, env.key)
         if key is None:
@@ -242,6 +249,7 @@ class Handling:
             after_commit=after_commit,
             send=send,
             handled=None if group is None else (group, env.id),
+            checked_at_commit=checked_at_commit and group is not None,
         )
 
     def _early(self, cls: type[Saga], raw: dict[str, object]) -> Early:

@@ -135,14 +135,15 @@ class SagaStore:
         sends: Sequence[tuple[str, Envelope]] = (),
         handled: tuple[str, str] | None = None,
         last: bool = False,
+        checked_at_commit: bool = False,
     ) -> Callable[[], None]:
         """Append the outcome's transitions (checking the stream is still at
         ``loaded_version``: ``ConcurrencyError`` otherwise, with nothing written), then
         update the timers, the index when the status is not ``was`` (the status loaded;
         None: a saga not stored yet) and queue ``sends`` in the outbox, all in ``tx``: the
         tables ride on the append (:meth:`~eventflow.sagas.tables.SagaTables.append`), and
-        so may the dedup entry ``handled`` (``Writes.handled``); ``last``: see
-        ``Writes.last``.
+        so may the dedup entry ``handled`` (``Writes.handled``); ``last``,
+        ``checked_at_commit``: see ``Writes``.
         Returns what to call once ``tx`` committed (the saga joins the recent ones)."""
         key = control.key
         saga_id = definition.stream_prefix + key
@@ -157,7 +158,7 @@ class SagaStore:
             NewTimer(name, due - now, token) for name, (due, token) in outcome.timers_set.items()
         ]
         cancelled = tuple(outcome.timers_cancelled)
-        writes = Writes(row, timers, cancelled, status != was, handled, last)
+        writes = Writes(row, timers, cancelled, status != was, handled, last, checked_at_commit)
         version = await self.tables.append(tx, saga_id, envelopes, loaded_version, writes, sends)
         kept, copied = orjson.dumps(state), control.copy()
         return lambda: self._remember(saga_id, version, kept, copied)

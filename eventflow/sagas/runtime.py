@@ -253,10 +253,19 @@ class SagaRuntime:
         # No effect outside the transaction: the commands go to the outbox with the saga's
         # save (on PostgreSQL in its append's statement), wake-ups after its commit; so a
         # duplicate rolls back whole at its dedup entry (``dedup_at_commit``), which rides
-        # on the save where the store can (PostgreSQL: in the append's statement).
+        # on the save where the store can (PostgreSQL: in the append's statement). A stream
+        # found moved at the commit (SQLite checks the version there) is applied again by
+        # the pipeline, in a fresh transaction.
         async with ctx.transaction() as tx:
             machine = await handling.message(
-                tx, cls, event, env, after_commit=ctx._after_commit, send=True, group=ctx.group
+                tx,
+                cls,
+                event,
+                env,
+                after_commit=ctx._after_commit,
+                send=True,
+                group=ctx.group,
+                checked_at_commit=True,
             )
         if machine is None:
             self.timers.after_handling(ctx, cls.definition, {}, 0.0)

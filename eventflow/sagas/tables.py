@@ -96,6 +96,13 @@ class Writes:
     """Nothing else is written in ``tx`` after this append (the consumer's mark of
     ``handled`` aside): an adapter may then send it as a transaction of its own when
     nothing ran in ``tx`` before (PostgreSQL: no BEGIN, no COMMIT)."""
+    checked_at_commit: bool = False
+    """The caller applies its input again, in a fresh transaction, when the commit of
+    ``tx`` raises ``ConcurrencyError`` (the consumer's pipeline does): an adapter may then
+    check the version with the commit instead of at the append (SQLite: the append
+    travels with the ``COMMIT``, one trip to the database thread less). Only with
+    ``handled``: the commit raises ``AlreadyHandled`` when the events are stored already
+    (a copy of a message handled before)."""
 
 
 class SagaTables(Protocol):

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from ...envelope import Envelope, stored_envelopes
-from ...errors import ConcurrencyError, ConfigurationError, LeaseLostError
+from ...errors import AlreadyHandled, ConcurrencyError, ConfigurationError, LeaseLostError
 from ...events import Event
 from ...leases import DEFAULT_LEASE_TTL, FENCE_NEEDS_TX, Lease, Wakeups, hold_lease, new_owner
 from ...ports import RecordedEvent, Snapshot, Transaction
@@ -126,6 +126,24 @@ class SqliteEventLog:
         version = await self.db.run(self._append, stream_id, envelopes, expected_version)
         self._appended.set()
         return version
+
+    async def append_at_commit(
+        self,
+        tx: Transaction,
+        stream_id: str,
+        events: Sequence[Event | Envelope],
+        expected_version: int,
+        handled: tuple[str, str],
+    ) -> int:
+        """Queue an append at ``expected_version`` in ``tx``: it runs with the ``COMMIT``
+        (``SqliteDatabase.queue``), one trip to the thread less. Returns the version the
+        commit gives the stream. The commit raises ``ConcurrencyError`` if the stream moved
+        meanwhile, and ``AlreadyHandled(*handled)`` (the dedup entry of the message that
+        caused the events) if some of them are stored already; nothing is kept either way."""
+        envelopes = prepare_append(stream_id, events)
+        await self.db.queue(tx, _append_checked, stream_id, envelopes, expected_version, handled)
+        self._appended.set()  # as an append inside a transaction does
+        return expected_version + len(envelopes)
 
     @staticmethod
     def _append(
@@ -263,6 +281,18 @@ class SqliteEventLog:
         return Snapshot(
             stream_id, int(version), orjson.loads(state), datetime.fromisoformat(str(taken_at))
         )
+
+
+def _append_checked(
+    conn: sqlite3.Connection,
+    stream_id: str,
+    envelopes: list[Envelope],
+    expected: int,
+    handled: tuple[str, str],
+) -> None:
+    """On the thread, with the ``COMMIT``: see ``SqliteEventLog.append_at_commit``."""
+    if SqliteEventLog._append(conn, stream_id, envelopes, expected) != expected + len(envelopes):
+        raise AlreadyHandled(*handled)  # events of that message's handling are stored
 
 
 class SqliteCheckpoints:

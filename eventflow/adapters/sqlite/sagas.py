@@ -6,15 +6,31 @@ The tables and their rows are those of :class:`~eventflow.sagas.tables.SqlSagaTa
 queued (``SqliteDatabase.queue``, as the outbox rows and the dedup entry of a handling are)
 and travel to the thread with the transaction's next statement or its ``COMMIT``. A write
 that fails refuses the transaction, as one run at once would have. A trip costs more than
-these small statements (``db.py``): a saga handling made three or four trips, now two.
+these small statements (``db.py``): a saga handling made three or four trips, then two.
+
+The append itself is queued too when its caller applies the input again on a conflict
+found at the commit (``Writes.checked_at_commit``: the consumer's pipeline does): the
+version check and the events travel with the ``COMMIT``, so a handling that guessed its
+saga makes one trip. A wrong guess then raises ``ConcurrencyError`` from the commit
+(everything rolled back); events stored already (a copy of a message whose handling
+committed: the transition ids come from the message's) raise ``AlreadyHandled`` there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from ...envelope import Envelope
 from ...ports import Transaction
-from ...sagas.tables import DROP_TIMER, IndexRow, NewTimer, SqlSagaTables, TimerRow, tables_for
+from ...sagas.tables import (
+    DROP_TIMER,
+    IndexRow,
+    NewTimer,
+    SqlSagaTables,
+    TimerRow,
+    Writes,
+    tables_for,
+)
 from .params import to_sqlite
 from .store import SqliteStore
 from .transaction import changed
@@ -27,7 +43,30 @@ class SqliteSagaTables(SqlSagaTables):
 
     def __init__(self, store: SqliteStore) -> None:
         super().__init__(store)
+        self._sqlite = store
         self._db = store.db
+
+    async def append(
+        self,
+        tx: Transaction,
+        stream_id: str,
+        envelopes: Sequence[Envelope],
+        expected_version: int,
+        writes: Writes,
+        sends: Sequence[tuple[str, Envelope]] = (),
+    ) -> int:
+        """With ``writes.checked_at_commit`` (and ``handled``): the append, the table
+        writes and the commands all queued for the ``COMMIT`` (see the module docstring);
+        returns the version the commit gives the stream. Otherwise as the SQL tables do."""
+        handled = writes.handled
+        if not writes.checked_at_commit or handled is None or tx is None:
+            return await super().append(tx, stream_id, envelopes, expected_version, writes, sends)
+        store = self._sqlite
+        version = await store.append_at_commit(tx, stream_id, envelopes, expected_version, handled)
+        await self.save(tx, writes.row, writes.timers, writes.cancelled, index=writes.index)
+        if sends:
+            await store.outbox.add(sends, tx=tx)
+        return version
 
     async def save(
         self,
