@@ -259,7 +259,7 @@ class NatsBroker:
         subject = f"{cfg.prefix}.{partition}.{topic}"
         # The server's duplicate window knows a message by its send id: a deliberate
         # re-send's own (eventflow-send-id), else the envelope id, else one for this call.
-        hdrs = wire_headers(headers, key)
+        hdrs = wire_headers(headers, key, payload)
         size = len(payload) + header_bytes(hdrs)
         if size > nc.max_payload:
             # The server would answer a PUB over its max_payload by closing the connection.

@@ -10,10 +10,20 @@ given): a delivery gets its ``eventflow-id`` back from ``Nats-Msg-Id``. A publis
 an envelope id sends ``eventflow-id`` empty beside a random ``Nats-Msg-Id``, and its
 delivery has no ``eventflow-id``. Each header costs the client a parse per delivery and a
 build per publish; this one was the same 36 characters twice.
+
+The key travels once too. An envelope in eventflow's wire form carries it (``"key":"..."``),
+so ``eventflow-key`` is sent only where the payload does not give the publish's key by the
+rule :func:`payload_key` reads it back with (raw bytes, another key, a key with a quote),
+and ``eventflow-no-key`` where a keyless publish's payload would give one. A delivery's key
+is the header's, else None under ``eventflow-no-key``, else :func:`payload_key` of its
+payload, read when first asked for (a consumer with one worker never asks): the same rule
+on the same bytes on both sides, so it is always the publish's key. A producer other than
+eventflow that sends an envelope without these headers gets the key its payload names.
 """
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -21,11 +31,14 @@ from typing import Any, Protocol
 from ...headers import KEY_HEADER, MESSAGE_ID_HEADER, SEND_ID_HEADER
 
 __all__ = [
+    "IN_PAYLOAD",
     "MSG_ID_HEADER",
+    "NO_KEY_HEADER",
     "NO_MESSAGE_ID",
     "NatsDelivery",
     "Settler",
     "parse_reply",
+    "payload_key",
     "split_headers",
     "wire_headers",
 ]
@@ -34,7 +47,18 @@ MSG_ID_HEADER = "Nats-Msg-Id"
 """JetStream's de-duplication id (the send id), removed from ``Delivery.headers``."""
 NO_MESSAGE_ID = ""
 """The ``eventflow-id`` of a publish without an envelope id (its ``Nats-Msg-Id`` is random)."""
-_INTERNAL = frozenset((KEY_HEADER, MSG_ID_HEADER))
+NO_KEY_HEADER = "eventflow-no-key"
+"""Sent on a keyless publish whose payload names a key: the delivery's key is None."""
+_INTERNAL = frozenset((KEY_HEADER, MSG_ID_HEADER, NO_KEY_HEADER))
+_KEY_FIELD = b',"key":"'
+
+
+class _Key(enum.Enum):
+    IN_PAYLOAD = enum.auto()
+
+
+IN_PAYLOAD = _Key.IN_PAYLOAD
+"""The key :func:`split_headers` gives a delivery whose key is its payload's."""
 _EMPTY: Mapping[str, str] = {}
 
 
@@ -49,10 +73,34 @@ def parse_reply(reply: str) -> tuple[str, int, int, int]:
     return tokens[5], int(tokens[6]), int(tokens[7]), int(tokens[8])
 
 
-def wire_headers(headers: Mapping[str, str] | None, key: str | None) -> dict[str, str]:
-    """The NATS headers of a publish of ``key`` with the caller's ``headers``: the send id
-    as ``Nats-Msg-Id`` (a deliberate re-send's own, else the envelope id, which then is not
-    sent a second time, else a random one), and the key; :func:`split_headers` undoes it."""
+def payload_key(payload: bytes) -> str | None:
+    """The key of a delivery that no header names: the bytes after the payload's first
+    ``,"key":"`` up to the next quote (in eventflow's wire form, the envelope's key), or
+    None. Publishes whose key this would not give send it as a header."""
+    at = payload.find(_KEY_FIELD)
+    if at < 0:
+        return None
+    start = at + len(_KEY_FIELD)
+    end = payload.find(b'"', start)
+    return None if end < 0 else payload[start:end].decode("utf-8", "replace")
+
+
+def _carries(payload: bytes, key: str) -> bool:
+    """Whether :func:`payload_key` gives ``key`` (without the quote the rule stops at)."""
+    at = payload.find(_KEY_FIELD)
+    if at < 0 or '"' in key:
+        return False
+    return payload.startswith(f'{key}"'.encode(), at + len(_KEY_FIELD))
+
+
+def wire_headers(
+    headers: Mapping[str, str] | None, key: str | None, payload: bytes
+) -> dict[str, str]:
+    """The NATS headers of a publish of ``payload`` with ``key`` and the caller's
+    ``headers``: the send id as ``Nats-Msg-Id`` (a deliberate re-send's own, else the
+    envelope id, which then is not sent a second time, else a random one), and the key
+    unless the payload gives it (see the module docstring); :func:`split_headers` undoes
+    it."""
     hdrs: dict[str, str] = dict(headers) if headers else {}
     send_id = hdrs.get(SEND_ID_HEADER)
     if send_id:
@@ -63,17 +111,22 @@ def wire_headers(headers: Mapping[str, str] | None, key: str | None) -> dict[str
     else:
         hdrs[MESSAGE_ID_HEADER] = NO_MESSAGE_ID
         hdrs[MSG_ID_HEADER] = uuid.uuid4().hex
-    if key is not None:
+    if key is None:
+        if payload_key(payload) is not None:
+            hdrs[NO_KEY_HEADER] = "1"
+    elif not _carries(payload, key):
         hdrs[KEY_HEADER] = key
     return hdrs
 
 
-def split_headers(hdrs: Mapping[str, str] | None) -> tuple[str | None, Mapping[str, str]]:
+def split_headers(
+    hdrs: Mapping[str, str] | None,
+) -> tuple[str | _Key | None, Mapping[str, str]]:
     """The key and the headers of a received message as they were published: without the
     NATS adapter's own, ``eventflow-id`` back from ``Nats-Msg-Id`` where it was sent as
-    that (see the module docstring)."""
+    that. The key is ``IN_PAYLOAD`` where no header names it (see the module docstring)."""
     if not hdrs:
-        return None, _EMPTY
+        return IN_PAYLOAD, _EMPTY
     out = {k: v for k, v in hdrs.items() if k not in _INTERNAL}
     env_id = out.get(MESSAGE_ID_HEADER)
     if env_id is None:
@@ -82,7 +135,10 @@ def split_headers(hdrs: Mapping[str, str] | None) -> tuple[str | None, Mapping[s
             out[MESSAGE_ID_HEADER] = msg_id
     elif env_id == NO_MESSAGE_ID:
         del out[MESSAGE_ID_HEADER]
-    return hdrs.get(KEY_HEADER), out
+    key = hdrs.get(KEY_HEADER)
+    if key is None and NO_KEY_HEADER not in hdrs:
+        return IN_PAYLOAD, out
+    return key, out
 
 
 class Settler(Protocol):
@@ -121,11 +177,11 @@ class NatsDelivery:
     """
 
     __slots__ = (
+        "_key",
         "_partition",
         "consumer_seq",
         "delivery_count",
         "headers",
-        "key",
         "payload",
         "released",
         "reply",
@@ -140,7 +196,7 @@ class NatsDelivery:
         reply: str,
         topic: str,
         payload: bytes,
-        key: str | None,
+        key: str | _Key | None,
         headers: Mapping[str, str],
         seq: int,
         consumer_seq: int,
@@ -153,11 +209,20 @@ class NatsDelivery:
         self.released = released
         self.topic = topic
         self.payload = payload
-        self.key = key
+        self._key = key
         self.headers = headers
         self.seq = seq
         self.consumer_seq = consumer_seq
         self.delivery_count = count
+
+    @property
+    def key(self) -> str | None:
+        """The message's key (read from the payload the first time, where no header named
+        it)."""
+        key = self._key
+        if key is IN_PAYLOAD:
+            key = self._key = payload_key(self.payload)
+        return key
 
     @property
     def metadata(self) -> Mapping[str, Any]:
@@ -179,7 +244,7 @@ class NatsDelivery:
             self.reply,
             self.topic,
             self.payload,
-            self.key,
+            self._key,
             self.headers,
             self.seq,
             self.consumer_seq,
