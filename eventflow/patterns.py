@@ -12,12 +12,20 @@ from .errors import ConfigurationError
 
 __all__ = ["is_wildcard", "matches", "overlap", "validate_pattern", "validate_topic"]
 
+_BLANKS = " \t\r\n"  # no broker takes them in a subject (NATS: a protocol line ends at CRLF)
+_NOT_IN_TOPIC = "*>" + _BLANKS
+
 
 def validate_topic(topic: str) -> str:
     """Return ``topic`` if it is a concrete topic name, else raise ``ConfigurationError``."""
-    if not topic or any(t == "" for t in topic.split(".")) or any(c in topic for c in "*> \t\n"):
+    if (
+        not topic
+        or any(t == "" for t in topic.split("."))
+        or any(c in topic for c in _NOT_IN_TOPIC)
+    ):
         raise ConfigurationError(
-            f"invalid topic {topic!r}: use dot-separated non-empty tokens without wildcards"
+            f"invalid topic {topic!r}: use dot-separated non-empty tokens without wildcards "
+            "or whitespace"
         )
     return topic
 
@@ -28,7 +36,7 @@ def validate_pattern(pattern: str) -> str:
     for i, tok in enumerate(tokens):
         bad = (
             tok == ""
-            or any(c in tok for c in " \t\n")
+            or any(c in tok for c in _BLANKS)
             or ("*" in tok and tok != "*")
             or (">" in tok and (tok != ">" or i != len(tokens) - 1))
         )
