@@ -69,6 +69,35 @@ async def test_concurrent_appends_to_different_streams_are_combined(
     assert positions == list(range(1, 4 * N + 1))
 
 
+async def test_one_event_groups_and_mixed_groups_keep_each_streams_order(
+    postgres_store: PostgresStore,
+) -> None:
+    # Groups of one-event appends go in one plain INSERT, any other group through the join:
+    # a group mixing both, then one-event appends at a version > 0 after it.
+    sizes = [1 + n % 3 for n in range(N)]
+    first = await asyncio.gather(
+        *(
+            postgres_store.append(
+                f"m-{n}", [Grouped(n=k) for k in range(sizes[n])], expected_version=0
+            )
+            for n in range(N)
+        )
+    )
+    assert first == sizes
+    after = await asyncio.gather(
+        *(
+            postgres_store.append(f"m-{n}", [Grouped(n=100)], expected_version=sizes[n])
+            for n in range(N)
+        )
+    )
+    assert after == [s + 1 for s in sizes]
+    assert postgres_store.append_groups.combined >= 2 * N - 4 * WRITERS
+    for n in range(N):
+        assert await _stored(postgres_store, f"m-{n}") == [*range(sizes[n]), 100]
+    positions = [r.position async for r in postgres_store.read_all()]
+    assert positions == list(range(1, sum(sizes) + N + 1))
+
+
 async def test_a_conflict_in_one_stream_fails_only_its_caller(
     postgres_store: PostgresStore,
 ) -> None:
