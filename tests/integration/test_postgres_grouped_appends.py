@@ -18,6 +18,7 @@ from eventflow import ConcurrencyError, Event
 from eventflow.adapters.postgres import PostgresStore
 from eventflow.adapters.postgres.grouped import MAX_WRITERS, WRITERS
 from eventflow.events import envelope_for
+from eventflow.testing.postgres import isolated_schema, postgres_url
 
 pytestmark = pytest.mark.service("postgres")
 
@@ -336,3 +337,39 @@ async def test_once_a_stall_ends_the_store_goes_back_to_one_writer(
     appends = window["appended59"] - window["appended40"]
     assert appends >= 8 * 15
     assert statements <= appends / 8 * 1.5, (statements, appends)
+
+
+async def test_a_writer_keeps_no_connection_the_pool_cannot_spare() -> None:
+    # The writer keeps its connection from group to group only while the pool has another
+    # to give: with a pool of one, a reader still gets it between groups (kept for the
+    # whole run, it waited until the appends stopped).
+    async with isolated_schema(postgres_url()) as url:
+        store = PostgresStore.from_url(f"{url}&pool=1")
+        await store.open()
+        try:
+            done = asyncio.Event()
+            reads: list[float] = []
+
+            async def writer(w: int) -> None:
+                for i in range(600):
+                    await store.append(f"p-{w}-{i}", [Grouped(n=i)], expected_version=0)
+
+            async def reader() -> None:
+                loop = asyncio.get_running_loop()
+                while not done.is_set():
+                    started = loop.time()
+                    await store.last_position()
+                    reads.append(loop.time() - started)
+                    await asyncio.sleep(0.005)
+
+            reading = asyncio.create_task(reader())
+            started = asyncio.get_running_loop().time()
+            await asyncio.gather(*(writer(w) for w in range(8)))
+            took = asyncio.get_running_loop().time() - started
+            done.set()
+            await reading
+            assert store.append_groups.combined > 0
+            assert len(reads) >= 3, (took, reads)
+            assert max(reads[:-1] or [0.0]) < max(0.5, took / 2), (took, reads)
+        finally:
+            await store.close()

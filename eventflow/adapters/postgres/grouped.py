@@ -108,6 +108,15 @@ class _Held:
         self.pool, self.conn = pool, await pool.acquire()
         return self.conn
 
+    def spare(self) -> bool:
+        """Whether the pool could hand out another connection at once (one idle, or room
+        for a new one): only then does the writer keep this one, or a small pool's other
+        users (readers, the sequencer) would wait for as long as appends keep coming."""
+        pool = self.pool
+        return pool is not None and (
+            pool.get_idle_size() > 0 or pool.get_size() < pool.get_max_size()
+        )
+
     async def release(self) -> None:
         """Give the connection back, if one is kept."""
         conn, self.conn = self.conn, None
@@ -239,6 +248,8 @@ class AppendGroups:
                     await self._write_group(group, held)
                 finally:
                     self._unwatch(stall)
+                if not held.spare():
+                    await held.release()  # the pool has none to spare: others may wait for it
         finally:
             self._busy -= 1
             self._start()
