@@ -18,6 +18,7 @@ from eventflow import ConcurrencyError, Event
 from eventflow.adapters.postgres import PostgresStore
 from eventflow.adapters.postgres.grouped import MAX_WRITERS, WRITERS
 from eventflow.events import envelope_for
+from eventflow.testing.postgres import isolated_schema, postgres_url
 
 pytestmark = pytest.mark.service("postgres")
 
@@ -67,6 +68,35 @@ async def test_concurrent_appends_to_different_streams_are_combined(
         assert [p for _, p in versions_positions] == sorted(p for _, p in versions_positions)
     positions = [r.position async for r in postgres_store.read_all()]
     assert positions == list(range(1, 4 * N + 1))
+
+
+async def test_one_event_groups_and_mixed_groups_keep_each_streams_order(
+    postgres_store: PostgresStore,
+) -> None:
+    # Groups of one-event appends go in one plain INSERT, any other group through the join:
+    # a group mixing both, then one-event appends at a version > 0 after it.
+    sizes = [1 + n % 3 for n in range(N)]
+    first = await asyncio.gather(
+        *(
+            postgres_store.append(
+                f"m-{n}", [Grouped(n=k) for k in range(sizes[n])], expected_version=0
+            )
+            for n in range(N)
+        )
+    )
+    assert first == sizes
+    after = await asyncio.gather(
+        *(
+            postgres_store.append(f"m-{n}", [Grouped(n=100)], expected_version=sizes[n])
+            for n in range(N)
+        )
+    )
+    assert after == [s + 1 for s in sizes]
+    assert postgres_store.append_groups.combined >= 2 * N - 4 * WRITERS
+    for n in range(N):
+        assert await _stored(postgres_store, f"m-{n}") == [*range(sizes[n]), 100]
+    positions = [r.position async for r in postgres_store.read_all()]
+    assert positions == list(range(1, sum(sizes) + N + 1))
 
 
 async def test_a_conflict_in_one_stream_fails_only_its_caller(
@@ -285,10 +315,15 @@ async def test_once_a_stall_ends_the_store_goes_back_to_one_writer(
     await asyncio.sleep(0.1)
     window: dict[str, int] = {}
     appended = 0
+    # The others go on until caller 0 is done: they get ahead while it ends the stall (the
+    # faster the appends, the further), and must still be appending in its window.
+    finished = asyncio.Event()
 
     async def caller(w: int) -> None:
         nonlocal appended
-        for i in range(60):
+        i = -1
+        while (w == 0 and i < 59) or (w != 0 and not finished.is_set()):
+            i += 1
             if w == 0 and i == 20:
                 await tx.rollback()
                 await holder.close()
@@ -297,6 +332,8 @@ async def test_once_a_stall_ends_the_store_goes_back_to_one_writer(
                 window[f"groups{i}"], window[f"appended{i}"] = stats.groups, appended
             await postgres_store.append(f"c-{w}-{i}", [Grouped(n=i)], expected_version=0)
             appended += 1
+        if w == 0:
+            finished.set()
 
     try:
         await asyncio.wait_for(asyncio.gather(*(caller(w) for w in range(8))), 60)
@@ -307,3 +344,39 @@ async def test_once_a_stall_ends_the_store_goes_back_to_one_writer(
     appends = window["appended59"] - window["appended40"]
     assert appends >= 8 * 15
     assert statements <= appends / 8 * 1.5, (statements, appends)
+
+
+async def test_a_writer_keeps_no_connection_the_pool_cannot_spare() -> None:
+    # The writer keeps its connection from group to group only while the pool has another
+    # to give: with a pool of one, a reader still gets it between groups (kept for the
+    # whole run, it waited until the appends stopped).
+    async with isolated_schema(postgres_url()) as url:
+        store = PostgresStore.from_url(f"{url}&pool=1")
+        await store.open()
+        try:
+            done = asyncio.Event()
+            reads: list[float] = []
+
+            async def writer(w: int) -> None:
+                for i in range(600):
+                    await store.append(f"p-{w}-{i}", [Grouped(n=i)], expected_version=0)
+
+            async def reader() -> None:
+                loop = asyncio.get_running_loop()
+                while not done.is_set():
+                    started = loop.time()
+                    await store.last_position()
+                    reads.append(loop.time() - started)
+                    await asyncio.sleep(0.005)
+
+            reading = asyncio.create_task(reader())
+            started = asyncio.get_running_loop().time()
+            await asyncio.gather(*(writer(w) for w in range(8)))
+            took = asyncio.get_running_loop().time() - started
+            done.set()
+            await reading
+            assert store.append_groups.combined > 0
+            assert len(reads) >= 3, (took, reads)
+            assert max(reads[:-1] or [0.0]) < max(0.5, took / 2), (took, reads)
+        finally:
+            await store.close()

@@ -60,6 +60,21 @@ _APPEND_GROUP = (
     "SELECT array_agg(k) FROM m"
 )
 
+# A group whose appends each write one event (a command's usual append): the same in one
+# INSERT from the arrays, each row checking its own stream (streams are unique in a group),
+# without the join and sort above (ids follow the arrays' order, as in the one-stream
+# append): a quarter less of the server's time per group of eight. $1..$5: each append's
+# stream, expected version, event id, envelope, correlation id. The streams written come
+# back.
+_APPEND_ONES = (
+    "WITH ins AS (INSERT INTO ef_events (event_id, stream_id, stream_version, envelope, "
+    "correlation_id) SELECT i, s, b + 1, e, c FROM unnest($1::text[], $2::bigint[], "
+    "$3::text[], $4::bytea[], $5::text[]) AS u(s, b, i, e, c) "
+    "WHERE pg_current_xact_id() IS NOT NULL AND COALESCE((SELECT max(stream_version) "
+    "FROM ef_events WHERE stream_id = u.s), 0) = u.b RETURNING stream_id) "
+    "SELECT array_agg(stream_id) FROM ins"
+)
+
 
 @dataclass(eq=False, slots=True)
 class _Append:
@@ -76,6 +91,37 @@ class _Append:
 
 def _loop() -> asyncio.AbstractEventLoop:
     return asyncio.get_running_loop()
+
+
+class _Held:
+    """The pooled connection a writer keeps from one group to the next (taking and giving
+    back one per group was about a tenth of the client's work per group)."""
+
+    __slots__ = ("conn", "pool")
+
+    def __init__(self) -> None:
+        self.pool: Any = None
+        self.conn: Any = None
+
+    async def acquire(self, pool: Any) -> Any:
+        """Take a connection from ``pool`` and keep it."""
+        self.pool, self.conn = pool, await pool.acquire()
+        return self.conn
+
+    def spare(self) -> bool:
+        """Whether the pool could hand out another connection at once (one idle, or room
+        for a new one): only then does the writer keep this one, or a small pool's other
+        users (readers, the sequencer) would wait for as long as appends keep coming."""
+        pool = self.pool
+        return pool is not None and (
+            pool.get_idle_size() > 0 or pool.get_size() < pool.get_max_size()
+        )
+
+    async def release(self) -> None:
+        """Give the connection back, if one is kept."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await self.pool.release(conn)
 
 
 @dataclass(eq=False, slots=True)
@@ -185,6 +231,7 @@ class AppendGroups:
     async def _write(self) -> None:
         """A writer: write groups until the queue is empty, then give its slot back (at
         once if more writers run than there are slots: a slot lent out came back)."""
+        held = _Held()
         try:
             while self._busy <= self._slots():
                 # A turn of the loop first, even with appends waiting: the callers the last
@@ -198,12 +245,15 @@ class AppendGroups:
                 stall = self._watch()
                 self._look_later()  # appends it left queued (a second one to a stream)
                 try:
-                    await self._write_group(group)
+                    await self._write_group(group, held)
                 finally:
                     self._unwatch(stall)
+                if not held.spare():
+                    await held.release()  # the pool has none to spare: others may wait for it
         finally:
             self._busy -= 1
             self._start()
+            await held.release()
 
     def _take(self) -> list[_Append]:
         """The next group: waiting appends in queue order, one per stream, up to
@@ -222,37 +272,61 @@ class AppendGroups:
         queue.extendleft(reversed(later))
         return group
 
-    async def _write_group(self, group: list[_Append]) -> None:
-        members: list[str] = []
-        bases: list[int] = []
-        ks: list[int] = []
-        offsets: list[int] = []
-        ids: list[str] = []
-        blobs: list[bytes] = []
-        corrs: list[str] = []
-        for k, item in enumerate(group, start=1):
-            members.append(item.stream)
-            bases.append(item.expected)
-            n = len(item.ids)
-            ks.extend([k] * n)
-            offsets.extend(range(1, n + 1))
-            ids.extend(item.ids)
-            blobs.extend(item.blobs)
-            corrs.extend(item.corrs)
+    async def _write_group(self, group: list[_Append], held: _Held) -> None:
+        """Write ``group`` in one statement on the writer's connection (``held``: taken from
+        the pool for its first group) and answer its callers."""
+        ones = all(len(item.ids) == 1 for item in group)
+        sql, args = (_APPEND_ONES, _ones_arguments(group)) if ones else _group_arguments(group)
         written: Any = None
+        failed = False
         try:
-            async with self._db._pool().acquire() as conn:
-                written = await conn.fetchval(
-                    _APPEND_GROUP, members, bases, ks, offsets, ids, blobs, corrs
-                )
+            conn = held.conn if held.conn is not None else await held.acquire(self._db._pool())
+            written = await conn.fetchval(sql, *args)
         except Exception:  # nothing of it went in (or, if it did, its ids are stored):
             written = None  # each caller appends alone and learns its own outcome
+            failed = True
         finally:
             self.groups += 1
             went_in = set(written or ())
+            if ones:  # the streams written: their places in the group
+                went_in = {k for k, item in enumerate(group, start=1) if item.stream in went_in}
             if len(group) > 1:
                 self.combined += len(went_in)
             self.fell_back += len(group) - len(went_in)
             for k, item in enumerate(group, start=1):
                 if not item.future.done():
                     item.future.set_result(item.expected + len(item.ids) if k in went_in else None)
+        if failed:  # the connection may have broken: the pool replaces it if so
+            await held.release()
+
+
+def _ones_arguments(group: list[_Append]) -> tuple[list[Any], ...]:
+    """``_APPEND_ONES``'s arrays for a group of one-event appends."""
+    return (
+        [item.stream for item in group],
+        [item.expected for item in group],
+        [item.ids[0] for item in group],
+        [item.blobs[0] for item in group],
+        [item.corrs[0] for item in group],
+    )
+
+
+def _group_arguments(group: list[_Append]) -> tuple[str, tuple[list[Any], ...]]:
+    """``_APPEND_GROUP`` and its arrays for any group."""
+    members: list[str] = []
+    bases: list[int] = []
+    ks: list[int] = []
+    offsets: list[int] = []
+    ids: list[str] = []
+    blobs: list[bytes] = []
+    corrs: list[str] = []
+    for k, item in enumerate(group, start=1):
+        members.append(item.stream)
+        bases.append(item.expected)
+        n = len(item.ids)
+        ks.extend([k] * n)
+        offsets.extend(range(1, n + 1))
+        ids.extend(item.ids)
+        blobs.extend(item.blobs)
+        corrs.extend(item.corrs)
+    return _APPEND_GROUP, (members, bases, ks, offsets, ids, blobs, corrs)
