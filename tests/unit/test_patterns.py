@@ -14,7 +14,8 @@ def test_valid_topics(topic: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "topic", ["", ".", "order.", ".order", "a..b", "order.*", "order.>", "a b", "a\tb", "a\nb", "a\rb"]
+    "topic",
+    ["", ".", "order.", ".order", "a..b", "order.*", "order.>", "a b", "a\tb", "a\nb", "a\rb"],
 )
 def test_invalid_topics(topic: str) -> None:
     with pytest.raises(ConfigurationError, match="invalid topic"):
@@ -27,7 +28,8 @@ def test_valid_patterns(pattern: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "pattern", ["", "a..b", "a.", ".a", "a.*b", "a.b*", "a.>.b", ">.a", "a.>>", "a b", "a.x>", "a\rb"]
+    "pattern",
+    ["", "a..b", "a.", ".a", "a.*b", "a.b*", "a.>.b", ">.a", "a.>>", "a b", "a.x>", "a\rb"],
 )
 def test_invalid_patterns(pattern: str) -> None:
     with pytest.raises(ConfigurationError, match="invalid pattern"):
