@@ -23,7 +23,7 @@ from __future__ import annotations
 import builtins
 import functools
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -182,10 +182,14 @@ DROP_TIMER = "DELETE FROM ef_saga_timers WHERE saga_id = $1 AND timer = $2 AND t
 
 
 class _AppendThenSave:
-    """:meth:`SagaTables.append` as the store's append, then ``save`` and the outbox."""
+    """:meth:`SagaTables.append` as the store's append (``_append_events``), then ``save``
+    and the outbox."""
+
+    store: Store
+    save: Callable[..., Awaitable[None]]  # each subclass's (SagaTables.save)
 
     async def append(
-        self: SagaTables,
+        self,
         tx: Transaction,
         stream_id: str,
         envelopes: Sequence[Envelope],
@@ -193,14 +197,25 @@ class _AppendThenSave:
         writes: Writes,
         sends: Sequence[tuple[str, Envelope]] = (),
     ) -> int:
-        """The store's append (a conflict raises before anything else is written), then
-        ``save`` and the outbox's ``add``."""
-        version = await self.store.append(stream_id, envelopes, expected_version=expected_version)
+        """The events (a conflict raises before anything else is written), then ``save``
+        and the outbox's ``add``."""
+        version = await self._append_events(tx, stream_id, envelopes, expected_version, writes)
         w = writes
         await self.save(tx, w.row, w.timers, w.cancelled, index=w.index)
         if sends:
             await self.store.outbox.add(sends, tx=tx)
         return version
+
+    async def _append_events(
+        self,
+        tx: Transaction,
+        stream_id: str,
+        envelopes: Sequence[Envelope],
+        expected_version: int,
+        writes: Writes,
+    ) -> int:
+        """The store's append in ``tx`` (the context's open transaction); the new version."""
+        return await self.store.append(stream_id, envelopes, expected_version=expected_version)
 
 
 class SqlSagaTables(_AppendThenSave):

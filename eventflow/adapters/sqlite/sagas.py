@@ -46,27 +46,23 @@ class SqliteSagaTables(SqlSagaTables):
         self._sqlite = store
         self._db = store.db
 
-    async def append(
+    async def _append_events(
         self,
         tx: Transaction,
         stream_id: str,
         envelopes: Sequence[Envelope],
         expected_version: int,
         writes: Writes,
-        sends: Sequence[tuple[str, Envelope]] = (),
     ) -> int:
-        """With ``writes.checked_at_commit`` (and ``handled``): the append, the table
-        writes and the commands all queued for the ``COMMIT`` (see the module docstring);
-        returns the version the commit gives the stream. Otherwise as the SQL tables do."""
+        """With ``writes.checked_at_commit`` (and ``handled``): the append queued for the
+        ``COMMIT``, as the table writes and the commands are (see the module docstring);
+        returns the version the commit gives the stream. Otherwise the store's append."""
         handled = writes.handled
         if not writes.checked_at_commit or handled is None or tx is None:
-            return await super().append(tx, stream_id, envelopes, expected_version, writes, sends)
-        store = self._sqlite
-        version = await store.append_at_commit(tx, stream_id, envelopes, expected_version, handled)
-        await self.save(tx, writes.row, writes.timers, writes.cancelled, index=writes.index)
-        if sends:
-            await store.outbox.add(sends, tx=tx)
-        return version
+            return await super()._append_events(tx, stream_id, envelopes, expected_version, writes)
+        return await self._sqlite.append_at_commit(
+            tx, stream_id, envelopes, expected_version, handled
+        )
 
     async def save(
         self,
