@@ -85,14 +85,6 @@ def payload_key(payload: bytes) -> str | None:
     return None if end < 0 else payload[start:end].decode("utf-8", "replace")
 
 
-def _carries(payload: bytes, key: str) -> bool:
-    """Whether :func:`payload_key` gives ``key`` (without the quote the rule stops at)."""
-    at = payload.find(_KEY_FIELD)
-    if at < 0 or '"' in key:
-        return False
-    return payload.startswith(f'{key}"'.encode(), at + len(_KEY_FIELD))
-
-
 def wire_headers(
     headers: Mapping[str, str] | None, key: str | None, payload: bytes
 ) -> dict[str, str]:
@@ -114,7 +106,7 @@ def wire_headers(
     if key is None:
         if payload_key(payload) is not None:
             hdrs[NO_KEY_HEADER] = "1"
-    elif not _carries(payload, key):
+    elif payload_key(payload) != key:  # the consumer would not read it back from the payload
         hdrs[KEY_HEADER] = key
     return hdrs
 
