@@ -155,35 +155,31 @@ class FxQuickPlaced(Event, type="fxsaga.quick.placed"):
     order_id: str
 
 
-class FxQuickSaga(Saga, name="fxquick", start=FxQuickPlaced, key="order_id"):
-    """One step with a short deadline, shipped by a participant the test holds back."""
-
-    order_id: str = ""
-
-    def started(self, e: FxQuickPlaced) -> None:
-        self.order_id = e.order_id
-
-    @step(reply=FxShipped, timeout=QUICK_TIMEOUT)
-    def ship(self) -> Event:
-        return FxShip(order_id=self.order_id)
-
-
 class FxHeldReplyPlaced(Event, type="fxsaga.heldreply.placed"):
     order_id: str
 
 
-class FxHeldReplySaga(Saga, name="fxheldreply", start=FxHeldReplyPlaced, key="order_id"):
-    """The quick saga with a longer deadline (``HELD_REPLY_TIMEOUT``), for the test whose
-    replies must reach the broker before their deadlines while a killed member holds them."""
+def _ship_saga(name: str, start: type[FxQuickPlaced | FxHeldReplyPlaced], timeout: float) -> Any:
+    class ShipSaga(Saga, name=name, start=start, key="order_id"):
+        """One step with a deadline, shipped by a participant the test holds back."""
 
-    order_id: str = ""
+        order_id: str = ""
 
-    def started(self, e: FxHeldReplyPlaced) -> None:
-        self.order_id = e.order_id
+        def started(self, e: FxQuickPlaced | FxHeldReplyPlaced) -> None:
+            self.order_id = e.order_id
 
-    @step(reply=FxShipped, timeout=HELD_REPLY_TIMEOUT)
-    def ship(self) -> Event:
-        return FxShip(order_id=self.order_id)
+        @step(reply=FxShipped, timeout=timeout)
+        def ship(self) -> Event:
+            return FxShip(order_id=self.order_id)
+
+    return ShipSaga
+
+
+FxQuickSaga: type[Saga] = _ship_saga("fxquick", FxQuickPlaced, QUICK_TIMEOUT)
+"""One step with a short deadline."""
+FxHeldReplySaga: type[Saga] = _ship_saga("fxheldreply", FxHeldReplyPlaced, HELD_REPLY_TIMEOUT)
+"""The same with a longer deadline, for the test whose replies must reach the broker before
+their deadlines while a killed member holds them."""
 
 
 # -- the timer saga --------------------------------------------------------------------------
