@@ -10,6 +10,7 @@ a group sent back to the one-stream path), so each test can show that it exercis
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import asyncpg
 import pytest
@@ -33,6 +34,26 @@ class Grouped(Event, type="it.grouped.item"):
 
 async def _stored(store: PostgresStore, stream: str) -> list[int]:
     return [rec.event.n async for rec in store.read_stream(stream)]  # type: ignore[attr-defined]
+
+
+async def _hold(store: PostgresStore, streams: list[str]) -> tuple[asyncpg.Connection, Any]:
+    """A connection of its own whose open transaction wrote version 1 of each of ``streams``
+    (uncommitted: an append to one of them waits for its row); roll back to let them go."""
+    holder = await asyncpg.connect(store.config.dsn)
+    try:
+        await holder.execute(f'SET search_path TO "{store.config.schema}"')
+        tx = holder.transaction()
+        await tx.start()
+        for stream in streams:
+            await holder.execute(
+                "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope) "
+                "VALUES ($1, $1, 1, '\\x7b7d'::bytea)",
+                stream,
+            )
+    except BaseException:
+        await holder.close()
+        raise
+    return holder, tx
 
 
 async def test_concurrent_appends_to_different_streams_are_combined(
@@ -212,17 +233,9 @@ async def test_a_waiting_caller_that_is_cancelled_appends_nothing(
     one cancelled there leaves nothing behind, and the one after it is written (a group of
     one) once a writer is free."""
     stats = postgres_store.append_groups
-    holder = await asyncpg.connect(postgres_store.config.dsn)
+    # The holder writes version 1 of each "held-k" and keeps its transaction open.
+    holder, tx = await _hold(postgres_store, [f"held-{k}" for k in range(MAX_WRITERS)])
     try:
-        await holder.execute(f'SET search_path TO "{postgres_store.config.schema}"')
-        tx = holder.transaction()
-        await tx.start()
-        # The holder writes version 1 of each "held-k" and keeps its transaction open.
-        for k in range(MAX_WRITERS):
-            await holder.execute(
-                "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope) "
-                f"VALUES ('held-{k}', 'held-{k}', 1, '\\x7b7d'::bytea)"
-            )
         blocked = []
         for k in range(MAX_WRITERS):
             # Each finds a writer free, and waits on the unique index for the holder.
@@ -263,15 +276,8 @@ async def test_a_stream_held_by_a_transaction_holds_up_no_other_stream(
     and not committed) has the store's one writer slot; once it has waited for longer than
     the stall time, appends to other streams go on without it, grouped as before."""
     stats = postgres_store.append_groups
-    holder = await asyncpg.connect(postgres_store.config.dsn)
+    holder, tx = await _hold(postgres_store, ["held"])
     try:
-        await holder.execute(f'SET search_path TO "{postgres_store.config.schema}"')
-        tx = holder.transaction()
-        await tx.start()
-        await holder.execute(
-            "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope) "
-            "VALUES ('held', 'held', 1, '\\x7b7d'::bytea)"
-        )
         blocked = asyncio.create_task(
             postgres_store.append("held", [Grouped(n=0)], expected_version=0)
         )
@@ -303,14 +309,7 @@ async def test_once_a_stall_ends_the_store_goes_back_to_one_writer(
     writer that is not needed stops, and each statement writes one append of every caller
     (with two writers left running, one wrote a group and the other one append at a time)."""
     stats = postgres_store.append_groups
-    holder = await asyncpg.connect(postgres_store.config.dsn)
-    await holder.execute(f'SET search_path TO "{postgres_store.config.schema}"')
-    tx = holder.transaction()
-    await tx.start()
-    await holder.execute(
-        "INSERT INTO ef_events (event_id, stream_id, stream_version, envelope) "
-        "VALUES ('held', 'held', 1, '\\x7b7d'::bytea)"
-    )
+    holder, tx = await _hold(postgres_store, ["held"])
     blocked = asyncio.create_task(postgres_store.append("held", [Grouped(n=0)], expected_version=0))
     await asyncio.sleep(0.1)
     window: dict[str, int] = {}
