@@ -18,13 +18,31 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from eventflow import App
 
-__all__ = ["Child", "launch", "serve", "spawn", "until_ready"]
+__all__ = ["CHILD_POOL", "Child", "child_store", "launch", "serve", "spawn", "until_ready"]
 
 REPO = Path(__file__).parents[2]
 _PYTHONPATH = os.pathsep.join((str(REPO), str(REPO / "tests")))
+
+CHILD_POOL = 4
+"""Connections at most in a child's PostgreSQL pool. The suite's processes share one server
+and its 100 clients: with the default pool of 10, the children of three tests running at once
+on `pytest -n 8` held 60 of them (a sample of the whole suite's peak: 97)."""
+
+
+def child_store(url: str) -> str:
+    """``url`` as a child process's store: a PostgreSQL URL with a pool of at most
+    :data:`CHILD_POOL` unless it names its own, any other URL (``memory://``) as it is."""
+    parts = urlsplit(url)
+    if not parts.scheme.startswith("postgres"):
+        return url
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(key == "pool" for key, _ in query):
+        return url
+    return urlunsplit(parts._replace(query=urlencode([*query, ("pool", str(CHILD_POOL))])))
 
 
 async def spawn(script: str | Path, *args: str) -> asyncio.subprocess.Process:

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from eventflow import App, Context, Event, subscribe
 from eventflow.runtime.relay import OUTBOX_RELAY_LEASE
 from eventflow.testing import unique_name
-from faults.children import Child, launch, serve
+from faults.children import Child, child_store, launch, serve
 
 HOPS = 200
 ROUNDS = 4
@@ -107,7 +107,7 @@ class RelayProcess(Child):
     @classmethod
     async def start(cls, broker: str, store: str) -> RelayProcess:
         """Start one and wait until its relay holds the lease."""
-        return cls(await launch(__file__, broker, store, what="the relay process"))
+        return cls(await launch(__file__, broker, child_store(store), what="the relay process"))
 
 
 async def _main(broker: str, store: str) -> None:

@@ -26,7 +26,7 @@ from eventflow.testing.kafka_server import fast_test_url, kafka_service_url
 from eventflow.testing.nats_server import nats_service_url
 from eventflow.testing.postgres import isolated_schema, postgres_url
 
-from .children import Child, launch
+from .children import Child, child_store, launch
 
 pytestmark = [pytest.mark.service("postgres"), pytest.mark.slow]
 
@@ -90,7 +90,14 @@ class Member(Child):
     @classmethod
     async def start(cls, broker: str, store: str, topic: str, *extra: str) -> Member:
         proc = await launch(
-            MEMBER, broker, store, topic, "fx-workers", *extra, what="the member", timeout=90
+            MEMBER,
+            broker,
+            child_store(store),
+            topic,
+            "fx-workers",
+            *extra,
+            what="the member",
+            timeout=90,
         )
         return cls(proc)
 

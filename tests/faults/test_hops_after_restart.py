@@ -36,7 +36,7 @@ from eventflow.testing import unique_name
 from eventflow.testing.nats_server import nats_service_url
 from eventflow.testing.postgres import isolated_schema, postgres_url
 
-from .children import Child, launch
+from .children import Child, child_store, launch
 from .hop_member import Ball
 
 pytestmark = [pytest.mark.service("nats"), pytest.mark.service("postgres")]
@@ -80,7 +80,9 @@ class Side(Child):
 
     @classmethod
     async def start(cls, side: str, broker: str, store: str, hops: Hops) -> Side:
-        return cls(await launch(MEMBER, side, broker, store, what=f"side {side}"), hops)
+        return cls(
+            await launch(MEMBER, side, broker, child_store(store), what=f"side {side}"), hops
+        )
 
     async def _read(self) -> None:
         assert self.proc.stdout is not None

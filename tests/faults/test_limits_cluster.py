@@ -33,7 +33,7 @@ from eventflow.testing.postgres import isolated_schema, postgres_url
 from eventflow.testing.redis import redis_url
 from eventflow.testing.services import service_unavailable
 
-from .children import spawn, until_ready
+from .children import child_store, spawn, until_ready
 from .http_service import Service
 
 MEMBER = Path(__file__).with_name("limit_member.py")
@@ -70,7 +70,8 @@ async def _members(
     nats: str, store: str, service: Service, config: dict[str, object], count: int
 ) -> list[asyncio.subprocess.Process]:
     procs = [
-        await spawn(MEMBER, nats, store, service.url, json.dumps(config)) for _ in range(count)
+        await spawn(MEMBER, nats, child_store(store), service.url, json.dumps(config))
+        for _ in range(count)
     ]
     for proc in procs:
         await until_ready(proc, "a limit member")
