@@ -27,7 +27,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-from .services import docker_answers, free_port, service_unavailable, stop_process
+from .services import (
+    PORT_TRIES,
+    docker_answers,
+    free_port,
+    holds_listener,
+    log_says_port_in_use,
+    service_unavailable,
+    stop_process,
+)
 
 __all__ = [
     "FAST_TEST_OPTIONS",
@@ -102,6 +110,7 @@ class KafkaServer:
         self.binary = binary or find_tansu()
         self.port = free_port()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._started = False  # once started, a restart keeps its ports
         self._dir = tempfile.mkdtemp(prefix="eventflow-tansu-")
         self.log_path = Path(self._dir) / "tansu.log"
 
@@ -121,9 +130,30 @@ class KafkaServer:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> None:
-        """Start the broker and wait until it accepts connections. Idempotent."""
-        if self.running:
-            return
+        """Start the broker and wait until it accepts connections on a port of its own: if
+        the port chosen was taken meanwhile (see ``holds_listener``), on another, up to
+        ``PORT_TRIES`` in all. Idempotent."""
+        if not self.running:
+            # Another port only on the first start: clients of a restarted server reconnect
+            # to the one they know.
+            self._start(1 if self._started else PORT_TRIES)
+
+    def _start(self, tries: int) -> None:
+        for attempt in range(tries):
+            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+            self._launch()
+            if self._wait_ready(offset):
+                self._started = True
+                return
+            self.stop()
+            if attempt + 1 < tries:
+                self.port = free_port()
+        raise KafkaServerUnavailable(
+            f"tansu found port {self.port} taken by another process ({tries} tries); "
+            f"see {self.log_path}"
+        )
+
+    def _launch(self) -> None:
         listener = f"tcp://127.0.0.1:{self.port}"
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
         with self.log_path.open("ab") as log:
@@ -143,20 +173,25 @@ class KafkaServer:
                 env=env,
                 start_new_session=True,
             )
-        self._wait_ready()
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, offset: int) -> bool:
+        """True once the broker accepts connections on its port; False if the port is
+        another process's (its listener answered, or this broker exited saying the port was
+        in use); raise if the broker exited otherwise or was not ready in time."""
         deadline = time.monotonic() + _START_TIMEOUT
         while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.poll() is not None:
+            proc = self._proc
+            if proc is not None and proc.poll() is not None:
+                if log_says_port_in_use(self.log_path, offset):
+                    return False
                 raise KafkaServerUnavailable(
-                    f"tansu exited with {self._proc.returncode}; see {self.log_path}"
+                    f"tansu exited with {proc.returncode}; see {self.log_path}"
                 )
             with (
                 contextlib.suppress(OSError),
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5),
             ):
-                return
+                return proc is None or holds_listener(proc.pid, self.port) is not False
             time.sleep(0.02)
         self.stop()
         raise KafkaServerUnavailable(

@@ -31,7 +31,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
-from .services import docker_answers, free_port, service_unavailable, stop_process
+from .services import (
+    PORT_TRIES,
+    docker_answers,
+    free_port,
+    holds_listener,
+    log_says_port_in_use,
+    service_unavailable,
+    stop_process,
+)
 
 __all__ = [
     "NATS_URL_ENV",
@@ -102,6 +110,7 @@ class NatsServer:
         self._own_dir = store_dir is None
         self.store_dir = store_dir or tempfile.mkdtemp(prefix="eventflow-nats-")
         self._proc: subprocess.Popen[bytes] | None = None
+        self._started = False  # once started, a restart keeps its ports
         self._log = Path(self.store_dir) / "server.log"
 
     @property
@@ -115,9 +124,30 @@ class NatsServer:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> None:
-        """Start the server and wait until JetStream answers its health check. Idempotent."""
-        if self.running:
-            return
+        """Start the server and wait until JetStream answers its health check, on ports of
+        its own: if one chosen was taken meanwhile (see ``holds_listener``), on others, up to
+        ``PORT_TRIES`` in all. Idempotent."""
+        if not self.running:
+            # Another port only on the first start: clients of a restarted server reconnect
+            # to the one they know.
+            self._start(1 if self._started else PORT_TRIES)
+
+    def _start(self, tries: int) -> None:
+        for attempt in range(tries):
+            offset = self._log.stat().st_size if self._log.exists() else 0
+            self._launch()
+            if self._wait_ready(offset):
+                self._started = True
+                return
+            self.kill()
+            if attempt + 1 < tries:
+                self.port, self.monitor_port = free_port(), free_port()
+        raise NatsServerUnavailable(
+            f"nats-server found port {self.port} or {self.monitor_port} taken by another "
+            f"process ({tries} tries); see {self._log}"
+        )
+
+    def _launch(self) -> None:
         log = self._log.open("ab")
         try:
             self._proc = subprocess.Popen(
@@ -139,22 +169,30 @@ class NatsServer:
             )
         finally:
             log.close()
-        self._wait_ready()
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, offset: int) -> bool:
+        """True once JetStream is healthy on this server's ports; False if one of them is
+        another process's (a server there answered, or this one exited saying a port was in
+        use); raise if it exited otherwise or was not ready in time."""
         health = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"
         deadline = time.monotonic() + _START_TIMEOUT
         while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.poll() is not None:
+            proc = self._proc
+            if proc is not None and proc.poll() is not None:
+                if log_says_port_in_use(self._log, offset):
+                    return False
                 raise NatsServerUnavailable(
-                    f"nats-server exited with {self._proc.returncode}; see {self._log}"
+                    f"nats-server exited with {proc.returncode}; see {self._log}"
                 )
             with (
                 contextlib.suppress(OSError),
                 urllib.request.urlopen(health, timeout=1.0) as resp,
             ):
                 if resp.status == 200:
-                    return
+                    return proc is None or all(
+                        holds_listener(proc.pid, port) is not False
+                        for port in (self.port, self.monitor_port)
+                    )
             time.sleep(0.05)
         self.kill()
         raise NatsServerUnavailable(

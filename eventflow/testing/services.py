@@ -6,9 +6,19 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["docker_answers", "free_port", "in_ci", "service_unavailable", "stop_process"]
+__all__ = [
+    "PORT_TRIES",
+    "docker_answers",
+    "free_port",
+    "holds_listener",
+    "in_ci",
+    "log_says_port_in_use",
+    "service_unavailable",
+    "stop_process",
+]
 
 
 def in_ci() -> bool:
@@ -42,6 +52,59 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def holds_listener(pid: int, port: int) -> bool | None:
+    """Whether process ``pid`` holds the TCP socket listening on ``port`` (Linux, read from
+    ``/proc``); None where that cannot be told (no ``/proc``, or nothing listens there yet).
+
+    A server started on a :func:`free_port` may find the port taken meanwhile: by another
+    process's connection (the server then fails to bind and exits) or by another test
+    server, which then answers the readiness check in its place. Only the second needs this
+    check, and :func:`free_port`'s race cannot be closed without it: the port is free when it
+    is chosen, and the server binds it later.
+    """
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.readlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{inode}]")
+    if not inodes:
+        return None
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    held = set()
+    for fd in fds:
+        try:
+            held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue  # closed meanwhile
+    return inodes <= held
+
+
+PORT_TRIES = 5
+"""Ports a test server tries, each a fresh :func:`free_port`, before it gives up."""
+
+
+def log_says_port_in_use(log: Path, offset: int) -> bool:
+    """Whether a server's ``log``, from byte ``offset`` (where this start began writing),
+    says it could not bind its port (nats-server: "address already in use"; Tansu: "Address
+    in use")."""
+    try:
+        with log.open("rb") as f:
+            f.seek(offset)
+            return b"address in use" in f.read().lower().replace(b"already ", b"")
+    except OSError:
+        return False
 
 
 def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
