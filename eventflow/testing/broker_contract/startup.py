@@ -68,11 +68,15 @@ class StartupContract:
         self, broker_at: BrokerAt
     ) -> None:
         """A port that accepts and stays silent (another protocol's): a ``BrokerError``
-        naming the address, and the client closes its connection."""
+        naming the address, and the client closes its connection. (A connect timeout of 3 s:
+        on a loaded machine a client given 1 s was seen to give up before it even connected,
+        which tests nothing here.)"""
         async with SilentServer() as silent:
-            error = await refused_start(broker_at(silent.port, 1.0), within=4)
+            error = await refused_start(broker_at(silent.port, 3.0), within=8)
             assert f"127.0.0.1:{silent.port}" in str(error)
-            assert silent.connections, "the client did connect"
+            # The server takes a connection the client made from its backlog on a later turn
+            # of the loop, maybe after the client gave up.
+            await eventually(lambda: silent.connections, message="the client connected")
             assert await silent.all_closed(timeout=2), "a socket was left open"
 
     async def test_cancelling_start_stops_it_at_once_and_leaves_nothing_open(
