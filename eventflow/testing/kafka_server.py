@@ -34,6 +34,7 @@ from .services import (
     holds_listener,
     log_says_port_in_use,
     service_unavailable,
+    start_on_own_ports,
     stop_process,
 )
 
@@ -139,19 +140,17 @@ class KafkaServer:
             self._start(1 if self._started else PORT_TRIES)
 
     def _start(self, tries: int) -> None:
-        for attempt in range(tries):
-            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-            self._launch()
-            if self._wait_ready(offset):
-                self._started = True
-                return
-            self.stop()
-            if attempt + 1 < tries:
-                self.port = free_port()
-        raise KafkaServerUnavailable(
-            f"tansu found port {self.port} taken by another process ({tries} tries); "
-            f"see {self.log_path}"
-        )
+        def new_port() -> None:
+            self.port = free_port()
+
+        if not start_on_own_ports(
+            tries, self.log_path, self._launch, self._wait_ready, self.stop, new_port
+        ):
+            raise KafkaServerUnavailable(
+                f"tansu found port {self.port} taken by another process ({tries} tries); "
+                f"see {self.log_path}"
+            )
+        self._started = True
 
     def _launch(self) -> None:
         listener = f"tcp://127.0.0.1:{self.port}"

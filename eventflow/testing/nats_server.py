@@ -38,6 +38,7 @@ from .services import (
     holds_listener,
     log_says_port_in_use,
     service_unavailable,
+    start_on_own_ports,
     stop_process,
 )
 
@@ -133,19 +134,17 @@ class NatsServer:
             self._start(1 if self._started else PORT_TRIES)
 
     def _start(self, tries: int) -> None:
-        for attempt in range(tries):
-            offset = self._log.stat().st_size if self._log.exists() else 0
-            self._launch()
-            if self._wait_ready(offset):
-                self._started = True
-                return
-            self.kill()
-            if attempt + 1 < tries:
-                self.port, self.monitor_port = free_port(), free_port()
-        raise NatsServerUnavailable(
-            f"nats-server found port {self.port} or {self.monitor_port} taken by another "
-            f"process ({tries} tries); see {self._log}"
-        )
+        def new_ports() -> None:
+            self.port, self.monitor_port = free_port(), free_port()
+
+        if not start_on_own_ports(
+            tries, self._log, self._launch, self._wait_ready, self.kill, new_ports
+        ):
+            raise NatsServerUnavailable(
+                f"nats-server found port {self.port} or {self.monitor_port} taken by another "
+                f"process ({tries} tries); see {self._log}"
+            )
+        self._started = True
 
     def _launch(self) -> None:
         log = self._log.open("ab")

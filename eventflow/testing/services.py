@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -17,6 +18,7 @@ __all__ = [
     "in_ci",
     "log_says_port_in_use",
     "service_unavailable",
+    "start_on_own_ports",
     "stop_process",
 ]
 
@@ -105,6 +107,29 @@ def log_says_port_in_use(log: Path, offset: int) -> bool:
             return b"address in use" in f.read().lower().replace(b"already ", b"")
     except OSError:
         return False
+
+
+def start_on_own_ports(
+    tries: int,
+    log: Path,
+    launch: Callable[[], None],
+    ready: Callable[[int], bool],
+    stop: Callable[[], None],
+    new_ports: Callable[[], None],
+) -> bool:
+    """Start a test server: ``launch`` it and wait until ``ready(offset)`` (``offset``: where
+    this start began writing to ``log``) says it runs on ports of its own; if it says the
+    ports are another process's, ``stop`` it and try again on ``new_ports``, ``tries`` times
+    in all. False if every try found a port taken (the ports are those of the last try)."""
+    for attempt in range(tries):
+        offset = log.stat().st_size if log.exists() else 0
+        launch()
+        if ready(offset):
+            return True
+        stop()
+        if attempt + 1 < tries:
+            new_ports()
+    return False
 
 
 def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
