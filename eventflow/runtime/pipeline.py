@@ -196,11 +196,9 @@ class Pipeline:
         seen = self._lookups.take(env_id) if self._check_first or tracked else False
         if seen is None and spec.idempotent:
             seen = await self.dedup.seen(group, env_id)
-        if seen:
+        if seen:  # handled (then, if it has a record, stopped before it forgot the record)
             await self._compensations.skipped(self.dedup, env_id, stats)
-            await delivery.ack()
-            if tracked:
-                await self._forget(env_id)  # handled, then stopped before it forgot the record
+            await self._ack(delivery, env_id, tracked)
             return False
         try:
             env, arg = decode_argument(self.signature, self.host.registry, spec.name, fields)
@@ -212,9 +210,7 @@ class Pipeline:
             self.dedup, env_id, command, stats
         ):
             self._lookups.forget(env_id)
-            await delivery.ack()  # cancelled its command: nothing to undo
-            if tracked:
-                await self._forget(env_id)
+            await self._ack(delivery, env_id, tracked)  # cancelled its command: nothing to undo
             return False
         try:
             attempt = 0  # handler attempts that failed before this one
@@ -237,8 +233,8 @@ class Pipeline:
                         await self._compensations.skipped(
                             self.host.store.dedup, env_id, stats, rolled_back=True
                         )
-                        await delivery.ack()
-                        break
+                        await self._ack(delivery, env_id, tracked)
+                        return False
                     if isinstance(error, MovedAtCommit) and moved < _MOVED_MAX:
                         moved, attempt = moved + 1, attempt - 1  # no attempt spent
                         stats.applied_again += 1
@@ -246,15 +242,17 @@ class Pipeline:
                 if isinstance(error, GivenBack):
                     raise error  # a limit refused it: given back, no attempt (limits.pause)
                 if error is None:
-                    await self._succeeded(delivery, ctx, env_id, attempt)
-                    break
+                    await self._succeeded(delivery, ctx, env_id, attempt, tracked)
+                    return False
                 stats.failed += 1
                 decision = decide(error, attempt, spec)
                 if decision.verdict is Verdict.DEAD:
                     await self._letters.file(
                         delivery, env_id, error, attempts=attempt, reason=decision.reason
                     )
-                    break
+                    if tracked:  # after the letter is stored: its record kept counting till then
+                        await self._forget(env_id)
+                    return False
                 stats.retries += 1
                 if self._tracing is not None:
                     self._tracing.attempt_failed(error, attempt, decision.verdict is Verdict.LATER)
@@ -280,9 +278,6 @@ class Pipeline:
             if tracked:
                 self._bounded_put(self._gave_back, env_id)
             raise
-        if tracked:
-            await self._forget(env_id)
-        return False
 
     async def _retry_later(
         self, delivery: Delivery, env_id: str, attempt: int, delay: float
@@ -367,8 +362,11 @@ class Pipeline:
                 observe(time.perf_counter() - began)
         return None
 
-    async def _succeeded(self, delivery: Delivery, ctx: Context, env_id: str, attempt: int) -> None:
-        """The handler succeeded: send what it published, mark the id handled, ack."""
+    async def _succeeded(
+        self, delivery: Delivery, ctx: Context, env_id: str, attempt: int, tracked: bool
+    ) -> None:
+        """The handler succeeded: send what it published, mark the id handled, ack (after
+        forgetting its attempt record, if ``tracked``: it may have one)."""
         if ctx._outbox:
             try:
                 await self.host.send_outgoing(ctx._take_outbox())
@@ -376,6 +374,8 @@ class Pipeline:
                 # Sending it again changes nothing: dead-letter the handled message (not
                 # marked handled, so a replay runs the handler again).
                 await self._letters.file(delivery, env_id, exc, attempts=attempt)
+                if tracked:
+                    await self._forget(env_id)
                 return
         dedup = self.dedup
         # Recorded here unless the transaction committed the record; a dedup store apart
@@ -391,6 +391,14 @@ class Pipeline:
         if self._failures:
             self._failures = 0
             self._log.clear("infrastructure")
+        await self._ack(delivery, env_id, tracked)
+
+    async def _ack(self, delivery: Delivery, env_id: str, tracked: bool) -> None:
+        """Ack, forgetting the attempt record first if ``tracked`` (it may have one): a process
+        stopped between the two then leaves a message the broker redelivers (whose handling
+        clears the record), not a record of an acked message, which never comes back."""
+        if tracked:
+            await self._forget(env_id)
         await delivery.ack()
 
     async def _record_failure(self, env_id: str, error: BaseException) -> None:
