@@ -9,6 +9,7 @@ other append).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -75,3 +76,60 @@ async def test_a_batch_that_goes_in_only_in_part_inside_a_transaction_leaves_not
     assert [e.task for e in events if isinstance(e, Appended)] == [0, 3]
     records = [rec async for rec in postgres_store.read_stream("partial-ids")]
     assert [(r.envelope.id, r.stream_version) for r in records] == [(stored.id, 1), (fresh.id, 2)]
+
+
+@pytest.fixture
+async def lost_races(
+    postgres_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Callable[[], Awaitable[int]]]:
+    """The store's appends in a transaction lose their first try and then 150 races in the
+    slow path (its statement raises a unique violation), then go in; yields how many
+    statements the slow path sent."""
+    from eventflow.adapters.postgres import events
+
+    async with postgres_store.db.connection() as conn:
+        await conn.execute("CREATE SEQUENCE fx_races")
+        await conn.execute(
+            "CREATE FUNCTION fx_losing_append(s text, e bigint, i text[], b bytea[], c text[]) "
+            "RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN "
+            "IF nextval('fx_races') <= 150 THEN "
+            "RAISE unique_violation USING MESSAGE = 'fx: another append took the version'; "
+            "END IF; RETURN ef_append_v4(s, e, i, b, c); END $$"
+        )
+    monkeypatch.setattr(events, "_SLOW_APPEND", "SELECT fx_losing_append($1, $2, $3, $4, $5)")
+
+    async def first_try_loses(*_: object) -> None:
+        return None  # the fast path's first try skipped its rows: a concurrent append
+
+    monkeypatch.setattr(postgres_store, "_fast_append_in_tx", first_try_loses)
+
+    async def statements() -> int:
+        async with postgres_store.db.connection() as conn:
+            return int(await conn.fetchval("SELECT last_value FROM fx_races"))
+
+    yield statements
+
+
+async def test_an_append_at_any_version_in_a_transaction_outlasts_any_run_of_lost_races(
+    postgres_store: PostgresStore, lost_races: Callable[[], Awaitable[int]]
+) -> None:
+    """Each race an append at any version loses inside a READ COMMITTED transaction is
+    another append committed first, so its retries make progress however many it takes
+    (under load one task of eight lost more than 100 in a row and was refused with a
+    ``ConcurrencyError``)."""
+    async with postgres_store.transaction():
+        assert await postgres_store.append("raced", [Appended(task=0, n=0)]) == 1
+    assert await lost_races() == 151
+
+
+async def test_an_append_at_any_version_in_a_repeatable_read_transaction_does_not_retry(
+    postgres_store: PostgresStore, lost_races: Callable[[], Awaitable[int]]
+) -> None:
+    """In a REPEATABLE READ transaction the snapshot never moves, so a retry would lose the
+    same race again: the lost race is a ``ConcurrencyError`` at once."""
+    with pytest.raises(ConcurrencyError):
+        async with postgres_store.transaction():
+            async with postgres_store.db.connection() as conn:
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            await postgres_store.append("raced", [Appended(task=0, n=0)])
+    assert await lost_races() == 1

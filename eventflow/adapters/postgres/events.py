@@ -10,6 +10,7 @@ and an open unrelated transaction delays nothing. See docs/event-store.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -33,10 +34,10 @@ __all__ = ["PostgresEventLog"]
 
 _SUBSCRIBE_POLL = 1.0  # a subscriber re-reads at least this often, notification or not
 _CONFLICT = "EF409"
-# Retries of an append at any version inside the caller's transaction after concurrent
-# appends took its version: each waits for the one in its way to commit, so they make
-# progress; the bound is for REPEATABLE READ transactions, where a retry cannot succeed.
-_ANY_RETRIES = 100
+# Retries of an append at any version in the caller's READ COMMITTED transaction: each lost
+# race is another append committed, so they make progress (under load one of eight tasks lost
+# over 100 in a row); the bound only stops a runaway. Other isolation levels never retry.
+_ANY_RETRIES = 100_000
 _COLUMNS = "e.stream_id, e.stream_version, e.envelope"
 # An event's position: from the run that holds its id (NULL while it is not numbered yet).
 _POSITION = (
@@ -80,8 +81,8 @@ _APPEND_ANY = (
 )
 # The same inside the caller's transaction, where a unique violation would abort it: a
 # conflicting row is skipped instead, and the rows inserted come back, so a batch that did
-# not go in whole is taken out again (then the slow path sorts it out, in a savepoint).
-# No savepoint around the common case: two round trips fewer per append.
+# not go in whole is taken out again (then the slow path sorts it out, in a savepoint). No
+# savepoint around the common case: two round trips fewer per append.
 _SKIP = " ON CONFLICT DO NOTHING RETURNING event_id, stream_version"
 _IN_TX = {
     "new": _APPEND_NEW + _SKIP,
@@ -93,10 +94,10 @@ _ALONE = {k: _IN_TX[k].replace(_SKIP, " RETURNING event_id, stream_version") for
 _TAKE_OUT = "DELETE FROM ef_events WHERE event_id = ANY($1::text[])"
 
 
-# From the run that holds position $1 + 1 on, in position order, an id range of at
-# most a page from each run (every id of a run exists): each page reads about a page
-# of events, however long the run and whatever the planner knows of the tables, and
-# the incremental sort that orders each run's rows never holds more than a page.
+# From the run that holds position $1 + 1 on, in position order, an id range of at most a
+# page from each run (every id of a run exists): each page reads about a page of events,
+# however long the run and whatever the planner knows of the tables, and the incremental
+# sort that orders each run's rows never holds more than a page.
 _READ_ALL = (
     f"SELECT r.position + (e.id - r.id), {_COLUMNS} FROM ef_runs r "
     "CROSS JOIN LATERAL (SELECT GREATEST(r.id, r.id + ($1::bigint + 1 - r.position)) "
@@ -107,6 +108,7 @@ _READ_ALL = (
 )
 
 _SLOW_APPEND = "SELECT ef_append_v4($1, $2, $3, $4, $5)"
+_READ_COMMITTED = "SELECT current_setting('transaction_isolation') = 'read committed'"
 
 
 def _records(rows: Sequence[Any]) -> Iterator[RecordedEvent]:
@@ -256,10 +258,10 @@ class PostgresEventLog:
         blobs: list[bytes],
         corrs: list[str],
     ) -> int | None:
-        # Constant statements (the expected version is a parameter), so asyncpg's prepared
-        # statement cache serves every append after the first on a connection.
-        # Any version: the statement returns the new version (fetchval). Otherwise the
-        # caller knows it, and the command status says whether every row went in (execute).
+        # Constant statements (the expected version is a parameter): asyncpg's statement
+        # cache serves every append after a connection's first. Any version: the statement
+        # returns the new version (fetchval); otherwise the caller knows it, and the command
+        # status says whether every row went in (execute).
         kind, args = _kind(stream_id, expected, ids, blobs, corrs)
         sql = _OUTSIDE_TX[kind]
         if self.db.current is not None:
@@ -279,8 +281,7 @@ class PostgresEventLog:
         """The fast path inside the context's transaction: one statement that skips a
         conflicting row instead of failing (which would abort the transaction); a batch
         that did not go in whole is taken out again, and None sends it to the slow path."""
-        # The connection is held for both statements: other tasks of that transaction
-        # wait meanwhile.
+        # The connection is held for both statements: its transaction's other tasks wait.
         async with self.db.connection() as conn:
             rows = await conn.fetch(sql, *args)
             if len(rows) == len(args[1]):
@@ -299,26 +300,25 @@ class PostgresEventLog:
     ) -> int:
         ambient = self.db.current is not None
         retries = 0
+        moves: bool | None = None  # whether the transaction's snapshot moves (READ COMMITTED)
         while True:
             try:
-                async with self.db.connection() as conn:
-                    if ambient:
-                        async with conn.transaction():  # a savepoint: errors keep the tx usable
-                            version: int = await conn.fetchval(
-                                _SLOW_APPEND, stream_id, expected, ids, blobs, corrs
-                            )
-                    else:
-                        version = await conn.fetchval(
-                            _SLOW_APPEND, stream_id, expected, ids, blobs, corrs
-                        )
+                async with (
+                    self.db.connection() as conn,
+                    conn.transaction() if ambient else contextlib.nullcontext(),  # savepoint
+                ):
+                    version: int = await conn.fetchval(
+                        _SLOW_APPEND, stream_id, expected, ids, blobs, corrs
+                    )
                 return version
-            except asyncpg.UniqueViolationError as exc:
-                # A concurrent append took the same version (or stored the same ids).
+            except asyncpg.UniqueViolationError as exc:  # another append took the version or ids
                 if ambient and expected is None and retries < _ANY_RETRIES:
-                    # Any version will do: the savepoint is gone, the transaction goes on, and
-                    # the next statement sees the other append (READ COMMITTED).
-                    retries += 1
-                    continue
+                    if moves is None:  # a snapshot of its own per statement, or one for all?
+                        async with self.db.connection() as conn:
+                            moves = await conn.fetchval(_READ_COMMITTED)
+                    if moves:  # any version will do: the next statement sees the other append
+                        retries += 1
+                        continue
                 if ambient:
                     raise ConcurrencyError(
                         stream_id, expected, await self._version_outside(stream_id)
