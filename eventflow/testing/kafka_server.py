@@ -28,7 +28,6 @@ from pathlib import Path
 from types import TracebackType
 
 from .services import (
-    PORT_TRIES,
     docker_answers,
     free_port,
     holds_listener,
@@ -132,23 +131,19 @@ class KafkaServer:
 
     def start(self) -> None:
         """Start the broker and wait until it accepts connections on a port of its own: if
-        the port chosen was taken meanwhile (see ``holds_listener``), on another, up to
-        ``PORT_TRIES`` in all. Idempotent."""
-        if not self.running:
-            # Another port only on the first start: clients of a restarted server reconnect
-            # to the one they know.
-            self._start(1 if self._started else PORT_TRIES)
+        the port chosen was taken meanwhile (see ``holds_listener``), on another (on its
+        first start; see ``start_on_own_ports``). Idempotent."""
+        if self.running:
+            return
 
-    def _start(self, tries: int) -> None:
         def new_port() -> None:
             self.port = free_port()
 
         if not start_on_own_ports(
-            tries, self.log_path, self._launch, self._wait_ready, self.stop, new_port
+            not self._started, self.log_path, self._launch, self._wait_ready, self.stop, new_port
         ):
             raise KafkaServerUnavailable(
-                f"tansu found port {self.port} taken by another process ({tries} tries); "
-                f"see {self.log_path}"
+                f"tansu found port {self.port} taken by another process; see {self.log_path}"
             )
         self._started = True
 

@@ -32,7 +32,6 @@ from pathlib import Path
 from types import TracebackType
 
 from .services import (
-    PORT_TRIES,
     docker_answers,
     free_port,
     holds_listener,
@@ -126,23 +125,20 @@ class NatsServer:
 
     def start(self) -> None:
         """Start the server and wait until JetStream answers its health check, on ports of
-        its own: if one chosen was taken meanwhile (see ``holds_listener``), on others, up to
-        ``PORT_TRIES`` in all. Idempotent."""
-        if not self.running:
-            # Another port only on the first start: clients of a restarted server reconnect
-            # to the one they know.
-            self._start(1 if self._started else PORT_TRIES)
+        its own: if one chosen was taken meanwhile (see ``holds_listener``), on others (on
+        its first start; see ``start_on_own_ports``). Idempotent."""
+        if self.running:
+            return
 
-    def _start(self, tries: int) -> None:
         def new_ports() -> None:
             self.port, self.monitor_port = free_port(), free_port()
 
         if not start_on_own_ports(
-            tries, self._log, self._launch, self._wait_ready, self.kill, new_ports
+            not self._started, self._log, self._launch, self._wait_ready, self.kill, new_ports
         ):
             raise NatsServerUnavailable(
                 f"nats-server found port {self.port} or {self.monitor_port} taken by another "
-                f"process ({tries} tries); see {self._log}"
+                f"process; see {self._log}"
             )
         self._started = True
 

@@ -110,7 +110,7 @@ def log_says_port_in_use(log: Path, offset: int) -> bool:
 
 
 def start_on_own_ports(
-    tries: int,
+    first: bool,
     log: Path,
     launch: Callable[[], None],
     ready: Callable[[int], bool],
@@ -118,9 +118,11 @@ def start_on_own_ports(
     new_ports: Callable[[], None],
 ) -> bool:
     """Start a test server: ``launch`` it and wait until ``ready(offset)`` (``offset``: where
-    this start began writing to ``log``) says it runs on ports of its own; if it says the
-    ports are another process's, ``stop`` it and try again on ``new_ports``, ``tries`` times
-    in all. False if every try found a port taken (the ports are those of the last try)."""
+    this start began writing to ``log``) says it runs on ports of its own. If it says the
+    ports are another process's, ``stop`` it and, on a ``first`` start only, try again on
+    ``new_ports``, up to ``PORT_TRIES`` in all: a restarted server keeps its ports, which its
+    clients reconnect to. False if every try found a port taken."""
+    tries = PORT_TRIES if first else 1
     for attempt in range(tries):
         offset = log.stat().st_size if log.exists() else 0
         launch()
