@@ -31,7 +31,10 @@ CHILD_POOL = 4
 """Connections at most in a child's PostgreSQL pool. The suite's processes share one server
 and its 100 clients: with the default pool of 10, at the suite's peak under `pytest -n 8` (97
 clients in a sample) the limit members of one test held 32 and the saga apps of another 23;
-with 4, the peak sampled was 67."""
+with 4 for both, the peak sampled was 67. The saga apps (``saga_app.py``) keep the default:
+with 4, a process whose saga handlers waited on the row locks of a SIGSTOPped one had no
+connection left to take the timer lease over (1 of 4 runs of
+``test_saga_timers_two_processes``; 0 of 5 with 10)."""
 
 
 def child_store(url: str) -> str:

@@ -30,7 +30,7 @@ import asyncpg
 from eventflow import App, Context, Event, Saga, on_timer, step, subscribe
 from eventflow.testing import unique_name
 from eventflow.testing.postgres import isolated_schema, postgres_url
-from faults.children import Child, child_store, launch, serve
+from faults.children import Child, launch, serve
 
 SHIP_TIMEOUT = 60.0
 """Seconds the order saga waits for shipping: above what a storm of kills delays a reply by
@@ -372,9 +372,7 @@ class SagaProcess(Child):
     @classmethod
     async def start(cls, broker: str, store: str, saga: str) -> SagaProcess:
         """Start one and wait until its subscriptions are live."""
-        return cls(
-            await launch(__file__, broker, child_store(store), saga, what="the saga process")
-        )
+        return cls(await launch(__file__, broker, store, saga, what="the saga process"))
 
 
 async def transitions(conn: asyncpg.Connection) -> int:

@@ -140,10 +140,20 @@ async def test_two_saga_processes_fire_every_timer_once_and_a_paused_holder_noth
             try:
                 at_pause = await fired(saga_db, "timer-fired")
                 await asyncio.sleep(PAUSE)
-                # The other process took the lease over (a newer epoch) and fired the rest.
-                now_held = await holder(saga_db)
-                assert now_held is not None and now_held[0] != paused_pid, now_held
-                assert now_held[1] > epoch
+
+                taker: list[tuple[int, int]] = []
+
+                async def taken_over() -> bool:
+                    now_held = await holder(saga_db)
+                    if now_held is not None and now_held[0] != paused_pid:
+                        taker.append(now_held)
+                    return bool(taker)
+
+                # The other process took the lease over (a newer epoch) and fired the rest. Read
+                # while the paused one is still stopped; as above, under load the live holder's
+                # renewal can come late and its lease lapse a moment, so it is waited for.
+                await eventually(taken_over, timeout=15, message="the other process holds it")
+                assert taker[0][1] > epoch, taker
             finally:
                 by_pid[paused_pid].signal(signal.SIGCONT)
             assert at_pause < SAGAS, "the pause came after the batch: nothing to show"
